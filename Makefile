@@ -1,0 +1,25 @@
+# The two commands of the README: `make run` (default experiment) and `make test` (test suite).
+# Both create the virtual environment on first use, so a fresh clone needs nothing else.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+PYTHON ?= python3
+
+.PHONY: run test setup bench clean
+
+$(STAMP): setup.cfg pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/hetsim run $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest $(ARGS)
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,11 @@
+"""Federated-learning methods as plain PyTorch/numpy code: no Ray, no file I/O.
+
+``ALGORITHMS`` maps a method's config name to its :class:`~algorithms.base.AlgorithmSpec`.
+"""
+from algorithms.base import AlgorithmSpec
+from algorithms.fedavg import FedAvgClient, FedAvgParams, FedAvgServer, FedProxParams
+
+ALGORITHMS: dict[str, AlgorithmSpec] = {
+    "fedavg": AlgorithmSpec("fedavg", FedAvgParams, FedAvgClient, FedAvgServer, "FedAvg"),
+    "fedprox": AlgorithmSpec("fedprox", FedProxParams, FedAvgClient, FedAvgServer, "FedProx (mu)"),
+}

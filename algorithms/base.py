@@ -1,0 +1,134 @@
+"""The contract between the engine and a federated-learning method.
+
+A method is two plain classes with no Ray and no file I/O in them:
+
+* a :class:`Client` half, created once per client host (a Ray actor or the in-process
+  executor), that turns ``broadcast -> local work -> upload`` for one virtual client at a
+  time, keeping that client's persistent state in ``ctx.state``;
+* a :class:`Server` half, living with the driver, that turns ``uploads -> new global state``
+  and produces the next broadcast.
+
+The engine owns everything else: selection, timing, transport, evaluation, logging.
+Payloads carry the *real* arrays that would travel and their exact byte counts, so the
+bytes the simulation claims are the bytes it moves.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict
+
+FLOAT32_BYTES = 4
+INDEX_BYTES = 4
+
+
+@dataclass
+class Payload:
+    """Arrays that travel over the (simulated) network, with their exact size in bytes."""
+
+    arrays: dict[str, np.ndarray]
+    nbytes: int
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+# A broadcast is one payload per model architecture ("" when all clients share one model):
+# each client downloads only the payload of its own architecture.
+Broadcast = dict[str, Payload]
+
+
+@dataclass
+class TrainSettings:
+    """Local optimisation settings, shared by every method's local training."""
+
+    local_epochs: int = 1
+    batch_size: int = 16
+    lr: float = 0.05
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    lr_decay: float = 1.0  # multiplicative per round (reference code: 0.99)
+
+
+@dataclass
+class ClientContext:
+    """Everything one virtual client has while it works in one round."""
+
+    client_id: int
+    round: int
+    arch: str
+    model: torch.nn.Module  # the host's workspace model for `arch`, reset before each client
+    state: dict[str, Any]  # persistent per-client state, kept by the hosting actor
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    rng: np.random.Generator  # seeded by (seed, round, client): executor-independent
+    train: TrainSettings
+    flops_per_sample: float  # training (forward + backward) FLOPs of one sample
+    # the client's hardware profile (hardware_profiles.HardwareProfile) so that methods whose
+    # decisions depend on simulated time (ASCEND's reward) compute it exactly as the engine does
+    profile: Any = None
+
+
+@dataclass
+class ClientResult:
+    """What a client returns to the driver after one round."""
+
+    client_id: int
+    arch: str
+    upload: Payload
+    num_samples: int  # local training set size (aggregation weight)
+    train_flops: float  # FLOPs actually spent training this round
+    compress_ops: float = 0.0  # operation count of compression / selection work
+    metrics: dict[str, Any] = field(default_factory=dict)  # per-client trace columns
+
+
+class AlgorithmParams(BaseModel):
+    """Base of every method's hyperparameters (validated, unknown keys rejected)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Client:
+    """Client half of a method. One instance serves every client its host runs."""
+
+    def __init__(self, params: AlgorithmParams):
+        self.params = params
+
+    def receive(self, ctx: ClientContext, broadcast: Payload) -> None:
+        """Load the client's model for this round into ``ctx.model`` (personalization rule)."""
+        raise NotImplementedError
+
+    def fit(self, ctx: ClientContext, broadcast: Payload) -> ClientResult:
+        """Train locally starting from ``ctx.model`` and build the upload."""
+        raise NotImplementedError
+
+
+class Server:
+    """Server half of a method. Owns the global model(s)."""
+
+    def __init__(self, params: AlgorithmParams, models: dict[str, torch.nn.Module], seed: int):
+        self.params = params
+        self.models = models  # one global model per architecture
+        self.seed = seed
+
+    def broadcast(self, round: int) -> Broadcast:
+        raise NotImplementedError
+
+    def aggregate(self, round: int, results: list[ClientResult]) -> dict[str, Any]:
+        """Fold the uploads that arrived this round into the global state; returns round metrics."""
+        raise NotImplementedError
+
+    def global_models(self) -> dict[str, torch.nn.Module]:
+        return self.models
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """Registry entry: the method's name, its hyperparameter model and its two halves."""
+
+    name: str
+    params: type[AlgorithmParams]
+    client: type[Client]
+    server: type[Server]
+    description: str = ""

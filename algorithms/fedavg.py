@@ -1,0 +1,72 @@
+"""FedAvg (McMahan et al., 2017) and FedProx (Li et al., 2020).
+
+Both share the full model state (parameters and floating-point buffers) uncompressed and
+aggregate it weighted by local sample counts. FedProx adds the proximal term
+``mu/2 ||w - w_global||^2`` to the local objective.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from algorithms.base import (
+    FLOAT32_BYTES,
+    AlgorithmParams,
+    Broadcast,
+    Client,
+    ClientContext,
+    ClientResult,
+    Payload,
+    Server,
+)
+from algorithms.training import flat_params, flat_state, load_flat_state, local_sgd
+
+
+class FedAvgParams(AlgorithmParams):
+    name: Literal["fedavg"] = "fedavg"
+
+
+class FedProxParams(AlgorithmParams):
+    name: Literal["fedprox"] = "fedprox"
+    mu: float = Field(0.01, ge=0, description="proximal coefficient")
+
+
+def state_payload(vector: torch.Tensor) -> Payload:
+    array = vector.numpy().astype("float32", copy=True)
+    return Payload(arrays={"state": array}, nbytes=FLOAT32_BYTES * array.size)
+
+
+class FedAvgClient(Client):
+    def receive(self, ctx: ClientContext, broadcast: Payload) -> None:
+        load_flat_state(ctx.model, broadcast.arrays["state"])
+
+    def fit(self, ctx: ClientContext, broadcast: Payload) -> ClientResult:
+        mu = getattr(self.params, "mu", 0.0)
+        center = flat_params(ctx.model) if mu > 0 else None
+        loss, seen = local_sgd(ctx, prox_center=center, prox_mu=mu)
+        return ClientResult(
+            client_id=ctx.client_id,
+            arch=ctx.arch,
+            upload=state_payload(flat_state(ctx.model)),
+            num_samples=len(ctx.train_y),
+            train_flops=ctx.flops_per_sample * seen,
+            metrics={"train_loss": loss},
+        )
+
+
+class FedAvgServer(Server):
+    def broadcast(self, round: int) -> Broadcast:
+        return {arch: state_payload(flat_state(m)) for arch, m in self.models.items()}
+
+    def aggregate(self, round: int, results: list[ClientResult]) -> dict:
+        for arch, model in self.models.items():
+            mine = [r for r in results if r.arch == arch]
+            if not mine:
+                continue
+            weights = torch.tensor([r.num_samples for r in mine], dtype=torch.float64)
+            stacked = torch.stack([torch.from_numpy(r.upload.arrays["state"]) for r in mine])
+            averaged = (weights / weights.sum()).to(stacked.dtype) @ stacked
+            load_flat_state(model, averaged)
+        return {}

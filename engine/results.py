@@ -1,0 +1,127 @@
+"""Run folders: the resolved config, a manifest and Parquet tables, written as the run goes.
+
+Layout of one run (schema in ``docs/results.md``)::
+
+    <run>/config.yaml        resolved experiment config
+    <run>/manifest.json      versions, seed, start time, command, status
+    <run>/profiles.parquet   one row per client (hardware profile)
+    <run>/rounds.parquet     one row per round
+    <run>/clients.parquet    one row per round x selected client
+    <run>/<extra>.parquet    optional method traces (e.g. FedCSPACK's shared packs)
+
+Each round is first written as its own small Parquet part under ``_parts/<table>/``
+(atomically: temp file + rename), so a crash loses at most the round in flight. When the run
+ends the parts are compacted into one file per table. :func:`load_run` reads either form.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+SCHEMA_VERSION = 1
+PARTS = "_parts"
+
+
+def _write_parquet_atomic(df: pd.DataFrame, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    df.to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+
+
+class RunWriter:
+    def __init__(self, run_dir: str | Path):
+        self.dir = Path(run_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._seq: dict[str, int] = {}
+
+    def write_json(self, name: str, obj: dict[str, Any]) -> None:
+        tmp = self.dir / f"{name}.tmp"
+        tmp.write_text(json.dumps(obj, indent=2, default=str))
+        os.replace(tmp, self.dir / name)
+
+    def write_table(self, name: str, df: pd.DataFrame) -> None:
+        _write_parquet_atomic(df, self.dir / f"{name}.parquet")
+
+    def append(self, table: str, rows: list[dict[str, Any]] | pd.DataFrame) -> None:
+        """Append rows to ``table`` durably (one part file per call)."""
+        df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
+        if df.empty:
+            return
+        seq = self._seq.get(table, 0)
+        self._seq[table] = seq + 1
+        part_dir = self.dir / PARTS / table
+        part_dir.mkdir(parents=True, exist_ok=True)
+        _write_parquet_atomic(df, part_dir / f"{seq:07d}.parquet")
+
+    def finalize(self) -> None:
+        """Compact every table's parts into ``<table>.parquet`` and remove the parts."""
+        parts_root = self.dir / PARTS
+        if not parts_root.exists():
+            return
+        for table_dir in sorted(p for p in parts_root.iterdir() if p.is_dir()):
+            df = _read_parts(table_dir)
+            if df is not None:
+                self.write_table(table_dir.name, df)
+        shutil.rmtree(parts_root)
+
+
+def _read_parts(table_dir: Path) -> pd.DataFrame | None:
+    files = sorted(table_dir.glob("*.parquet"))
+    if not files:
+        return None
+    frames = [pd.read_parquet(f) for f in files]
+    frames = [f for f in frames if not f.empty]
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
+def read_table(run_dir: str | Path, table: str) -> pd.DataFrame | None:
+    """One table of a run, finished (compacted) or still in progress / crashed (parts)."""
+    run_dir = Path(run_dir)
+    final = run_dir / f"{table}.parquet"
+    if final.exists():
+        return pd.read_parquet(final)
+    table_dir = run_dir / PARTS / table
+    return _read_parts(table_dir) if table_dir.exists() else None
+
+
+@dataclass
+class Run:
+    """A run folder loaded into pandas."""
+
+    path: Path
+    config: dict[str, Any]
+    manifest: dict[str, Any]
+    rounds: pd.DataFrame
+    clients: pd.DataFrame
+    profiles: pd.DataFrame | None
+
+    def table(self, name: str) -> pd.DataFrame | None:
+        return read_table(self.path, name)
+
+
+def load_run(run_dir: str | Path) -> Run:
+    """Load a run folder (finished, running or crashed) into DataFrames."""
+    import yaml
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "manifest.json").exists():
+        raise FileNotFoundError(f"{run_dir} is not a run folder (no manifest.json)")
+    config_path = run_dir / "config.yaml"
+    config = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    rounds = read_table(run_dir, "rounds")
+    clients = read_table(run_dir, "clients")
+    return Run(
+        path=run_dir,
+        config=config,
+        manifest=manifest,
+        rounds=rounds if rounds is not None else pd.DataFrame(),
+        clients=clients if clients is not None else pd.DataFrame(),
+        profiles=read_table(run_dir, "profiles"),
+    )

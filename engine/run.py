@@ -1,0 +1,127 @@
+"""Run one experiment into a run folder: the glue between config, simulation and results."""
+from __future__ import annotations
+
+import datetime as dt
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Callable
+
+from engine.config import ExperimentConfig, dump_config
+from engine.results import RunWriter, SCHEMA_VERSION
+from engine.simulation import RoundRecord, Simulation
+
+
+def versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for pkg in ("hetsim", "torch", "torchvision", "numpy", "pandas", "pyarrow", "ray", "pydantic"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def make_run_dir(cfg: ExperimentConfig) -> Path:
+    out = cfg.output
+    base = Path(out.dir)
+    if out.name:
+        path = base / out.name
+        if path.exists() and any(path.iterdir()) and not out.overwrite:
+            raise FileExistsError(
+                f"run folder {path} already exists; choose another output.name or set output.overwrite=true"
+            )
+        return path
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    stem = f"{cfg.algorithm.name}-{cfg.dataset.name}-{stamp}"
+    path, i = base / stem, 1
+    while path.exists():
+        i += 1
+        path = base / f"{stem}-{i}"
+    return path
+
+
+def make_executor(cfg: ExperimentConfig):
+    if cfg.executor.kind == "ray":
+        from engine.ray_executor import RayExecutor
+
+        return RayExecutor(cfg)
+    from engine.executor import InProcessExecutor
+
+    return InProcessExecutor(threads=cfg.executor.threads_per_actor)
+
+
+def run_experiment(
+    cfg: ExperimentConfig,
+    run_dir: str | Path | None = None,
+    callbacks: list[Callable[[RoundRecord], None]] | None = None,
+    command: list[str] | None = None,
+) -> Path:
+    """Run ``cfg`` and write its run folder; returns the folder's path.
+
+    With ``executor.kind: ray`` the round loop runs inside a driver actor (pinned to this
+    node, so the run folder is written here) and ``callbacks`` receive its rounds as they end.
+    Rows are appended every round; on failure the manifest records the error and every
+    finished round stays readable with :func:`engine.results.load_run`.
+    """
+    path = Path(run_dir) if run_dir is not None else make_run_dir(cfg)
+    command = command if command is not None else sys.argv
+    if cfg.executor.kind == "ray":
+        from engine.driver_actor import run_on_driver_actor
+
+        return run_on_driver_actor(cfg, path, callbacks or [], command)
+    return execute_run(cfg, path, callbacks, command)
+
+
+def execute_run(
+    cfg: ExperimentConfig,
+    path: Path,
+    callbacks: list[Callable[[RoundRecord], None]] | None,
+    command: list[str],
+) -> Path:
+    """The body of a run, in whichever process hosts the round loop."""
+    path = Path(path)
+    writer = RunWriter(path)
+    dump_config(cfg, path / "config.yaml")
+    manifest = {
+        "schema_version": SCHEMA_VERSION,
+        "status": "running",
+        "seed": cfg.seed,
+        "algorithm": cfg.algorithm.name,
+        "dataset": cfg.dataset.name,
+        "started": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "command": command,
+        "host": platform.node(),
+        "versions": versions(),
+    }
+    writer.write_json("manifest.json", manifest)
+    wall0 = time.perf_counter()
+
+    def record(rec: RoundRecord) -> None:
+        writer.append("rounds", [rec.row])
+        writer.append("clients", rec.client_rows)
+        for name, rows in rec.extra_tables.items():
+            writer.append(name, rows)
+
+    try:
+        sim = Simulation(cfg, make_executor(cfg), callbacks=[record, *(callbacks or [])])
+        writer.write_table("profiles", sim.profiles.to_frame())
+        manifest["executor"] = sim.executor.describe()
+        manifest["num_clients"] = sim.data.num_clients
+        sim.run()
+        manifest["status"] = "finished"
+        manifest["sim_time_s"] = sim.sim_time_s
+    except BaseException as err:  # record, then re-raise: nothing finished is lost
+        manifest["status"] = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
+        manifest["error"] = "".join(traceback.format_exception_only(type(err), err)).strip()
+        raise
+    finally:
+        manifest["finished"] = dt.datetime.now(dt.timezone.utc).isoformat()
+        manifest["wall_s"] = time.perf_counter() - wall0
+        writer.finalize()
+        writer.write_json("manifest.json", manifest)
+    return path

@@ -1,0 +1,176 @@
+"""Client runtime: hosts many virtual clients and runs their rounds.
+
+A :class:`ClientHost` is a plain Python object. The in-process executor holds one; the Ray
+executor wraps one in each client actor. Virtual clients are cheap: an id, an index range of
+the shared dataset, a hardware profile and a small persistent ``state`` dict. Models are not
+kept per client: the host owns one *workspace* model per architecture and resets it before each
+client, so memory grows with the clients' own state only, not with their number.
+
+Every random draw a client makes comes from a generator seeded by (seed, round, client id), so
+the results do not depend on which host runs a client or in which order.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from algorithms import ALGORITHMS
+from algorithms.base import Broadcast, ClientContext, ClientResult, TrainSettings
+from algorithms.training import evaluate
+from engine.config import ExperimentConfig
+from engine.partition import FederatedData
+
+
+@dataclass
+class HostSetup:
+    """Everything a client host needs once, at start-up (shipped through the object store)."""
+
+    cfg: ExperimentConfig
+    data: FederatedData
+    profiles: Any  # hardware_profiles.ProfileTable
+    arch_names: list[str]  # architecture name per code; "" when all clients share one model
+    client_arch: np.ndarray  # int code per client (into arch_names)
+    flops_per_sample: dict[str, float]
+
+
+def build_arch_model(cfg: ExperimentConfig, arch: str, input_shape, num_classes) -> torch.nn.Module:
+    """The initial model of one architecture: identical on the server and on every host."""
+    from engine.models import build_model
+
+    name, params = (cfg.model.name, cfg.model.params) if arch == "" else arch_spec(cfg, arch)
+    with torch.random.fork_rng():
+        torch.manual_seed(cfg.seed)
+        return build_model(name, input_shape, num_classes, **params)
+
+
+def arch_spec(cfg: ExperimentConfig, arch: str) -> tuple[str, dict]:
+    """Model name and params of a named architecture (heterogeneous-model methods)."""
+    return arch, {}
+
+
+class ClientFailure(RuntimeError):
+    """A client's local work raised; names the client and the round."""
+
+    def __init__(self, client_id: int, round: int, cause: BaseException):
+        self.client_id, self.round = client_id, round
+        super().__init__(f"client {client_id} failed in round {round}: {type(cause).__name__}: {cause}")
+
+    def __reduce__(self):  # picklable across Ray processes
+        return (_rebuild_failure, (self.client_id, self.round, str(self)))
+
+
+def _rebuild_failure(client_id, round, message):
+    err = ClientFailure.__new__(ClientFailure)
+    err.client_id, err.round = client_id, round
+    RuntimeError.__init__(err, message)
+    return err
+
+
+def client_rng(seed: int, round: int, client_id: int) -> np.random.Generator:
+    return np.random.default_rng([seed, round, client_id])
+
+
+class ClientHost:
+    def __init__(self, setup: HostSetup, threads: int | None = None):
+        if threads:
+            torch.set_num_threads(threads)
+        self.setup = setup
+        cfg = setup.cfg
+        self.cfg = cfg
+        self.client = ALGORITHMS[cfg.algorithm.name].client(cfg.algorithm)
+        data = setup.data
+        with warnings.catch_warnings():
+            # arrays from Ray's object store are read-only; we never write to them
+            warnings.simplefilter("ignore", UserWarning)
+            self.x = torch.from_numpy(data.x)
+            self.y = torch.from_numpy(data.y)
+        self.workspace: dict[str, torch.nn.Module] = {}
+        self.pristine: dict[str, dict[str, torch.Tensor]] = {}
+        for arch in set(setup.arch_names[c] for c in np.unique(setup.client_arch)):
+            model = build_arch_model(cfg, arch, data.input_shape, data.num_classes)
+            self.workspace[arch] = model
+            self.pristine[arch] = {k: v.clone() for k, v in model.state_dict().items()}
+        self.states: dict[int, dict[str, Any]] = {}
+        t = cfg.train
+        self.train_settings = TrainSettings(
+            local_epochs=t.local_epochs,
+            batch_size=t.batch_size,
+            lr=t.lr,
+            momentum=t.momentum,
+            weight_decay=t.weight_decay,
+            lr_decay=t.lr_decay,
+        )
+
+    def run_round(
+        self, round: int, client_ids: list[int], broadcast: Broadcast, evaluate_clients: bool
+    ) -> list[ClientResult]:
+        results = []
+        for c in client_ids:
+            try:
+                results.append(self.run_client(round, int(c), broadcast, evaluate_clients))
+            except Exception as err:
+                raise ClientFailure(int(c), round, err) from err
+        return results
+
+    def run_client(
+        self, round: int, cid: int, broadcast: Broadcast, evaluate_client: bool
+    ) -> ClientResult:
+        setup, data = self.setup, self.setup.data
+        arch = setup.arch_names[setup.client_arch[cid]]
+        model = self.workspace[arch]
+        model.load_state_dict(self.pristine[arch])
+        train_idx = torch.from_numpy(data.train_indices(cid))
+        state = self.states.get(cid, {})
+        ctx = ClientContext(
+            client_id=cid,
+            round=round,
+            arch=arch,
+            model=model,
+            state=state,
+            train_x=self.x[train_idx],
+            train_y=self.y[train_idx],
+            rng=client_rng(self.cfg.seed, round, cid),
+            train=self.train_settings,
+            flops_per_sample=setup.flops_per_sample[arch],
+            profile=setup.profiles.profile(cid) if setup.profiles is not None else None,
+        )
+        torch.manual_seed(int(ctx.rng.integers(2**62)))
+        payload = broadcast[arch]
+        self.client.receive(ctx, payload)
+        eval_metrics = {}
+        if evaluate_client and self.cfg.evaluation.personalized:
+            test_idx = torch.from_numpy(data.test_indices(cid))
+            loss_sum, correct, n = evaluate(
+                model, self.x[test_idx], self.y[test_idx], self.cfg.evaluation.batch_size
+            )
+            eval_metrics = {
+                "pers_loss": loss_sum / max(n, 1),
+                "pers_acc": correct / n if n else float("nan"),
+                "test_samples": n,
+            }
+        t0 = time.perf_counter()
+        result = self.client.fit(ctx, payload)
+        result.metrics["wall_fit_s"] = time.perf_counter() - t0
+        result.metrics.update(eval_metrics)
+        if ctx.state:
+            self.states[cid] = ctx.state
+        return result
+
+    def client_state(self, cid: int) -> dict[str, Any]:
+        return self.states.get(cid, {})
+
+    def state_nbytes(self) -> int:
+        """Bytes held in per-client state (numpy arrays and tensors only)."""
+        total = 0
+        for state in self.states.values():
+            for v in state.values():
+                if isinstance(v, np.ndarray):
+                    total += v.nbytes
+                elif isinstance(v, torch.Tensor):
+                    total += v.numel() * v.element_size()
+        return total

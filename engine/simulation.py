@@ -1,0 +1,290 @@
+"""The round loop: select, broadcast, run clients, time, aggregate, evaluate, record.
+
+:class:`Simulation` is executor-agnostic (in-process or Ray actors) and knows nothing of files
+or terminals: recording and progress are callbacks that receive each finished round.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from algorithms import ALGORITHMS
+from algorithms.base import ClientResult
+from algorithms.training import evaluate
+from engine.config import ExperimentConfig
+from engine.executor import Executor, InProcessExecutor
+from engine.partition import FederatedData
+from engine.runtime import HostSetup, build_arch_model
+from hardware_profiles import clock
+from hardware_profiles.sampler import assign_profiles
+
+SELECT_SALT = 0x5E1EC7
+
+
+@dataclass
+class RoundRecord:
+    """One finished round, as handed to callbacks."""
+
+    round: int
+    row: dict[str, Any]  # the rounds.parquet row
+    client_rows: list[dict[str, Any]]  # the clients.parquet rows
+    extra_tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+
+Callback = Callable[[RoundRecord], None]
+
+
+def num_selected(cfg: ExperimentConfig, num_clients: int) -> int:
+    return max(1, int(round(cfg.clients.participation * num_clients)))
+
+
+def select_clients(cfg: ExperimentConfig, num_clients: int, round: int) -> tuple[np.ndarray, int]:
+    """Seeded selection; cost depends on the number selected, not on ``num_clients``.
+
+    Returns (selected ids sorted, target number of arrivals). With over-selection more clients
+    are selected than needed and the first ``target`` to finish are kept.
+    """
+    target = num_selected(cfg, num_clients)
+    m = cfg.clock.num_to_select(target, num_clients)
+    rng = np.random.default_rng([cfg.seed, round, SELECT_SALT])
+    return np.sort(rng.choice(num_clients, size=m, replace=False)), target
+
+
+def build_data(cfg: ExperimentConfig) -> FederatedData:
+    from engine.datasets import load_dataset
+    from engine.partition import build_federated_data
+
+    ds_cfg, p = cfg.dataset, cfg.partition
+    params = dict(ds_cfg.params)
+    if ds_cfg.name == "synthetic":
+        params.setdefault("num_clients", cfg.clients.num_clients)
+    ds = load_dataset(ds_cfg.name, root=ds_cfg.root, download=ds_cfg.download, seed=cfg.seed, **params)
+    return build_federated_data(
+        ds,
+        num_clients=cfg.clients.num_clients,
+        scheme=p.scheme,
+        seed=cfg.seed,
+        alpha=p.alpha,
+        shards_per_client=p.shards_per_client,
+        min_samples=p.min_samples,
+        test_fraction=p.test_fraction,
+        global_test_fraction=p.global_test_fraction,
+        public_fraction=p.public_fraction,
+    )
+
+
+def assign_architectures(cfg: ExperimentConfig, num_clients: int) -> tuple[list[str], np.ndarray]:
+    """Architecture per client. One shared model unless the method brings a model zoo."""
+    return [""], np.zeros(num_clients, dtype=np.int16)
+
+
+class Simulation:
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        executor: Executor | None = None,
+        callbacks: list[Callback] | None = None,
+        data: FederatedData | None = None,
+    ):
+        self.cfg = cfg
+        self.executor = executor or InProcessExecutor()
+        self.callbacks = list(callbacks or [])
+        self.data = data if data is not None else build_data(cfg)
+        n = self.data.num_clients
+        self.profiles = assign_profiles(cfg.clients.profiles, n, seed=cfg.seed)
+        self.arch_names, self.client_arch = assign_architectures(cfg, n)
+        from engine.models import training_flops_per_sample
+
+        self.flops = {}
+        self.models = {}
+        for arch in self.arch_names:
+            model = build_arch_model(cfg, arch, self.data.input_shape, self.data.num_classes)
+            self.models[arch] = model
+            name, params = (cfg.model.name, cfg.model.params) if arch == "" else (arch, {})
+            self.flops[arch] = float(
+                training_flops_per_sample(name, self.data.input_shape, self.data.num_classes, **params)
+            )
+        spec = ALGORITHMS[cfg.algorithm.name]
+        self.server = spec.server(cfg.algorithm, self.models, cfg.seed)
+        self.sim_time_s = 0.0
+        self._started = False
+
+    # ------------------------------------------------------------------ set-up
+    def host_setup(self) -> HostSetup:
+        return HostSetup(
+            cfg=self.cfg,
+            data=self.data,
+            profiles=self.profiles,
+            arch_names=self.arch_names,
+            client_arch=self.client_arch,
+            flops_per_sample=self.flops,
+        )
+
+    def start(self) -> None:
+        if not self._started:
+            self.executor.start(self.host_setup())
+            self._started = True
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> list[dict[str, Any]]:
+        self.start()
+        rows = []
+        try:
+            for r in range(self.cfg.rounds):
+                rows.append(self.run_round(r).row)
+        finally:
+            self.executor.close()
+        return rows
+
+    def run_round(self, r: int) -> RoundRecord:
+        cfg, policy = self.cfg, self.cfg.clock
+        wall0 = time.perf_counter()
+        n = self.data.num_clients
+        selected, target = select_clients(cfg, n, r)
+        available = clock.draw_availability(self.profiles, selected, cfg.seed, r)
+        dropped = clock.draw_dropout(self.profiles, selected, cfg.seed, r)
+        if not policy.apply_availability:
+            available[:] = True
+        if not policy.apply_dropout:
+            dropped[:] = False
+        runnable = selected[available & ~dropped]
+        is_eval = (r + 1) % cfg.evaluation.eval_every == 0 or r == cfg.rounds - 1
+
+        broadcast = self.server.broadcast(r)
+        results = self.executor.run_round(r, runnable.tolist(), broadcast, is_eval)
+
+        bytes_down = np.array([broadcast[res.arch].nbytes for res in results], dtype=np.float64)
+        bytes_up = np.array([res.upload.nbytes for res in results], dtype=np.float64)
+        train_flops = np.array([res.train_flops for res in results], dtype=np.float64)
+        compress_ops = np.array([res.compress_ops for res in results], dtype=np.float64)
+        measured = None
+        if policy.mode == "measured":
+            host_s = np.array([res.metrics["wall_fit_s"] for res in results], dtype=np.float64)
+            measured = policy.measured_compute_s(host_s)
+        times = clock.client_times(
+            self.profiles, runnable, bytes_down, bytes_up, train_flops, compress_ops,
+            measured_compute_s=measured,
+        )
+        outcome = clock.resolve_round(times, runnable, policy, target_k=target)
+        arrived = [res for res, ok in zip(results, outcome.made_deadline) if ok]
+        server_metrics = self.server.aggregate(r, arrived) or {}
+        self.sim_time_s += outcome.round_time_s
+
+        row: dict[str, Any] = {
+            "round": r,
+            "num_selected": len(selected),
+            "num_run": len(runnable),
+            "num_arrived": len(arrived),
+            "num_unavailable": int((~available).sum()),
+            "num_dropout": int((available & dropped).sum()),
+            "sim_round_s": outcome.round_time_s,
+            "sim_time_s": self.sim_time_s,
+            "bytes_up": int(sum(res.upload.nbytes for res in arrived)),
+            "bytes_down": int(bytes_down.sum()),
+            "train_loss": _mean([res.metrics.get("train_loss") for res in arrived]),
+        }
+        row.update(_personalized_summary(results) if is_eval else _personalized_summary([]))
+        row.update(self.evaluate_global() if is_eval else self._empty_global())
+        row.update({f"server_{k}": v for k, v in server_metrics.items()})
+        client_rows = self._client_rows(
+            r, selected, available, dropped, results, times, bytes_down, outcome
+        )
+        if policy.mode == "realtime":
+            time.sleep(policy.realtime_sleep_s(outcome.round_time_s))
+        row["wall_s"] = time.perf_counter() - wall0
+        record = RoundRecord(r, row, client_rows)
+        for cb in self.callbacks:
+            cb(record)
+        return record
+
+    # ------------------------------------------------------------------ evaluation
+    def _global_test(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if not hasattr(self, "_gtest"):
+            idx = self.data.global_test_idx
+            self._gtest = (torch.from_numpy(self.data.x[idx]), torch.from_numpy(self.data.y[idx]))
+        return self._gtest
+
+    def evaluate_global(self) -> dict[str, float]:
+        if not self.cfg.evaluation.global_model:
+            return self._empty_global()
+        x, y = self._global_test()
+        out: dict[str, float] = {}
+        accs, losses = [], []
+        for arch, model in self.server.global_models().items():
+            loss_sum, correct, n = evaluate(model, x, y, self.cfg.evaluation.batch_size)
+            accs.append(correct / n)
+            losses.append(loss_sum / n)
+            if arch:
+                out[f"global_acc_{arch}"] = correct / n
+        out["global_acc"] = float(np.mean(accs))
+        out["global_loss"] = float(np.mean(losses))
+        return out
+
+    @staticmethod
+    def _empty_global() -> dict[str, float]:
+        return {"global_acc": float("nan"), "global_loss": float("nan")}
+
+    # ------------------------------------------------------------------ records
+    def _client_rows(self, r, selected, available, dropped, results, times, bytes_down, outcome):
+        by_id = {res.client_id: i for i, res in enumerate(results)}
+        prof = self.profiles
+        rows = []
+        for sel_pos, cid in enumerate(selected.tolist()):
+            row: dict[str, Any] = {
+                "round": r,
+                "client_id": cid,
+                "tier": prof.tier[cid],
+                "net_tier": prof.net_tier[cid],
+            }
+            i = by_id.get(cid)
+            if i is None:
+                row["made_deadline"] = False
+                row["drop_reason"] = "unavailable" if not available[sel_pos] else "dropout"
+                rows.append(row)
+                continue
+            res: ClientResult = results[i]
+            row.update(
+                {
+                    "arch": res.arch,
+                    "num_samples": res.num_samples,
+                    "bytes_up": res.upload.nbytes,
+                    "bytes_down": int(bytes_down[i]),
+                    "train_flops": res.train_flops,
+                    "compress_ops": res.compress_ops,
+                    "sim_download_s": times["download_s"][i],
+                    "sim_compute_s": times["compute_s"][i],
+                    "sim_compress_s": times["compress_s"][i],
+                    "sim_upload_s": times["upload_s"][i],
+                    "sim_total_s": times["total_s"][i],
+                    "made_deadline": bool(outcome.made_deadline[i]),
+                    "drop_reason": outcome.drop_reason[i],
+                }
+            )
+            row.update(res.metrics)
+            rows.append(row)
+        return rows
+
+
+def _mean(values) -> float:
+    vals = [v for v in values if v is not None]
+    return float(np.mean(vals)) if vals else float("nan")
+
+
+def _personalized_summary(results: list[ClientResult]) -> dict[str, float]:
+    accs = np.array([r.metrics["pers_acc"] for r in results if "pers_acc" in r.metrics], dtype=float)
+    ns = np.array([r.metrics["test_samples"] for r in results if "pers_acc" in r.metrics], dtype=float)
+    losses = [r.metrics["pers_loss"] for r in results if "pers_loss" in r.metrics]
+    if len(accs) == 0 or ns.sum() == 0:
+        nan = float("nan")
+        return {k: nan for k in ("pers_acc", "pers_acc_weighted", "pers_acc_worst", "pers_acc_std", "pers_loss")}
+    return {
+        "pers_acc": float(np.nanmean(accs)),
+        "pers_acc_weighted": float(np.nansum(accs * ns) / ns.sum()),
+        "pers_acc_worst": float(np.nanmin(accs)),
+        "pers_acc_std": float(np.nanstd(accs)),
+        "pers_loss": float(np.mean(losses)),
+    }

@@ -1,0 +1,167 @@
+"""Named device and network tiers (built-in ``catalog.yaml`` + user YAML).
+
+``load_catalog(extra)`` merges user tiers into the built-in ones:
+
+* a new tier name extends the catalog and must give every required field;
+* an existing tier name overrides it field by field (so ``{devices: {rpi4:
+  {availability: 0.5}}}`` changes only rpi4's availability).
+
+Bandwidth *range* (5–500 Mbps) is not checked here, only at profile level,
+so a user may define e.g. a 3G tier and use it with ``allow_out_of_range``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Any, Mapping, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from .profile import HardwareProfile, rule_violation
+
+CATALOG_PATH = Path(__file__).with_name("catalog.yaml")
+
+ExtraCatalog = Union[str, os.PathLike, Mapping[str, Any], None]
+
+
+class UnknownTierError(ValueError):
+    """A tier name that is not in the catalog (message lists the known ones)."""
+
+
+def _check(field: str, v: float) -> float:
+    # allow_out_of_range=True: range is a profile-level rule, positivity is not.
+    msg = rule_violation(field, v, allow_out_of_range=True)
+    if msg:
+        raise ValueError(msg)
+    return v
+
+
+class DeviceTier(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gflops: float
+    memory_gb: float
+    availability: float
+    dropout: float
+    source: str = ""
+
+    @field_validator("gflops", "memory_gb", "availability", "dropout")
+    @classmethod
+    def _rules(cls, v: float, info) -> float:
+        return _check(info.field_name, v)
+
+
+class NetworkTier(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    down_mbps: float
+    up_mbps: float
+    latency_s: float
+    source: str = ""
+
+    @field_validator("down_mbps", "up_mbps", "latency_s")
+    @classmethod
+    def _rules(cls, v: float, info) -> float:
+        return _check(info.field_name, v)
+
+
+class Catalog(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    devices: dict[str, DeviceTier]
+    networks: dict[str, NetworkTier]
+
+    def device(self, name: str) -> DeviceTier:
+        try:
+            return self.devices[name]
+        except KeyError:
+            raise UnknownTierError(
+                f"unknown device tier {name!r}; known device tiers: {sorted(self.devices)}"
+            ) from None
+
+    def network(self, name: str) -> NetworkTier:
+        try:
+            return self.networks[name]
+        except KeyError:
+            raise UnknownTierError(
+                f"unknown network tier {name!r}; known network tiers: {sorted(self.networks)}"
+            ) from None
+
+    def profile(self, device: str, network: str, *, allow_out_of_range: bool = False) -> HardwareProfile:
+        """A single :class:`HardwareProfile` for ``device`` on ``network``."""
+        d, n = self.device(device), self.network(network)
+        return HardwareProfile(
+            name=f"{device}@{network}",
+            gflops=d.gflops,
+            memory_gb=d.memory_gb,
+            availability=d.availability,
+            dropout=d.dropout,
+            down_mbps=n.down_mbps,
+            up_mbps=n.up_mbps,
+            latency_s=n.latency_s,
+            tier=device,
+            net_tier=network,
+            allow_out_of_range=allow_out_of_range,
+        )
+
+
+@functools.lru_cache(maxsize=1)
+def _builtin_raw() -> dict[str, Any]:
+    with open(CATALOG_PATH, encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
+def _read_extra(extra: ExtraCatalog) -> dict[str, Any]:
+    if extra is None:
+        return {}
+    if isinstance(extra, Mapping):
+        data: Any = extra
+    elif isinstance(extra, os.PathLike) or (isinstance(extra, str) and _looks_like_path(extra)):
+        with open(extra, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    elif isinstance(extra, str):
+        data = yaml.safe_load(extra)  # inline YAML text
+    else:
+        raise TypeError(f"extra catalog must be a path, YAML text, dict or None, got {type(extra).__name__}")
+    data = data or {}
+    if not isinstance(data, Mapping):
+        raise ValueError(f"extra catalog must be a mapping with 'devices'/'networks', got {type(data).__name__}")
+    unknown = set(data) - {"devices", "networks"}
+    if unknown:
+        raise ValueError(f"extra catalog has unknown top-level keys {sorted(unknown)}; allowed: ['devices', 'networks']")
+    return dict(data)
+
+
+def _looks_like_path(s: str) -> bool:
+    # A one-line string ending in .yaml/.yml or naming an existing file is a path;
+    # anything else is treated as inline YAML.
+    return "\n" not in s and (s.endswith((".yaml", ".yml")) or os.path.isfile(s))
+
+
+def load_catalog(extra_yaml: ExtraCatalog = None) -> Catalog:
+    """Built-in catalog, extended/overridden by ``extra_yaml``.
+
+    ``extra_yaml`` may be a path to a YAML file, inline YAML text, an already
+    parsed dict, or None. Keys are stringified so YAML like ``5mbps`` and
+    numeric-looking names behave the same.
+    """
+    base = _builtin_raw()
+    extra = _read_extra(extra_yaml)
+    merged: dict[str, dict[str, dict[str, Any]]] = {}
+    for section in ("devices", "networks"):
+        tiers = {str(k): dict(v) for k, v in (base.get(section) or {}).items()}
+        for name, fields in (extra.get(section) or {}).items():
+            if not isinstance(fields, Mapping):
+                raise ValueError(f"{section}.{name} must be a mapping of fields, got {fields!r}")
+            tiers[str(name)] = {**tiers.get(str(name), {}), **fields}
+        merged[section] = tiers
+    return Catalog.model_validate(merged)
+
+
+@functools.lru_cache(maxsize=1)
+def default_catalog() -> Catalog:
+    """The built-in catalog (cached; Catalog is immutable)."""
+    return load_catalog(None)

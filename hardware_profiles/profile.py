@@ -1,0 +1,103 @@
+"""One client's injected hardware profile, plus the validation rules shared
+with the vectorised :class:`~hardware_profiles.sampler.ProfileTable`.
+
+Out-of-range bandwidth (outside the catalog range 5–500 Mbps) is rejected
+unless explicitly allowed, either with the model field
+``HardwareProfile(..., allow_out_of_range=True)`` or with the validation
+context ``HardwareProfile.model_validate(d, context={"allow_out_of_range": True})``.
+Non-positive speeds/memory, negative latency and probabilities outside [0, 1]
+are always errors.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationInfo, model_validator
+
+# The bandwidth range the catalog (and the FL scenarios it models) covers:
+# from rural broadband / weak cellular up to fibre. Inclusive on both ends.
+BANDWIDTH_MIN_MBPS = 5.0
+BANDWIDTH_MAX_MBPS = 500.0
+
+# Numeric fields in canonical order and the rule each must obey.
+#   "pos"  : finite and > 0
+#   "nonneg": finite and >= 0
+#   "prob" : finite and in [0, 1]
+#   "bw"   : like "pos", plus the catalog bandwidth range unless allowed
+NUMERIC_FIELDS: tuple[str, ...] = (
+    "gflops",
+    "down_mbps",
+    "up_mbps",
+    "latency_s",
+    "memory_gb",
+    "availability",
+    "dropout",
+)
+LABEL_FIELDS: tuple[str, ...] = ("tier", "net_tier")
+FIELD_RULES: dict[str, str] = {
+    "gflops": "pos",
+    "down_mbps": "bw",
+    "up_mbps": "bw",
+    "latency_s": "nonneg",
+    "memory_gb": "pos",
+    "availability": "prob",
+    "dropout": "prob",
+}
+
+_RANGE_HINT = "pass allow_out_of_range=True to permit bandwidths outside the catalog range"
+
+
+def rule_violation(field: str, value: float, allow_out_of_range: bool = False) -> str | None:
+    """Return why ``value`` is not allowed for ``field`` (None if it is fine).
+
+    The message always names the field, the value and what is allowed.
+    """
+    rule = FIELD_RULES[field]
+    v = float(value)
+    if not math.isfinite(v):
+        return f"{field}={v!r} is not allowed: must be a finite number"
+    if rule in ("pos", "bw") and v <= 0:
+        return f"{field}={v!r} is not allowed: must be > 0"
+    if rule == "nonneg" and v < 0:
+        return f"{field}={v!r} is not allowed: must be >= 0"
+    if rule == "prob" and not (0.0 <= v <= 1.0):
+        return f"{field}={v!r} is not allowed: must be in [0, 1]"
+    if rule == "bw" and not allow_out_of_range and not (BANDWIDTH_MIN_MBPS <= v <= BANDWIDTH_MAX_MBPS):
+        return (
+            f"{field}={v!r} Mbps is outside the catalog range "
+            f"[{BANDWIDTH_MIN_MBPS:g}, {BANDWIDTH_MAX_MBPS:g}] Mbps; {_RANGE_HINT}"
+        )
+    return None
+
+
+class HardwareProfile(BaseModel):
+    """Effective hardware of one simulated client (immutable)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    gflops: float  # effective training throughput, GFLOP/s
+    down_mbps: float
+    up_mbps: float
+    latency_s: float  # one-way, added once per transfer
+    memory_gb: float
+    availability: float  # P(online in a round)
+    dropout: float  # P(fails mid-round | online)
+    tier: str = ""
+    net_tier: str = ""
+    allow_out_of_range: bool = False
+
+    @model_validator(mode="after")
+    def _check_rules(self, info: ValidationInfo) -> "HardwareProfile":
+        ctx: dict[str, Any] = info.context or {}
+        allow = self.allow_out_of_range or bool(ctx.get("allow_out_of_range", False))
+        problems = [
+            msg
+            for f in NUMERIC_FIELDS
+            if (msg := rule_violation(f, getattr(self, f), allow)) is not None
+        ]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self

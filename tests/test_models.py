@@ -1,0 +1,216 @@
+"""Tests for engine/models.py (fast: CPU only, a few seconds)."""
+
+import pytest
+import torch
+import torch.nn as nn
+import torchvision
+from torch.utils.flop_counter import FlopCounterMode
+
+from engine.models import (
+    DEFAULT_INPUT_SHAPES,
+    MODELS,
+    build_model,
+    count_parameters,
+    get_flat_params,
+    num_flat_params,
+    set_flat_params,
+    training_flops_per_sample,
+)
+
+# (name, input_shape, params) combos every model must accept
+ACCEPTED = [
+    ("cnn", (1, 28, 28), {}),
+    ("cnn", (3, 32, 32), {}),
+    ("lenet5", (1, 32, 32), {}),
+    ("lenet5", (1, 28, 28), {}),
+    ("lenet5", (3, 32, 32), {}),
+    ("lenet5_half", (1, 32, 32), {}),
+    ("lenet5_half", (1, 28, 28), {}),
+    ("cifar_cnn", (3, 32, 32), {}),
+    ("cifar_cnn", (1, 28, 28), {}),
+    ("resnet18", (3, 32, 32), {}),
+    ("resnet18", (1, 28, 28), {}),
+    ("mlp", (60,), {"hidden": []}),
+    ("mlp", (64,), {}),
+    ("mlp", (64,), {"hidden": [32, 16]}),
+    ("mlp", (1, 28, 28), {"hidden": [100]}),
+]
+
+REJECTED = [
+    ("cnn", (60,)),
+    ("cnn", (1, 8, 8)),
+    ("cnn", (28, 28)),
+    ("lenet5", (1, 30, 30)),
+    ("lenet5", (1, 64, 64)),
+    ("lenet5", (64,)),
+    ("lenet5_half", (3, 24, 24)),
+    ("cifar_cnn", (3, 4, 4)),
+    ("cifar_cnn", (32, 32)),
+    ("resnet18", (60,)),
+    ("resnet18", (3, 4, 4)),
+    ("mlp", ()),
+    ("mlp", (0,)),
+]
+
+
+def test_registry_complete():
+    assert set(MODELS) == {"cnn", "lenet5", "lenet5_half", "cifar_cnn", "resnet18", "mlp"}
+    assert set(DEFAULT_INPUT_SHAPES) == set(MODELS)
+    for name, builder in MODELS.items():
+        assert builder.__doc__ and "input" in builder.__doc__.lower(), name
+
+
+def test_unknown_model_lists_known_names():
+    with pytest.raises(ValueError) as exc:
+        build_model("vgg99", (3, 32, 32), 10)
+    msg = str(exc.value)
+    assert "vgg99" in msg
+    for name in MODELS:
+        assert name in msg
+
+
+@pytest.mark.parametrize("shape", [(1, 32, 32), (1, 28, 28)])
+def test_lenet_exact_param_counts(shape):
+    assert count_parameters(build_model("lenet5", shape, 10)) == 61_706
+    assert count_parameters(build_model("lenet5_half", shape, 10)) == 15_738
+
+
+def test_resnet18_param_count_and_torchvision_layout():
+    model = build_model("resnet18", (3, 32, 32), 10)
+    n = count_parameters(model)
+    assert n == 11_173_962
+    assert abs(n - 11.17e6) < 0.01e6
+    assert model.conv1.kernel_size == (3, 3) and model.conv1.stride == (1, 1)
+    assert isinstance(model.maxpool, nn.Identity)
+    ref = torchvision.models.resnet18(weights=None, num_classes=10)
+    ref.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+    ref.maxpool = nn.Identity()
+    ref_shapes = {k: v.shape for k, v in ref.state_dict().items()}
+    assert {k: v.shape for k, v in model.state_dict().items()} == ref_shapes
+
+
+def test_other_param_counts():
+    # cnn: 156 + 2416 + 256*120+120 + 120*84+84 + 84*10+10
+    assert count_parameters(build_model("cnn", (1, 28, 28), 10)) == 44_426
+    assert count_parameters(build_model("mlp", (60,), 10, hidden=[])) == 60 * 10 + 10
+    assert count_parameters(build_model("mlp", (64,), 10)) == 64 * 64 + 64 + 64 * 10 + 10
+
+
+@pytest.mark.parametrize("name,shape,params", ACCEPTED)
+def test_forward_shape(name, shape, params):
+    torch.manual_seed(0)
+    num_classes = 7
+    model = build_model(name, shape, num_classes, **params)
+    model.eval()
+    with torch.no_grad():
+        out = model(torch.randn(3, *shape))
+    assert out.shape == (3, num_classes)
+    assert torch.isfinite(out).all()
+    assert model.input_shape == tuple(shape)
+
+
+@pytest.mark.parametrize("name,shape", REJECTED)
+def test_bad_shape_raises(name, shape):
+    with pytest.raises(ValueError) as exc:
+        build_model(name, shape, 10)
+    msg = str(exc.value)
+    assert name in msg
+    assert str(tuple(shape)) in msg
+    assert "accepts" in msg
+
+
+def test_bad_num_classes():
+    with pytest.raises(ValueError):
+        build_model("cnn", (1, 28, 28), 0)
+
+
+def _forward_flops(name, shape, num_classes, batch=2, **params):
+    torch.manual_seed(0)
+    model = build_model(name, shape, num_classes, **params)
+    model.train()
+    with FlopCounterMode(display=False) as counter:
+        model(torch.zeros(batch, *shape))
+    return counter.get_total_flops() // batch
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_training_flops_about_3x_forward(name):
+    shape = DEFAULT_INPUT_SHAPES[name]
+    train = training_flops_per_sample(name, shape, 10)
+    fwd = _forward_flops(name, shape, 10)
+    assert isinstance(train, int) and train > 0
+    ratio = train / fwd
+    # backward = 2x forward except the first layer, which needs no grad w.r.t.
+    # the data input: ratio is in [2, 3], close to 3 for deep nets.
+    assert 2.0 <= ratio <= 3.0 + 1e-9, ratio
+    if name in ("cnn", "lenet5", "lenet5_half", "cifar_cnn"):
+        assert ratio > 2.5, ratio
+    if name == "resnet18":
+        assert ratio == pytest.approx(3.0, rel=0.01)
+
+
+def test_logistic_regression_flops_exact():
+    # one Linear 60->10: forward 2*60*10, backward only grad-weight (input needs no grad)
+    assert training_flops_per_sample("mlp", (60,), 10, hidden=[]) == 2 * 2 * 60 * 10
+
+
+def test_flops_ordering():
+    lenet = training_flops_per_sample("lenet5", (1, 32, 32), 10)
+    half = training_flops_per_sample("lenet5_half", (1, 32, 32), 10)
+    cnn = training_flops_per_sample("cnn", (1, 28, 28), 10)
+    resnet = training_flops_per_sample("resnet18", (3, 32, 32), 10)
+    assert lenet > half > 0
+    assert resnet > 100 * cnn
+
+
+def test_flops_cache_and_rng_untouched():
+    training_flops_per_sample.cache_clear()
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    a = training_flops_per_sample("mlp", (64,), 10, hidden=[32, 16])
+    assert torch.equal(torch.random.get_rng_state(), before)  # global RNG not consumed
+    info = training_flops_per_sample.cache_info()
+    b = training_flops_per_sample("mlp", [64], 10, hidden=(32, 16))  # equivalent key
+    assert a == b
+    assert training_flops_per_sample.cache_info().hits == info.hits + 1
+    assert training_flops_per_sample("mlp", (64,), 10, hidden=[32]) != a
+
+
+@pytest.mark.parametrize("name", ["cnn", "lenet5_half", "resnet18", "mlp"])
+def test_flat_params_roundtrip(name):
+    torch.manual_seed(0)
+    model = build_model(name, DEFAULT_INPUT_SHAPES[name], 10)
+    flat = get_flat_params(model)
+    assert flat.dtype == torch.float32 and flat.dim() == 1
+    assert flat.numel() == num_flat_params(model) == count_parameters(model)
+    # order matches named_parameters()
+    expected = torch.cat([p.detach().reshape(-1) for _, p in model.named_parameters()])
+    assert torch.equal(flat, expected)
+    # returned vector is a copy
+    flat[0] += 1.0
+    assert not torch.equal(flat, get_flat_params(model))
+
+    new = torch.arange(flat.numel(), dtype=torch.float32) / flat.numel()
+    params_before = [id(p) for p in model.parameters()]
+    set_flat_params(model, new)
+    assert [id(p) for p in model.parameters()] == params_before
+    assert torch.equal(get_flat_params(model), new)
+    new.zero_()  # no aliasing
+    assert not torch.equal(get_flat_params(model), new)
+    assert all(not p.grad_fn for p in model.parameters())
+
+
+def test_set_flat_params_wrong_size():
+    model = build_model("mlp", (60,), 10, hidden=[])
+    with pytest.raises(ValueError):
+        set_flat_params(model, torch.zeros(num_flat_params(model) + 1))
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_determinism(name):
+    shape = DEFAULT_INPUT_SHAPES[name]
+    torch.manual_seed(0)
+    a = get_flat_params(build_model(name, shape, 10))
+    torch.manual_seed(0)
+    b = get_flat_params(build_model(name, shape, 10))
+    assert torch.equal(a, b)
