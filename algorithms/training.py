@@ -9,15 +9,28 @@ from algorithms.base import ClientContext
 
 
 def flat_params(model: torch.nn.Module) -> torch.Tensor:
-    """Trainable parameters as one float32 vector, in ``named_parameters()`` order."""
-    return torch.nn.utils.parameters_to_vector(p.detach() for p in model.parameters()).float()
+    """Trainable parameters as a new float32 vector (no aliasing), ``named_parameters()`` order."""
+    params = list(model.parameters())
+    if not params:
+        return torch.zeros(0, dtype=torch.float32)
+    return torch.cat([p.detach().reshape(-1) for p in params]).float()
 
 
 @torch.no_grad()
 def load_flat_params(model: torch.nn.Module, flat: torch.Tensor | np.ndarray) -> None:
-    """Write a flat vector back into the model's parameters (buffers untouched)."""
-    flat = torch.as_tensor(flat, dtype=torch.float32)
-    torch.nn.utils.vector_to_parameters(flat[: num_params(model)], model.parameters())
+    """Copy a flat vector into the model's parameters, in place (buffers untouched).
+
+    Copies rather than rebinding ``param.data`` (as ``vector_to_parameters`` does): a rebound
+    parameter would alias the broadcast array and training would write into it.
+    """
+    params = list(model.parameters())
+    flat = torch.as_tensor(flat, dtype=torch.float32).reshape(-1)
+    expected = sum(p.numel() for p in params)
+    if flat.numel() != expected:
+        raise ValueError(f"flat vector has {flat.numel()} elements; the model has {expected} parameters")
+    chunks = torch.split(flat, [p.numel() for p in params])
+    for p, chunk in zip(params, chunks):  # one vectorised copy per tensor
+        p.copy_(chunk.view_as(p))
 
 
 def num_params(model: torch.nn.Module) -> int:
@@ -40,7 +53,7 @@ def flat_state(model: torch.nn.Module) -> torch.Tensor:
 def load_flat_state(model: torch.nn.Module, flat: torch.Tensor | np.ndarray) -> None:
     flat = torch.as_tensor(flat, dtype=torch.float32)
     n = num_params(model)
-    load_flat_params(model, flat[:n])
+    load_flat_params(model, flat[:n])  # the rest are buffers
     offset = n
     for b in model.buffers():
         if b.is_floating_point():

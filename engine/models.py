@@ -415,38 +415,7 @@ training_flops_per_sample.cache_clear = _training_flops_cached.cache_clear  # ty
 # --------------------------------------------------------------------------- #
 # flat parameter helpers
 # --------------------------------------------------------------------------- #
-def _trainable(model: nn.Module) -> list[nn.Parameter]:
-    return [p for p in model.parameters() if p.requires_grad]
-
-
-def num_flat_params(model: nn.Module) -> int:
-    """Length of the vector returned by :func:`get_flat_params`."""
-    return count_parameters(model)
-
-
-def get_flat_params(model: nn.Module) -> torch.Tensor:
-    """float32 1-D copy (detached, not aliasing the model) of the trainable
-    parameters, concatenated in ``named_parameters()`` order."""
-    params = _trainable(model)
-    if not params:
-        return torch.zeros(0, dtype=torch.float32)
-    with torch.no_grad():
-        flat = torch.nn.utils.parameters_to_vector(params)  # torch.cat -> new storage
-        return flat.detach().to(dtype=torch.float32).clone()
-
-
-def set_flat_params(model: nn.Module, flat: torch.Tensor) -> None:
-    """Copy ``flat`` (layout of :func:`get_flat_params`) into the trainable
-    parameters in place, without autograd tracking. Parameter objects are kept
-    (optimiser references stay valid) and do not alias ``flat`` afterwards."""
-    params = _trainable(model)
-    flat = torch.as_tensor(flat)
-    expected = sum(p.numel() for p in params)
-    if flat.dim() != 1 or flat.numel() != expected:
-        raise ValueError(
-            f"set_flat_params: expected a 1-D tensor of {expected} elements, got shape {tuple(flat.shape)}"
-        )
-    with torch.no_grad():
-        chunks = torch.split(flat, [p.numel() for p in params])
-        for p, chunk in zip(params, chunks):  # loop over tensors, copy is vectorised
-            p.copy_(chunk.reshape(p.shape))
+# One implementation of the flat-vector layout, shared with the algorithms.
+from algorithms.training import flat_params as get_flat_params  # noqa: E402
+from algorithms.training import load_flat_params as set_flat_params  # noqa: E402
+from algorithms.training import num_params as num_flat_params  # noqa: E402

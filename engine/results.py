@@ -27,6 +27,26 @@ import pandas as pd
 SCHEMA_VERSION = 1
 PARTS = "_parts"
 
+# Columns every run has (methods add their own trace columns; see docs/results.md).
+ROUND_COLUMNS = (
+    "round", "num_selected", "num_run", "num_arrived", "num_unavailable", "num_dropout",
+    "sim_round_s", "sim_time_s", "bytes_up", "bytes_down", "train_loss",
+    "pers_acc", "pers_acc_weighted", "pers_acc_worst", "pers_acc_std", "pers_loss",
+    "global_acc", "global_loss", "wall_s",
+)
+CLIENT_COLUMNS = (
+    "round", "client_id", "tier", "net_tier", "arch", "num_samples", "bytes_up", "bytes_down",
+    "train_flops", "compress_ops", "sim_download_s", "sim_compute_s", "sim_compress_s",
+    "sim_upload_s", "sim_total_s", "made_deadline", "drop_reason", "train_loss",
+    "pers_acc", "pers_loss", "test_samples", "wall_fit_s",
+)
+PROFILE_COLUMNS = (
+    "client_id", "gflops", "down_mbps", "up_mbps", "latency_s", "memory_gb", "availability",
+    "dropout", "tier", "net_tier",
+)
+# Host wall-clock columns: the only ones that differ between two runs with the same seed.
+WALL_COLUMNS = ("wall_s", "wall_fit_s")
+
 
 def _write_parquet_atomic(df: pd.DataFrame, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")

@@ -1,0 +1,267 @@
+"""FedAvg with compressed uploads: the "uniform compressor" baselines (Top-K, Random-K, Periodic-K).
+
+Every client uses the same compressor every round. Round t, client n:
+
+1. receive the dense global state ``w^t`` (parameters + floating buffers, as FedAvg);
+2. local SGD -> ``delta = w_trained - w^t`` (parameters only);
+3. error feedback: ``a = e + delta`` (``e`` = ``ctx.state["residual"]``, float32, persistent);
+4. compress ``a`` to K coordinates; ``e <- a - sent`` (exactly, see ``ErrorFeedback``);
+5. upload the compressed arrays (values + int32 indices / 64-bit seed / 32-bit offset).
+
+The server decodes each upload (Random-K re-draws its indices from the seed, Periodic-K
+rebuilds them from the offset) and adds the sample-weighted mean of the sparse deltas to each
+architecture's global parameters: ``w_P <- w_P + sum_n (m_n / sum m) delta_hat_n``.
+
+Floating buffers (BatchNorm running statistics) are not deltas: with ``buffers="dense"``
+(default) they travel uncompressed next to the payload (counted in the bytes; nothing for
+models without BatchNorm, e.g. LeNet5) and are averaged like FedAvg; with ``"local"`` each
+client keeps its own and the server's stay at their initial values.
+
+The helpers :func:`compressed_payload` / :func:`payload_to_compressed` / :func:`decode_upload`
+are the wire format for compressed deltas and are meant to be reused by other methods (ASCEND).
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+import numpy as np
+import torch
+from pydantic import Field, StrictFloat, StrictInt, field_validator
+
+from algorithms.base import (
+    AlgorithmParams,
+    AlgorithmSpec,
+    Broadcast,
+    Client,
+    ClientContext,
+    ClientResult,
+    Payload,
+    Server,
+)
+from algorithms.compressors import (
+    PERIODICK_OPS_PER_INDEX,
+    RANDOMK_OPS_PER_INDEX,
+    TOPK_OPS_PER_ELEMENT,
+    TOPK_OPS_PER_SELECTED_LOG,
+    Compressed,
+    ErrorFeedback,
+    OpCosts,
+    compress,
+    scatter_add_,
+)
+from algorithms.fedavg import state_payload
+from algorithms.training import flat_params, flat_state, load_flat_params, load_flat_state, local_sgd
+
+Strategy = Literal["topk", "randomk", "periodick"]
+PAYLOAD_KEYS = ("values", "indices", "seed", "offset")
+
+
+def validate_k(k: Any) -> int | float:
+    """Shared rule for a K option: int count >= 1, or float ratio in (0, 1]."""
+    if isinstance(k, np.integer):
+        k = int(k)
+    elif isinstance(k, np.floating):
+        k = float(k)
+    if isinstance(k, bool):
+        raise ValueError(f"k={k!r} is not allowed: must be an int count >= 1 or a float ratio in (0, 1]")
+    if isinstance(k, int):
+        if k < 1:
+            raise ValueError(f"k={k} is not allowed: an int k is a count and must be >= 1")
+        return k
+    if isinstance(k, float):
+        if not 0.0 < k <= 1.0:
+            raise ValueError(
+                f"k={k!r} is not allowed: a float k is a ratio of the model size and must be in (0, 1] "
+                "(write an int for a count)"
+            )
+        return k
+    raise ValueError(f"k={k!r} is not allowed: must be an int count >= 1 or a float ratio in (0, 1]")
+
+
+class OpCostParams(AlgorithmParams):
+    """Op-count constants of the compressors ([ours]; see algorithms/compressors.py)."""
+
+    topk_per_element: float = Field(TOPK_OPS_PER_ELEMENT, ge=0, description="Top-K ops per element of d")
+    topk_per_selected_log: float = Field(TOPK_OPS_PER_SELECTED_LOG, ge=0, description="Top-K ops per K*log2(K)")
+    randomk_per_index: float = Field(RANDOMK_OPS_PER_INDEX, ge=0, description="Random-K ops per index")
+    periodick_per_index: float = Field(PERIODICK_OPS_PER_INDEX, ge=0, description="Periodic-K ops per index")
+
+    def costs(self) -> OpCosts:
+        return OpCosts(**self.model_dump())
+
+
+class CompressedFedAvgParams(AlgorithmParams):
+    name: Literal["fedavg_compressed"] = "fedavg_compressed"
+    compressor: Strategy = Field("topk", description="the compressor every client uses")
+    k: Union[StrictInt, StrictFloat] = Field(  # noqa: UP007
+        0.01, description="coordinates sent: int count >= 1, or float ratio of the model size in (0, 1]"
+    )
+    error_feedback: bool = Field(True, description="accumulate what was not sent into a residual")
+    clamp_k: bool = Field(False, description="an int k above the model size sends every coordinate instead of failing")
+    buffers: Literal["dense", "local"] = Field("dense", description="BatchNorm buffers: uploaded dense, or kept local")
+    op_costs: OpCostParams = Field(default_factory=OpCostParams)
+
+    @field_validator("k", mode="before")
+    @classmethod
+    def _check_k(cls, v):
+        return validate_k(v)
+
+
+# ------------------------------------------------------------------------------------------------
+# wire format
+# ------------------------------------------------------------------------------------------------
+def compressed_payload(c: Compressed, extra: dict[str, np.ndarray] | None = None, **meta: Any) -> Payload:
+    """Payload carrying ``c`` (plus optional dense ``extra`` arrays); nbytes = every array's size."""
+    arrays = c.to_arrays()
+    if extra:
+        clash = set(extra) & set(arrays)
+        if clash:
+            raise ValueError(f"extra arrays clash with the payload keys {sorted(clash)}")
+        arrays.update(extra)
+    nbytes = int(sum(a.nbytes for a in arrays.values()))
+    return Payload(arrays=arrays, nbytes=nbytes, meta={"compressor": c.strategy, "numel": c.numel, "k": c.k, **meta})
+
+
+def payload_to_compressed(payload: Payload) -> Compressed:
+    arrays = {k: v for k, v in payload.arrays.items() if k in PAYLOAD_KEYS}
+    return Compressed.from_arrays(payload.meta["compressor"], arrays, payload.meta["numel"])
+
+
+def decode_upload(payload: Payload) -> torch.Tensor:
+    """The dense delta a compressed upload stands for."""
+    c = payload_to_compressed(payload)
+    out = torch.zeros(c.numel, dtype=torch.float32)
+    out[c.index_tensor()] = c.values
+    return out
+
+
+def _float_buffer_vector(model: torch.nn.Module) -> torch.Tensor:
+    bufs = [b.detach().reshape(-1).float() for b in model.buffers() if b.is_floating_point()]
+    return torch.cat(bufs) if bufs else torch.zeros(0)
+
+
+@torch.no_grad()
+def _load_float_buffers(model: torch.nn.Module, flat: torch.Tensor | np.ndarray) -> None:
+    flat = torch.as_tensor(flat, dtype=torch.float32)
+    offset = 0
+    for b in model.buffers():
+        if b.is_floating_point():
+            b.copy_(flat[offset : offset + b.numel()].view_as(b))
+            offset += b.numel()
+
+
+# ------------------------------------------------------------------------------------------------
+# client
+# ------------------------------------------------------------------------------------------------
+class CompressedFedAvgClient(Client):
+    params: CompressedFedAvgParams
+
+    def __init__(self, params: CompressedFedAvgParams):
+        super().__init__(params)
+        self.costs = params.op_costs.costs()
+
+    def receive(self, ctx: ClientContext, broadcast: Payload) -> None:
+        load_flat_state(ctx.model, broadcast.arrays["state"])
+        if self.params.buffers == "local" and "buffers" in ctx.state:
+            _load_float_buffers(ctx.model, ctx.state["buffers"])
+
+    def compress_delta(self, ctx: ClientContext, delta: torch.Tensor, strategy: str) -> tuple[Compressed, float]:
+        """Error feedback + compression of ``delta``; updates ``ctx.state["residual"]``.
+
+        Returns the compressed payload and the norm of the new residual.
+        """
+        p = self.params
+        ef = p.error_feedback
+        residual = ctx.state.get("residual") if ef else None
+        a = ErrorFeedback.accumulate(None if residual is None else torch.from_numpy(residual), delta)
+        seed = int(ctx.rng.integers(0, 2**63)) if strategy == "randomk" else None
+        c = compress(strategy, a, p.k, seed=seed, round=ctx.round, costs=self.costs, clamp=p.clamp_k)
+        if ef:
+            e = ErrorFeedback.update_residual(a, c)
+            ctx.state["residual"] = e.numpy().astype(np.float32, copy=False)
+            return c, float(torch.linalg.vector_norm(e))
+        return c, 0.0
+
+    def fit(self, ctx: ClientContext, broadcast: Payload) -> ClientResult:
+        p = self.params
+        start = flat_params(ctx.model)
+        loss, seen = local_sgd(ctx)
+        delta = flat_params(ctx.model) - start
+        c, res_norm = self.compress_delta(ctx, delta, p.compressor)
+        extra = None
+        bufs = _float_buffer_vector(ctx.model)
+        if bufs.numel():
+            if p.buffers == "dense":
+                extra = {"buffers": bufs.numpy().astype(np.float32, copy=True)}
+            else:
+                ctx.state["buffers"] = bufs.numpy().astype(np.float32, copy=True)
+        return ClientResult(
+            client_id=ctx.client_id,
+            arch=ctx.arch,
+            upload=compressed_payload(c, extra),
+            num_samples=len(ctx.train_y),
+            train_flops=ctx.flops_per_sample * seen,
+            compress_ops=c.ops,
+            metrics={"train_loss": loss, "compressor": c.strategy, "k": c.k, "residual_norm": res_norm},
+        )
+
+
+# ------------------------------------------------------------------------------------------------
+# server
+# ------------------------------------------------------------------------------------------------
+def aggregate_sparse(results: list[ClientResult], d: int) -> torch.Tensor:
+    """``sum_n (m_n / sum m) delta_hat_n`` over ``results`` (float64 accumulation, float32 out)."""
+    total = float(sum(r.num_samples for r in results))
+    acc = torch.zeros(d, dtype=torch.float64)
+    for r in results:
+        c = payload_to_compressed(r.upload)
+        if c.numel != d:
+            raise ValueError(f"client {r.client_id} sent a delta of length {c.numel} for a model of {d} parameters")
+        w = r.num_samples / total if total > 0 else 1.0 / len(results)
+        scatter_add_(acc, c, w)
+    return acc.float()
+
+
+class CompressedFedAvgServer(Server):
+    params: CompressedFedAvgParams
+
+    def broadcast(self, round: int) -> Broadcast:
+        return {arch: state_payload(flat_state(m)) for arch, m in self.models.items()}
+
+    def aggregate(self, round: int, results: list[ClientResult]) -> dict:
+        n_agg, sq = 0, 0.0
+        for arch, model in self.models.items():
+            mine = [r for r in results if r.arch == arch]
+            if not mine:
+                continue
+            update = aggregate_sparse(mine, flat_params(model).numel())
+            load_flat_params(model, flat_params(model) + update)
+            if self.params.buffers == "dense" and all("buffers" in r.upload.arrays for r in mine):
+                weights = torch.tensor([r.num_samples for r in mine], dtype=torch.float64)
+                stacked = torch.stack([torch.from_numpy(r.upload.arrays["buffers"]).double() for r in mine])
+                _load_float_buffers(model, ((weights / weights.sum()) @ stacked).float())
+            n_agg += len(mine)
+            sq += float(torch.sum(update.double() ** 2))
+        return {"num_aggregated": n_agg, "update_norm": sq**0.5}
+
+
+SPEC = AlgorithmSpec(
+    "fedavg_compressed",
+    CompressedFedAvgParams,
+    CompressedFedAvgClient,
+    CompressedFedAvgServer,
+    "FedAvg with one compressor for every client (Top-K / Random-K / Periodic-K) and error feedback",
+)
+
+__all__ = [
+    "SPEC",
+    "CompressedFedAvgClient",
+    "CompressedFedAvgParams",
+    "CompressedFedAvgServer",
+    "OpCostParams",
+    "aggregate_sparse",
+    "compressed_payload",
+    "decode_upload",
+    "payload_to_compressed",
+    "validate_k",
+]

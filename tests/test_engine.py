@@ -1,0 +1,134 @@
+"""End-to-end behaviour of the in-process engine: learning, determinism, results, failures."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from engine.cli import main
+from engine.config import load_config
+from engine.results import CLIENT_COLUMNS, PROFILE_COLUMNS, ROUND_COLUMNS, WALL_COLUMNS, load_run
+from engine.run import run_experiment
+from engine.runtime import ClientFailure
+
+DIGITS = [
+    "dataset.name=digits",
+    "model.name=mlp",
+    "clients.num_clients=10",
+    "clients.participation=0.5",
+    "clients.profiles={}",
+    "train.local_epochs=2",
+]
+
+
+def digits_cfg(tmp_path, *extra):
+    return load_config(None, [*DIGITS, f"output.dir={tmp_path}", *extra])
+
+
+def test_fedavg_on_digits_reaches_85_percent_in_20_rounds(tmp_path):
+    path = run_experiment(digits_cfg(tmp_path, "rounds=20"), tmp_path / "run")
+    rounds = load_run(path).rounds
+    assert len(rounds) == 20
+    assert rounds["global_acc"].max() >= 0.85
+    assert rounds["global_acc"].iloc[-1] >= 0.80
+    # the model learns: accuracy after round 1 is far below the final one
+    assert rounds["global_acc"].iloc[0] < 0.5
+
+
+def test_same_seed_gives_identical_metrics_and_other_seed_differs(tmp_path):
+    runs = [
+        load_run(run_experiment(digits_cfg(tmp_path, "rounds=4", f"seed={s}"), tmp_path / f"r{i}"))
+        for i, s in enumerate([3, 3, 4])
+    ]
+
+    def metrics(run):
+        return (
+            run.rounds.drop(columns=list(WALL_COLUMNS), errors="ignore"),
+            run.clients.drop(columns=list(WALL_COLUMNS), errors="ignore"),
+        )
+
+    (r0, c0), (r1, c1), (r2, _) = map(metrics, runs)
+    pd.testing.assert_frame_equal(r0, r1)
+    pd.testing.assert_frame_equal(c0, c1)
+    assert not np.allclose(r0["global_acc"], r2["global_acc"])
+
+
+def test_run_folder_has_documented_tables_and_columns(tmp_path):
+    path = run_experiment(digits_cfg(tmp_path, "rounds=2"), tmp_path / "run")
+    for name in ("config.yaml", "manifest.json", "rounds.parquet", "clients.parquet", "profiles.parquet"):
+        assert (path / name).is_file(), name
+    assert not (path / "_parts").exists()
+    run = load_run(path)
+    assert set(ROUND_COLUMNS) <= set(run.rounds.columns)
+    assert set(CLIENT_COLUMNS) <= set(run.clients.columns)
+    assert list(run.profiles.columns) == list(PROFILE_COLUMNS)
+    assert len(run.profiles) == 10
+    # one row per round x selected client
+    assert len(run.clients) == 2 * 5
+    assert run.manifest["status"] == "finished"
+    assert run.manifest["versions"]["torch"]
+    # bytes: FedAvg moves the whole model each way, exactly
+    n_params = 64 * 64 + 64 + 64 * 10 + 10
+    arrived = run.clients[run.clients["made_deadline"]]
+    assert (arrived["bytes_up"] == 4 * n_params).all()
+    assert (arrived["bytes_down"] == 4 * n_params).all()
+    assert run.config["train"]["local_epochs"] == 2
+
+
+def test_docs_list_every_core_column():
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[1] / "docs" / "results.md").read_text()
+    for col in {*ROUND_COLUMNS, *CLIENT_COLUMNS, *PROFILE_COLUMNS}:
+        assert f"`{col}`" in doc, col
+
+
+def test_failure_names_client_and_round_and_keeps_finished_rounds(tmp_path, monkeypatch):
+    from algorithms.fedavg import FedAvgClient
+
+    original = FedAvgClient.fit
+
+    def flaky(self, ctx, broadcast):
+        if ctx.round == 2:
+            raise RuntimeError("boom")
+        return original(self, ctx, broadcast)
+
+    monkeypatch.setattr(FedAvgClient, "fit", flaky)
+    with pytest.raises(ClientFailure, match=r"client \d+ failed in round 2: RuntimeError: boom"):
+        run_experiment(digits_cfg(tmp_path, "rounds=5"), tmp_path / "run")
+    run = load_run(tmp_path / "run")
+    assert list(run.rounds["round"]) == [0, 1]
+    assert run.manifest["status"] == "failed" and "boom" in run.manifest["error"]
+
+
+def test_fedprox_differs_from_fedavg_and_mu_zero_equals_fedavg(tmp_path):
+    def final(*extra):
+        path = run_experiment(digits_cfg(tmp_path, "rounds=2", *extra), tmp_path / "_".join(extra))
+        return load_run(path).rounds["global_loss"].to_numpy()
+
+    fedavg = final("algorithm.name=fedavg")
+    assert np.array_equal(fedavg, final("algorithm.name=fedprox", "algorithm.mu=0.0"))
+    assert not np.array_equal(fedavg, final("algorithm.name=fedprox", "algorithm.mu=1.0"))
+
+
+def test_cli_run_writes_folder_and_prints_summary(tmp_path, capsys):
+    out = tmp_path / "cli-run"
+    code = main(["run", "-q", "-o", str(out), *sum((["--set", s] for s in DIGITS), []), "--set", "rounds=2"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "global accuracy (final)" in printed and str(out) in printed
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["command"][:2] != [] and manifest["status"] == "finished"
+
+
+def test_cli_reports_config_errors_with_exit_code_2(capsys):
+    assert main(["run", "--set", "train.lr=-1"]) == 2
+    err = capsys.readouterr().err
+    assert "train.lr = -1" in err and "greater than 0" in err
+
+
+def test_existing_named_run_folder_is_not_overwritten(tmp_path):
+    cfg = digits_cfg(tmp_path, "rounds=1", "output.name=fixed")
+    run_experiment(cfg)
+    with pytest.raises(FileExistsError, match="output.overwrite"):
+        run_experiment(cfg)
