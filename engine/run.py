@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import platform
 import sys
 import time
@@ -110,7 +111,9 @@ def execute_run(
     try:
         sim = Simulation(cfg, make_executor(cfg), callbacks=[record, *(callbacks or [])])
         writer.write_table("profiles", sim.profiles.to_frame())
+        sim.start()
         manifest["executor"] = sim.executor.describe()
+        manifest["loop_pid"] = os.getpid()  # the driver actor's process under the Ray executor
         manifest["num_clients"] = sim.data.num_clients
         sim.run()
         manifest["status"] = "finished"

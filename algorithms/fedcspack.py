@@ -1,0 +1,549 @@
+"""FedCSPACK: double-weight sparse packs (AAAI 2026, arXiv 2601.01840).
+
+Specification: ``shared/specs/fedcspack.md``. In short: after local training a client cuts its
+flat trainable-parameter vector into packs of ``pack_size`` values, shares only the packs whose
+cosine to the pre-round global model is below the whole-model cosine ``theta_a`` (optionally
+capped to the K most-drifted ones), each with a double weight ``|cos + KL|``; the server
+averages every pack position over the clients that shared it, weighted by those mask weights.
+Packs a client did not share stay local (personalization).
+
+Layout of this module
+---------------------
+* pure, vectorised tensor functions (no Python loop over packs or parameters):
+  :func:`pad_to_packs`, :func:`pack_scores`, :func:`select_packs`, :func:`aggregate_packs`,
+  the byte accounting :func:`upload_nbytes` / :func:`download_nbytes` and the op-count model
+  :func:`selection_ops`;
+* :class:`FedCSPACKParams`, :class:`FedCSPACKClient`, :class:`FedCSPACKServer` and ``SPEC``.
+
+Design choices (where the spec leaves room)
+-------------------------------------------
+* **Padding and the KL term.** ``J = ceil(n / P)``; the last pack is zero-padded to ``P``. The
+  padding is identical (zeros) in the local and the global vector, so it changes neither the
+  dot product nor the norms: the cosine of the last pack is the cosine of its real values. In
+  the KL term the padding zeros are *equal logits* (0) in both packs, but they do *not* cancel:
+  softmax normalises over all ``P`` entries, so the padded positions carry probability mass
+  ``exp(-LSE(G_j))`` vs ``exp(-LSE(L_j))`` and contribute
+  ``(P - r) * exp(-LSE(G_j)) * (LSE(L_j) - LSE(G_j))`` to ``beta`` of the last pack (``r`` = its
+  number of real values). The default, ``kl_padding="include"``, keeps them: every pack is a
+  ``P``-way distribution, exactly as the reference code computes it (it pads with zeros before
+  the softmax). ``kl_padding="exclude"`` computes the last pack's KL over its ``r`` real values
+  only. Only the last pack is affected, and only when ``P`` does not divide ``n``.
+* **Numerics of ``pack_scores``.** Per-pack sums (dot, squared norms, softmax partition sums)
+  are computed in float32 over row blocks of the ``(J, P)`` view, then combined in float64.
+  ``beta`` uses the algebraically identical form
+  ``KL(p_G || p_L) = sum_k p_G,k (G_k - L_k) + ln(S_L / S_G)`` with ``S = sum_k exp(x_k)``: two
+  exponentials per value and no log-probability tensors. When a pack's partition sums leave
+  ``[1e-30, 1e30]`` (|weights| beyond ~60) those packs are recomputed with the max-shifted
+  ``log_softmax`` form, so large weights cannot overflow. Against a float64 reference the
+  result is 2-3x more accurate than the plain float32 ``log_softmax`` formula (about 1e-7
+  absolute error for typical packs with ``beta ~ 5e-5``).
+  The rows are processed in blocks of about 2 MiB (``_BLOCK_ELEMS``) so the temporaries stay in
+  cache instead of page-faulting ~45 MB buffers per operation on an 11M-parameter model; each
+  block is one vectorised operation over all its packs (this is not a loop per pack).
+* ``theta`` and ``beta`` are returned as float64 tensors; ``theta_a`` is computed from the sums
+  of the same per-pack sums with the same float64 formula, so with a single pack
+  ``theta_1 == theta_a`` exactly and the strict test ``theta_ij < theta_a`` is consistent.
+* **Top-K** (``k``): an int is a pack count; a float in (0, 1] is a fraction of ``J``, giving
+  ``K = max(1, floor(k * J))`` packs (a cap, so never more than the fraction); ``"all"`` shares
+  every candidate (the reference code). Ties in ``theta`` are broken by pack index (stable sort).
+* **W_prev** is the pre-round global model. ``fit`` reads it from the broadcast it is passed
+  (the very payload ``receive`` used), so nothing per-client is stored for it: no memory grows.
+* Client state (``ctx.state``) holds, per client: the full local parameter vector after its last
+  training (only for ``own_mask`` / ``global_mask``), the pack set it last shared (only for
+  ``own_mask``) and its buffers (always: BatchNorm statistics are never shared).
+* Trace columns when a client shares nothing: ``mask_w_mean/min/max`` are ``float('nan')``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Literal, Sequence, Union
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import Field, field_validator
+
+from algorithms.base import (
+    FLOAT32_BYTES,
+    INDEX_BYTES,
+    AlgorithmParams,
+    AlgorithmSpec,
+    Broadcast,
+    Client,
+    ClientContext,
+    ClientResult,
+    Payload,
+    Server,
+)
+from algorithms.training import flat_params, load_flat_params, local_sgd
+
+# --------------------------------------------------------------------------------------------
+# Operation-count model of the client's selection work (for the engine's virtual clock).
+# One "op" is one elementary floating-point operation on one value (add, multiply, compare,
+# exp, log each count 1). Counted on the zero-padded vector of J*P values, for the textbook
+# computation the spec describes (not for this module's fused implementation):
+#   cosines      : L*G, L*L, G*G, each a multiply and an add                           -> 6
+#   log_softmax  : of G and of L: max-compare, subtract, exp, add to sum, subtract LSE -> 10
+#   KL           : exp(log p_G), log p_G - log p_L, multiply, add                      -> 4
+#   delta        : D = W_i - W_prev                                                    -> 1
+SELECTION_OPS_PER_PARAM = 21
+# Per pack: cosine divide + 2 sqrt + multiply, 2 logs of the partition sums, KL finish,
+# compare with theta_a, the mask weight (add + abs) -> about 12.
+SELECTION_OPS_PER_PACK = 12
+# Top-K over the m candidates: a comparison sort, m * log2(m) comparisons (only when a cap
+# actually removes candidates; "all" needs no sort).
+SORT_OPS_PER_COMPARISON = 1
+# --------------------------------------------------------------------------------------------
+
+_BLOCK_ELEMS = 1 << 19  # values per row block in pack_scores (2 MiB of float32 per temporary)
+_SAFE_SUM_MIN, _SAFE_SUM_MAX = 1e-30, 1e30  # fast-path partition sums outside -> stable path
+
+Weighting = Literal["cskd", "cs", "kd"]
+KSpec = Union[int, float, str]
+
+
+# ------------------------------------------------------------------------- pure functions ---
+
+
+def num_packs(n: int, pack_size: int) -> int:
+    """``J = ceil(n / P)``."""
+    return -(-int(n) // int(pack_size))
+
+
+def _as_flat32(x: torch.Tensor | np.ndarray) -> torch.Tensor:
+    if isinstance(x, np.ndarray) and not x.flags.writeable:
+        x = np.array(x, dtype=np.float32)  # torch warns on read-only arrays
+    return torch.as_tensor(x, dtype=torch.float32).reshape(-1)
+
+
+def pad_to_packs(flat: torch.Tensor, pack_size: int) -> torch.Tensor:
+    """The flat vector zero-padded to ``J * P`` values, as a ``(J, P)`` tensor (a copy)."""
+    flat = _as_flat32(flat)
+    j = num_packs(flat.numel(), pack_size)
+    return F.pad(flat, (0, j * pack_size - flat.numel())).view(j, pack_size)
+
+
+def _safe_cos(dot: torch.Tensor, n2a: torch.Tensor, n2b: torch.Tensor) -> torch.Tensor:
+    """Cosine from a dot product and two squared norms; 0 where either norm is 0 (no NaN)."""
+    denom = n2a.sqrt() * n2b.sqrt()
+    return torch.where(denom > 0, dot / denom.clamp_min(torch.finfo(denom.dtype).tiny),
+                       torch.zeros_like(dot))
+
+
+def _kl_stable(local: torch.Tensor, glob: torch.Tensor) -> torch.Tensor:
+    """Row-wise KL(softmax(G) || softmax(L)) with log_softmax (max-shifted), in float64."""
+    lg = torch.log_softmax(glob.double(), dim=1)
+    ll = torch.log_softmax(local.double(), dim=1)
+    return (lg.exp() * (lg - ll)).sum(dim=1)
+
+
+def _row_stats(local: torch.Tensor, glob: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Per-row (dot, |L|^2, |G|^2, beta) of two (R, C) float32 views, as float64 tensors.
+
+    Rows are processed in blocks of ``_BLOCK_ELEMS`` values; within a block every operation is
+    vectorised over all its rows.
+    """
+    rows, cols = local.shape
+    out = torch.empty(6, rows, dtype=torch.float32)  # dot, |L|, |G|, S_G, S_L, sum p~*(G-L)
+    dot, nl, ng, sg, sl, pd = out
+    block = max(1, _BLOCK_ELEMS // max(cols, 1))
+    buf_x = torch.empty(min(block, rows), cols)
+    buf_y = torch.empty(min(block, rows), cols)
+    log2e = 1.0 / math.log(2.0)  # exp(v) = exp2(v * log2 e): torch's exp2 is ~3x faster
+    for s in range(0, rows, block):
+        e = min(s + block, rows)
+        lb, gb, x, y = local[s:e], glob[s:e], buf_x[: e - s], buf_y[: e - s]
+        torch.linalg.vector_norm(lb, dim=1, out=nl[s:e])
+        torch.linalg.vector_norm(gb, dim=1, out=ng[s:e])
+        torch.mul(lb, gb, out=y)
+        torch.sum(y, dim=1, out=dot[s:e])
+        torch.mul(gb, log2e, out=x).exp2_()  # x = exp(G)
+        torch.sum(x, dim=1, out=sg[s:e])
+        torch.mul(lb, log2e, out=y).exp2_()  # y = exp(L)
+        torch.sum(y, dim=1, out=sl[s:e])
+        torch.sub(gb, lb, out=y).mul_(x)  # exp(G) * (G - L)
+        torch.sum(y, dim=1, out=pd[s:e])
+    dot, nl2, ng2 = dot.double(), nl.double().square(), ng.double().square()
+    sg, sl, pd = sg.double(), sl.double(), pd.double()
+    beta = pd / sg + torch.log(sl / sg)
+    ok = (
+        (sg >= _SAFE_SUM_MIN) & (sg <= _SAFE_SUM_MAX)
+        & (sl >= _SAFE_SUM_MIN) & (sl <= _SAFE_SUM_MAX) & torch.isfinite(pd)
+    )
+    if not bool(ok.all()):  # huge / tiny weights: recompute those packs max-shifted
+        bad = (~ok).nonzero().squeeze(1)
+        beta[bad] = _kl_stable(local[bad], glob[bad])
+    return dot, nl2, ng2, beta
+
+
+def pack_scores(
+    local_flat: torch.Tensor,
+    global_flat: torch.Tensor,
+    pack_size: int,
+    kl_padding: Literal["include", "exclude"] = "include",
+) -> tuple[float, torch.Tensor, torch.Tensor]:
+    """Scores of every pack: ``(theta_a, theta, beta)``.
+
+    * ``theta_a`` (float): cosine of the whole local and global weight vectors.
+    * ``theta`` (float64, J): per-pack cosine ``cos(L_j, G_j)``; 0 for a pack where either side
+      is all zeros (never NaN).
+    * ``beta`` (float64, J): per-pack ``KL(softmax(G_j) || softmax(L_j))``.
+
+    ``kl_padding``: whether the last pack's zero padding takes part in its softmax (see the
+    module docstring); the cosine is unaffected by padding either way.
+    """
+    if kl_padding not in ("include", "exclude"):
+        raise ValueError(f"kl_padding must be 'include' or 'exclude', got {kl_padding!r}")
+    lf, gf = _as_flat32(local_flat), _as_flat32(global_flat)
+    if lf.numel() != gf.numel():
+        raise ValueError(f"local ({lf.numel()}) and global ({gf.numel()}) sizes differ")
+    n, p = lf.numel(), int(pack_size)
+    if p < 1:
+        raise ValueError(f"pack_size must be >= 1, got {pack_size}")
+    full, rest = divmod(n, p)
+    parts = []
+    if full:  # the whole packs: a (full, P) view, no copy
+        parts.append(_row_stats(lf[: full * p].view(full, p), gf[: full * p].view(full, p)))
+    if rest:  # the last, partial pack
+        lt, gt = lf[full * p :].view(1, rest), gf[full * p :].view(1, rest)
+        if kl_padding == "include":
+            lt, gt = F.pad(lt, (0, p - rest)), F.pad(gt, (0, p - rest))
+        parts.append(_row_stats(lt, gt))
+    if not parts:
+        empty = torch.zeros(0, dtype=torch.float64)
+        return 0.0, empty, empty.clone()
+    dot, nl2, ng2, beta = (torch.cat(cols) for cols in zip(*parts))
+    theta = _safe_cos(dot, nl2, ng2)
+    theta_a = float(_safe_cos(dot.sum(), nl2.sum(), ng2.sum()))
+    return theta_a, theta, beta
+
+
+def pack_budget(k: KSpec, num_packs_total: int) -> int | None:
+    """The Top-K cap K for ``J`` packs, or None for "all" (every candidate)."""
+    if isinstance(k, str):
+        if k == "all":
+            return None
+        raise ValueError(f"k must be an int >= 1, a float in (0, 1] or 'all', got {k!r}")
+    if isinstance(k, (bool, np.bool_)):
+        raise ValueError(f"k must be an int >= 1, a float in (0, 1] or 'all', got {k!r}")
+    if isinstance(k, (int, np.integer)):
+        if k < 1:
+            raise ValueError(f"k as a pack count must be >= 1, got {k}")
+        return int(k)
+    if isinstance(k, (float, np.floating)):
+        if not 0.0 < k <= 1.0:
+            raise ValueError(f"k as a fraction of the packs must be in (0, 1], got {k}")
+        return max(1, math.floor(k * num_packs_total + 1e-9))
+    raise ValueError(f"k must be an int >= 1, a float in (0, 1] or 'all', got {k!r}")
+
+
+def mask_weights(theta: torch.Tensor, beta: torch.Tensor, weighting: str) -> torch.Tensor:
+    """``M_ij`` per ``weighting``: cskd ``|theta + beta|``, cs ``|theta|``, kd ``|beta|``."""
+    if weighting == "cskd":
+        return (theta + beta).abs()
+    if weighting == "cs":
+        return theta.abs()
+    if weighting == "kd":
+        return beta.abs()
+    raise ValueError(f"weighting must be one of 'cskd', 'cs', 'kd', got {weighting!r}")
+
+
+def select_packs(
+    theta: torch.Tensor,
+    theta_a: float,
+    beta: torch.Tensor,
+    k: KSpec,
+    weighting: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packs to share and their mask weights.
+
+    Candidates are the packs with ``theta_j < theta_a``; of those the ``K`` with the lowest
+    ``theta`` are kept (ties: lower index first). Returns ``(indices, weights)``: int64
+    indices sorted ascending and float32 weights ``M_ij`` in the same order.
+    """
+    cap = pack_budget(k, theta.numel())
+    candidates = (theta < theta_a).nonzero().squeeze(1)
+    if cap is not None and cap < candidates.numel():
+        order = torch.sort(theta[candidates], stable=True).indices[:cap]
+        candidates = torch.sort(candidates[order]).values
+    weights = mask_weights(theta[candidates], beta[candidates], weighting)
+    return candidates.long(), weights.float()
+
+
+def aggregate_packs(
+    global_flat: torch.Tensor,
+    pack_size: int,
+    uploads: Sequence[tuple[Any, Any, Any]],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Mask-weighted pack averaging of the clients' deltas.
+
+    ``uploads``: one ``(indices, weights, delta_packs)`` per client, with ``k_i`` pack indices,
+    ``k_i`` weights ``M_ij`` and a ``(k_i, P)`` array of the delta packs ``D_ij``.
+    Per pack ``M_j = sum_i M_ij``; where ``M_j > 0``: ``W_j += sum_i (M_ij / M_j) D_ij``; other
+    packs are unchanged. Returns ``(new_global_flat (n,), mask_indices (int64, ascending),
+    mask_weights (float32, M_j))``, the global mask being the packs with ``M_j > 0``.
+    """
+    gf = _as_flat32(global_flat)
+    n, p = gf.numel(), int(pack_size)
+    j = num_packs(n, p)
+    idx_parts, w_parts, d_parts = [], [], []
+    for i, (idx, w, delta) in enumerate(uploads):  # a loop over clients, to concatenate
+        idx = torch.as_tensor(np.asarray(idx), dtype=torch.long).reshape(-1)
+        w = torch.as_tensor(np.asarray(w), dtype=torch.float64).reshape(-1)
+        delta = _as_flat32(delta).view(-1, p) if idx.numel() else torch.zeros(0, p)
+        if not (idx.numel() == w.numel() == delta.shape[0]):
+            raise ValueError(f"upload {i}: {idx.numel()} indices, {w.numel()} weights, "
+                             f"{delta.shape[0]} delta packs")
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= j):
+            raise ValueError(f"upload {i}: pack index out of range [0, {j})")
+        idx_parts.append(idx), w_parts.append(w), d_parts.append(delta)
+    if not idx_parts or sum(t.numel() for t in idx_parts) == 0:
+        return gf.clone(), torch.zeros(0, dtype=torch.long), torch.zeros(0)
+    idx, w, delta = torch.cat(idx_parts), torch.cat(w_parts), torch.cat(d_parts)
+    total = torch.zeros(j, dtype=torch.float64).index_add_(0, idx, w)  # M_j
+    at = total[idx]
+    coef = torch.where(at > 0, w / at.where(at > 0, torch.ones_like(at)), torch.zeros_like(w))
+    update = torch.zeros(j, p).index_add_(0, idx, delta * coef.float().unsqueeze(1))
+    new = pad_to_packs(gf, p)
+    new += update  # packs with M_j == 0 get +0 exactly
+    mask = (total > 0).nonzero().squeeze(1)
+    return new.reshape(-1)[:n].clone(), mask, total[mask].float()
+
+
+def bitmap_nbytes(num_packs_total: int) -> int:
+    """A J-bit bitmap, in bytes."""
+    return -(-int(num_packs_total) // 8)
+
+
+def mask_index_nbytes(k: int, num_packs_total: int) -> int:
+    """Indices of k packs: 4 bytes each, or the J-bit bitmap if that is smaller."""
+    return min(INDEX_BYTES * int(k), bitmap_nbytes(num_packs_total))
+
+
+def upload_nbytes(k: int, num_packs_total: int, pack_size: int) -> int:
+    """Client upload: ``4*P*k`` delta values + the k pack indices + ``4*k`` mask weights."""
+    return (FLOAT32_BYTES * int(pack_size) * int(k) + mask_index_nbytes(k, num_packs_total)
+            + FLOAT32_BYTES * int(k))
+
+
+def download_nbytes(n: int, num_packs_total: int, global_mask_size: int) -> int:
+    """Broadcast: the full model ``4*n`` + the global mask (J-bit bitmap + its weights)."""
+    return (FLOAT32_BYTES * int(n) + bitmap_nbytes(num_packs_total)
+            + FLOAT32_BYTES * int(global_mask_size))
+
+
+def selection_ops(n: int, pack_size: int, num_sorted: int = 0) -> float:
+    """Op count of one client's selection work (see the constants at the top of the module).
+
+    ``num_sorted``: candidates that went through the Top-K sort (0 when no cap applied).
+    """
+    j = num_packs(n, pack_size)
+    ops = SELECTION_OPS_PER_PARAM * j * int(pack_size) + SELECTION_OPS_PER_PACK * j
+    if num_sorted > 1:
+        ops += SORT_OPS_PER_COMPARISON * num_sorted * math.log2(num_sorted)
+    return float(ops)
+
+
+# ------------------------------------------------------------------------------- params ---
+
+_K_HELP = "k must be an int >= 1 (pack count), a float in (0, 1] (fraction of packs) or 'all'"
+
+
+class FedCSPACKParams(AlgorithmParams):
+    name: Literal["fedcspack"] = "fedcspack"
+    pack_size: int = Field(1024, description="values per pack (P)")
+    k: Union[int, float, Literal["all"]] = Field(
+        "all", description="Top-K cap: pack count, fraction of packs in (0, 1], or 'all'")
+    weighting: Literal["cskd", "cs", "kd"] = Field(
+        "cskd", description="mask weight: |cos+KL| (cskd), |cos| (cs) or |KL| (kd)")
+    personalization: Literal["own_mask", "global_mask", "none"] = Field(
+        "own_mask", description="which packs of the global model a returning client takes")
+    sharing: Literal["packs", "full"] = Field(
+        "packs", description="'full': share every pack with weight 1 (FedAvg-like)")
+    record_packs: bool = Field(False, description="record shared pack indices in the traces")
+
+    @field_validator("pack_size", mode="before")
+    @classmethod
+    def _check_pack_size(cls, v: Any) -> int:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"pack_size must be an integer >= 1, got {v!r}")
+        return int(v)
+
+    @field_validator("k", mode="before")
+    @classmethod
+    def _check_k(cls, v: Any) -> Any:
+        if isinstance(v, str) and v != "all" or isinstance(v, (bool, np.bool_)):
+            raise ValueError(f"{_K_HELP}, got {v!r}")
+        if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+            if v < 1:
+                raise ValueError(f"{_K_HELP}, got {v!r}")
+            return int(v)
+        if isinstance(v, (float, np.floating)):
+            if not 0.0 < v <= 1.0:
+                raise ValueError(f"{_K_HELP}, got {v!r}")
+            return float(v)
+        if v == "all":
+            return v
+        raise ValueError(f"{_K_HELP}, got {v!r}")
+
+
+# ------------------------------------------------------------------------ client/server ---
+
+_PERSONAL = "fedcspack.personal"  # the client's full local parameter vector after training
+_SHARED = "fedcspack.shared_packs"  # pack indices it shared in its last participation
+_BUFFERS = "fedcspack.buffers"  # its buffers (BatchNorm statistics), never shared
+
+
+def overwrite_packs(base: torch.Tensor, source: torch.Tensor, pack_size: int,
+                    packs: Any) -> torch.Tensor:
+    """``base`` with the given packs replaced by those of ``source`` (a new vector)."""
+    base, source = _as_flat32(base), _as_flat32(source)
+    n = base.numel()
+    idx = torch.as_tensor(np.asarray(packs), dtype=torch.long).reshape(-1)
+    out = pad_to_packs(base, pack_size)
+    if idx.numel():
+        out[idx] = pad_to_packs(source, pack_size)[idx]
+    return out.reshape(-1)[:n].clone()
+
+
+def _nan_stats(w: torch.Tensor) -> tuple[float, float, float]:
+    if w.numel() == 0:
+        return float("nan"), float("nan"), float("nan")
+    return float(w.double().mean()), float(w.min()), float(w.max())
+
+
+class FedCSPACKClient(Client):
+    params: FedCSPACKParams
+
+    def receive(self, ctx: ClientContext, broadcast: Payload) -> None:
+        p = self.params
+        glob = _as_flat32(broadcast.arrays["params"])
+        personal = ctx.state.get(_PERSONAL)
+        if p.personalization == "none" or personal is None:
+            weights = glob.clone()  # first participation (or no personalization): take all
+        elif p.personalization == "own_mask":
+            shared = ctx.state.get(_SHARED)
+            weights = (glob.clone() if shared is None
+                       else overwrite_packs(personal, glob, p.pack_size, shared))
+        else:  # global_mask
+            weights = overwrite_packs(personal, glob, p.pack_size, broadcast.arrays["mask_idx"])
+        load_flat_params(ctx.model, weights)
+        buffers = ctx.state.get(_BUFFERS)
+        if buffers:
+            with torch.no_grad():
+                for name, buf in ctx.model.named_buffers():
+                    if name in buffers:
+                        buf.copy_(buffers[name])
+
+    def fit(self, ctx: ClientContext, broadcast: Payload) -> ClientResult:
+        p = self.params
+        loss, seen = local_sgd(ctx)
+        local = flat_params(ctx.model)
+        prev = _as_flat32(broadcast.arrays["params"])  # W_prev: the pre-round global model
+        n = local.numel()
+        j = num_packs(n, p.pack_size)
+        theta_a, theta, beta = pack_scores(local, prev, p.pack_size)
+        below = int((theta < theta_a).sum())
+        if p.sharing == "full":
+            idx, w = torch.arange(j), torch.ones(j)
+            ops = 0.0  # no selection work (the scores above only feed the trace)
+        else:
+            idx, w = select_packs(theta, theta_a, beta, p.k, p.weighting)
+            cap = pack_budget(p.k, j)
+            ops = selection_ops(n, p.pack_size, below if cap is not None and cap < below else 0)
+        delta = pad_to_packs(local - prev, p.pack_size)[idx]
+        upload = Payload(
+            arrays={
+                "idx": idx.numpy().astype(np.int32),
+                "w": w.numpy().astype(np.float32),
+                "delta": delta.numpy().astype(np.float32, copy=False),
+            },
+            nbytes=upload_nbytes(idx.numel(), j, p.pack_size),
+        )
+        # persistent per-client state: overwritten every participation, never accumulated
+        if p.personalization == "none":
+            ctx.state.pop(_PERSONAL, None)
+        else:
+            ctx.state[_PERSONAL] = local
+        if p.personalization == "own_mask":
+            ctx.state[_SHARED] = idx.clone()
+        else:
+            ctx.state.pop(_SHARED, None)
+        ctx.state[_BUFFERS] = {name: b.detach().clone() for name, b in ctx.model.named_buffers()}
+        w_mean, w_min, w_max = _nan_stats(w)
+        metrics: dict[str, Any] = {
+            "train_loss": loss,
+            "packs_total": j,
+            "packs_below_threshold": below,
+            "packs_shared": int(idx.numel()),
+            "mask_w_mean": w_mean,
+            "mask_w_min": w_min,
+            "mask_w_max": w_max,
+            "theta_a": theta_a,
+        }
+        if p.record_packs:
+            metrics["shared_packs"] = idx.tolist()
+        return ClientResult(
+            client_id=ctx.client_id,
+            arch=ctx.arch,
+            upload=upload,
+            num_samples=len(ctx.train_y),
+            train_flops=ctx.flops_per_sample * seen,
+            compress_ops=ops,
+            metrics=metrics,
+        )
+
+
+class FedCSPACKServer(Server):
+    params: FedCSPACKParams
+
+    def __init__(self, params: AlgorithmParams, models: dict[str, torch.nn.Module], seed: int):
+        super().__init__(params, models, seed)
+        # the global mask broadcast with the model: (pack indices, M_j), empty before round 1
+        self.masks: dict[str, tuple[torch.Tensor, torch.Tensor]] = {
+            arch: (torch.zeros(0, dtype=torch.long), torch.zeros(0)) for arch in models
+        }
+
+    def broadcast(self, round: int) -> Broadcast:
+        out: Broadcast = {}
+        for arch, model in self.models.items():
+            flat = flat_params(model)  # trainable parameters only, a fresh copy
+            idx, w = self.masks[arch]
+            out[arch] = Payload(
+                arrays={
+                    "params": flat.numpy().astype(np.float32, copy=False),
+                    "mask_idx": idx.numpy().astype(np.int32),
+                    "mask_w": w.numpy().astype(np.float32),
+                },
+                nbytes=download_nbytes(flat.numel(), num_packs(flat.numel(), self.params.pack_size),
+                                       idx.numel()),
+            )
+        return out
+
+    def aggregate(self, round: int, results: list[ClientResult]) -> dict[str, Any]:
+        metrics: dict[str, Any] = {}
+        for arch, model in self.models.items():
+            mine = [r for r in results if r.arch == arch]
+            uploads = [(r.upload.arrays["idx"], r.upload.arrays["w"], r.upload.arrays["delta"])
+                       for r in mine]
+            flat = flat_params(model)
+            new, idx, w = aggregate_packs(flat, self.params.pack_size, uploads)
+            if mine:
+                load_flat_params(model, new)
+            self.masks[arch] = (idx, w)
+            sfx = f"[{arch}]" if arch else ""
+            metrics[f"global_mask_packs{sfx}"] = int(idx.numel())
+            metrics[f"packs_total{sfx}"] = num_packs(flat.numel(), self.params.pack_size)
+            metrics[f"aggregated_clients{sfx}"] = len(mine)
+            if self.params.record_packs:
+                metrics[f"global_mask{sfx}"] = idx.tolist()
+        return metrics
+
+
+SPEC = AlgorithmSpec(
+    "fedcspack",
+    FedCSPACKParams,
+    FedCSPACKClient,
+    FedCSPACKServer,
+    "FedCSPACK: share drifted packs (cos < whole-model cos) with |cos+KL| mask weights",
+)

@@ -1,0 +1,196 @@
+"""FedAvg with compressed uploads, on a tiny model and hand-built contexts (no engine, no Ray)."""
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+from pydantic import ValidationError
+
+from algorithms.base import ClientContext, TrainSettings
+from algorithms.compressed_fedavg import (
+    SPEC,
+    CompressedFedAvgClient,
+    CompressedFedAvgParams,
+    CompressedFedAvgServer,
+    decode_upload,
+    payload_to_compressed,
+)
+from algorithms.compressors import decompress, randomk_indices, selection_ops
+from algorithms.training import flat_params, load_flat_params
+
+NAMES = ["topk", "randomk", "periodick"]
+
+
+def tiny(bn=False):
+    torch.manual_seed(0)
+    layers = [nn.Linear(6, 8)] + ([nn.BatchNorm1d(8)] if bn else []) + [nn.ReLU(), nn.Linear(8, 3)]
+    return nn.Sequential(*layers)
+
+
+def data(cid, n=24):
+    g = torch.Generator().manual_seed(100 + cid)
+    return torch.randn(n, 6, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def ctx_for(cid, rnd, model, state, n=24):
+    x, y = data(cid, n)
+    return ClientContext(
+        client_id=cid, round=rnd, arch="", model=model, state=state, train_x=x, train_y=y,
+        rng=np.random.default_rng([0, rnd, cid]), train=TrainSettings(batch_size=8, lr=0.1),
+        flops_per_sample=10.0,
+    )
+
+
+def one_round(params, server, states, rnd, clients=(0, 1), sizes=(24, 24), bn=False):
+    client = SPEC.client(params)
+    bc = server.broadcast(rnd)[""]
+    results = []
+    for cid, n in zip(clients, sizes):
+        model = tiny(bn)  # the host's workspace model, reset before each client
+        ctx = ctx_for(cid, rnd, model, states.setdefault(cid, {}), n)
+        client.receive(ctx, bc)
+        results.append(client.fit(ctx, bc))
+    return results
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_client_payload_bytes_ops_metrics_and_residual(name):
+    params = CompressedFedAvgParams(compressor=name, k=10)
+    server = SPEC.server(params, {"": tiny()}, seed=0)
+    d = sum(p.numel() for p in tiny().parameters())  # 6*8+8 + 8*3+3 = 83
+    states = {}
+    (res,) = one_round(params, server, states, 0, clients=(0,), sizes=(24,))
+    want = {"topk": 8 * 10, "randomk": 4 * 10 + 8, "periodick": 4 * 10 + 4}[name]
+    assert res.upload.nbytes == want == sum(a.nbytes for a in res.upload.arrays.values())
+    assert res.compress_ops == selection_ops(name, d, 10)
+    assert res.metrics["compressor"] == name and res.metrics["k"] == 10
+    assert res.num_samples == 24 and res.train_flops == 10.0 * 24
+    residual = states[0]["residual"]
+    assert residual.dtype == np.float32 and residual.shape == (d,)
+    assert res.metrics["residual_norm"] == pytest.approx(float(np.linalg.norm(residual)), rel=1e-6)
+    # sent + residual == the client's whole delta (first round: residual was zero)
+    model = tiny()
+    load_flat_params(model, server.broadcast(0)[""].arrays["state"][:d])
+    ctx = ctx_for(0, 0, model, {})
+    start = flat_params(model)
+    from algorithms.training import local_sgd
+    local_sgd(ctx)
+    delta = flat_params(model) - start
+    assert torch.equal(decode_upload(res.upload) + torch.from_numpy(residual), delta)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_server_reconstructs_exactly_the_sent_coordinates(name):
+    params = CompressedFedAvgParams(compressor=name, k=0.1)
+    server = SPEC.server(params, {"": tiny()}, seed=0)
+    before = flat_params(server.models[""])
+    (res,) = one_round(params, server, {}, 3, clients=(5,), sizes=(24,))
+    c = payload_to_compressed(res.upload)
+    if name == "randomk":
+        seed = int(res.upload.arrays["seed"][0])
+        assert torch.equal(c.index_tensor(), randomk_indices(before.numel(), c.k, seed))
+    metrics = server.aggregate(3, [res])
+    after = flat_params(server.models[""])
+    sent = decompress(c)
+    assert torch.equal(after, before + sent)
+    changed = (after != before).nonzero().flatten()
+    assert set(changed.tolist()) <= set(c.index_tensor().tolist())
+    assert metrics["num_aggregated"] == 1
+
+
+def test_weighted_average_of_two_clients():
+    params = CompressedFedAvgParams(compressor="topk", k=20)
+    server = SPEC.server(params, {"": tiny()}, seed=0)
+    before = flat_params(server.models[""])
+    results = one_round(params, server, {}, 0, sizes=(24, 8))
+    server.aggregate(0, results)
+    want = before + (0.75 * decode_upload(results[0].upload).double()
+                     + 0.25 * decode_upload(results[1].upload).double()).float()
+    torch.testing.assert_close(flat_params(server.models[""]), want, rtol=0, atol=1e-7)
+
+
+def test_residual_persists_and_conserves_over_rounds():
+    params = CompressedFedAvgParams(compressor="periodick", k=5)
+    server = SPEC.server(params, {"": tiny()}, seed=0)
+    states = {}
+    for rnd in range(4):
+        old = states.get(0, {}).get("residual")
+        (res,) = one_round(params, server, states, rnd, clients=(0,), sizes=(24,))
+        assert res.upload.arrays["offset"][0] == (rnd * 5) % 83
+        new = states[0]["residual"]
+        if old is not None:
+            assert not np.array_equal(old, new)
+        server.aggregate(rnd, [res])
+
+
+def test_without_error_feedback_no_residual():
+    params = CompressedFedAvgParams(compressor="randomk", k=5, error_feedback=False)
+    server = SPEC.server(params, {"": tiny()}, seed=0)
+    states = {}
+    (res,) = one_round(params, server, states, 0, clients=(0,), sizes=(24,))
+    assert "residual" not in states[0] and res.metrics["residual_norm"] == 0.0
+
+
+def test_randomk_seed_deterministic_per_round_and_client():
+    params = CompressedFedAvgParams(compressor="randomk", k=5)
+    server = SPEC.server(params, {"": tiny()}, seed=0)
+    a = one_round(params, server, {}, 2)
+    b = one_round(params, server, {}, 2)
+    c = one_round(params, server, {}, 3)
+    seeds = lambda rs: [int(r.upload.arrays["seed"][0]) for r in rs]  # noqa: E731
+    assert seeds(a) == seeds(b)
+    assert seeds(a)[0] != seeds(a)[1] and seeds(a) != seeds(c)
+    assert all(0 <= s < 2**63 for s in seeds(a))
+
+
+def test_batchnorm_buffers_dense_and_local():
+    params = CompressedFedAvgParams(compressor="topk", k=10)
+    server = SPEC.server(params, {"": tiny(bn=True)}, seed=0)
+    (res,) = one_round(params, server, {}, 0, clients=(0,), sizes=(24,), bn=True)
+    assert res.upload.arrays["buffers"].shape == (16,)  # running mean + var of 8 features
+    assert res.upload.nbytes == 8 * 10 + 4 * 16
+    server.aggregate(0, [res])
+    bn = server.models[""][1]
+    np.testing.assert_array_equal(bn.running_mean.numpy(), res.upload.arrays["buffers"][:8])
+
+    local = CompressedFedAvgParams(compressor="topk", k=10, buffers="local")
+    server = SPEC.server(local, {"": tiny(bn=True)}, seed=0)
+    states = {}
+    (res,) = one_round(local, server, states, 0, clients=(0,), sizes=(24,), bn=True)
+    assert "buffers" not in res.upload.arrays and res.upload.nbytes == 80
+    assert states[0]["buffers"].shape == (16,)
+    model = tiny(bn=True)
+    client = SPEC.client(local)
+    client.receive(ctx_for(0, 1, model, states[0]), server.broadcast(1)[""])
+    np.testing.assert_array_equal(model[1].running_mean.numpy(), states[0]["buffers"][:8])
+
+
+def test_params_validation():
+    assert SPEC.name == "fedavg_compressed" and SPEC.params is CompressedFedAvgParams
+    p = CompressedFedAvgParams()
+    assert (p.compressor, p.k, p.error_feedback) == ("topk", 0.01, True)
+    assert CompressedFedAvgParams(k=1000).k == 1000 and isinstance(CompressedFedAvgParams(k=1000).k, int)
+    assert CompressedFedAvgParams(k=1.0).k == 1.0
+    assert CompressedFedAvgParams(k=np.int64(7)).k == 7
+    for bad in (0, -1, 0.0, 1.5, True, "10"):
+        with pytest.raises(ValidationError, match="k"):
+            CompressedFedAvgParams(k=bad)
+    with pytest.raises(ValidationError):
+        CompressedFedAvgParams(compressor="qsgd")
+    with pytest.raises(ValidationError):
+        CompressedFedAvgParams(unknown=1)
+    with pytest.raises(ValidationError):
+        CompressedFedAvgParams(op_costs={"topk_per_element": -1})
+
+
+def test_k_larger_than_model():
+    params = CompressedFedAvgParams(compressor="topk", k=1000)
+    server = SPEC.server(params, {"": tiny()}, seed=0)
+    with pytest.raises(ValueError, match="k=1000"):
+        one_round(params, server, {}, 0, clients=(0,), sizes=(24,))
+    clamped = CompressedFedAvgParams(compressor="topk", k=1000, clamp_k=True)
+    (res,) = one_round(clamped, server, {}, 0, clients=(0,), sizes=(24,))
+    assert res.metrics["k"] == 83
+
+
+def test_client_class_is_spec_client():
+    assert SPEC.client is CompressedFedAvgClient and SPEC.server is CompressedFedAvgServer
