@@ -55,18 +55,51 @@ class PartitionConfig(Section):
     public_fraction: float = Field(0.0, ge=0, lt=1, description="server-side public split")
 
 
+def _check_model_name(v: str) -> str:
+    from engine.models import MODELS
+
+    if v not in MODELS:
+        raise ValueError(f"unknown model {v!r}; allowed: {', '.join(sorted(MODELS))}")
+    return v
+
+
+class ArchRule(Section):
+    """Clients whose profile satisfies every bound given here get ``arch``."""
+
+    arch: str
+    max_gflops: float | None = Field(None, gt=0)
+    max_memory_gb: float | None = Field(None, gt=0)
+
+    @field_validator("arch")
+    @classmethod
+    def _known_arch(cls, v: str) -> str:
+        return _check_model_name(v)
+
+
 class ModelConfig(Section):
     name: str = "mlp"
     params: dict[str, Any] = Field(default_factory=dict)
+    # Heterogeneous models (e.g. ASCEND): the first matching rule picks a client's
+    # architecture from its hardware profile; `per_client` pins individual clients.
+    zoo: list[ArchRule] = Field(default_factory=list)
+    per_client: dict[int, str] = Field(default_factory=dict)
+    arch_params: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     @field_validator("name")
     @classmethod
     def _known_model(cls, v: str) -> str:
-        from engine.models import MODELS
+        return _check_model_name(v)
 
-        if v not in MODELS:
-            raise ValueError(f"unknown model {v!r}; allowed: {', '.join(sorted(MODELS))}")
+    @field_validator("per_client")
+    @classmethod
+    def _known_per_client(cls, v: dict[int, str]) -> dict[int, str]:
+        for arch in v.values():
+            _check_model_name(arch)
         return v
+
+    @property
+    def heterogeneous(self) -> bool:
+        return bool(self.zoo or self.per_client)
 
 
 class ClientsConfig(Section):

@@ -42,15 +42,18 @@ def build_arch_model(cfg: ExperimentConfig, arch: str, input_shape, num_classes)
     """The initial model of one architecture: identical on the server and on every host."""
     from engine.models import build_model
 
-    name, params = (cfg.model.name, cfg.model.params) if arch == "" else arch_spec(cfg, arch)
+    name, params = arch_spec(cfg, arch)
     with torch.random.fork_rng():
         torch.manual_seed(cfg.seed)
         return build_model(name, input_shape, num_classes, **params)
 
 
 def arch_spec(cfg: ExperimentConfig, arch: str) -> tuple[str, dict]:
-    """Model name and params of a named architecture (heterogeneous-model methods)."""
-    return arch, {}
+    """Model name and params of an architecture ("" = the one shared ``model.name``)."""
+    if arch == "":
+        return cfg.model.name, cfg.model.params
+    default = cfg.model.params if arch == cfg.model.name else {}
+    return arch, cfg.model.arch_params.get(arch, default)
 
 
 class ClientFailure(RuntimeError):

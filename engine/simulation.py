@@ -18,7 +18,7 @@ from algorithms.training import evaluate
 from engine.config import ExperimentConfig
 from engine.executor import Executor, InProcessExecutor
 from engine.partition import FederatedData
-from engine.runtime import HostSetup, build_arch_model
+from engine.runtime import HostSetup, arch_spec, build_arch_model
 from hardware_profiles import clock
 from hardware_profiles.sampler import assign_profiles
 
@@ -77,9 +77,33 @@ def build_data(cfg: ExperimentConfig) -> FederatedData:
     )
 
 
-def assign_architectures(cfg: ExperimentConfig, num_clients: int) -> tuple[list[str], np.ndarray]:
-    """Architecture per client. One shared model unless the method brings a model zoo."""
-    return [""], np.zeros(num_clients, dtype=np.int16)
+def assign_architectures(cfg: ExperimentConfig, profiles) -> tuple[list[str], np.ndarray]:
+    """Architecture per client: ``[""]`` (one shared model) unless ``model.zoo``/``per_client``.
+
+    Each client gets the first zoo rule whose bounds its profile satisfies, else
+    ``model.name``; ``per_client`` entries win. Vectorised over clients.
+    """
+    m = cfg.model
+    n = len(profiles)
+    if not m.heterogeneous:
+        return [""], np.zeros(n, dtype=np.int16)
+    choice = np.full(n, m.name, dtype=object)
+    unassigned = np.ones(n, dtype=bool)
+    for rule in m.zoo:
+        fits = unassigned.copy()
+        if rule.max_gflops is not None:
+            fits &= profiles.gflops <= rule.max_gflops
+        if rule.max_memory_gb is not None:
+            fits &= profiles.memory_gb <= rule.max_memory_gb
+        choice[fits] = rule.arch
+        unassigned &= ~fits
+    for cid, arch in m.per_client.items():
+        if not 0 <= cid < n:
+            raise ValueError(f"model.per_client: client id {cid} out of range [0, {n})")
+        choice[cid] = arch
+    names = sorted(set(choice.tolist()))
+    codes = np.array([names.index(a) for a in choice], dtype=np.int16) if n else np.zeros(0, np.int16)
+    return names, codes
 
 
 class Simulation:
@@ -96,7 +120,7 @@ class Simulation:
         self.data = data if data is not None else build_data(cfg)
         n = self.data.num_clients
         self.profiles = assign_profiles(cfg.clients.profiles, n, seed=cfg.seed)
-        self.arch_names, self.client_arch = assign_architectures(cfg, n)
+        self.arch_names, self.client_arch = assign_architectures(cfg, self.profiles)
         from engine.models import training_flops_per_sample
 
         self.flops = {}
@@ -104,7 +128,7 @@ class Simulation:
         for arch in self.arch_names:
             model = build_arch_model(cfg, arch, self.data.input_shape, self.data.num_classes)
             self.models[arch] = model
-            name, params = (cfg.model.name, cfg.model.params) if arch == "" else (arch, {})
+            name, params = arch_spec(cfg, arch)
             self.flops[arch] = float(
                 training_flops_per_sample(name, self.data.input_shape, self.data.num_classes, **params)
             )

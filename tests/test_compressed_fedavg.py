@@ -171,7 +171,8 @@ def test_params_validation():
     assert CompressedFedAvgParams(k=1000).k == 1000 and isinstance(CompressedFedAvgParams(k=1000).k, int)
     assert CompressedFedAvgParams(k=1.0).k == 1.0
     assert CompressedFedAvgParams(k=np.int64(7)).k == 7
-    for bad in (0, -1, 0.0, 1.5, True, "10"):
+    assert CompressedFedAvgParams(k="1e-2").k == 0.01 and CompressedFedAvgParams(k="10").k == 10
+    for bad in (0, -1, 0.0, 1.5, True, "ten", "1e5", None):
         with pytest.raises(ValidationError, match="k"):
             CompressedFedAvgParams(k=bad)
     with pytest.raises(ValidationError):

@@ -132,3 +132,22 @@ def test_existing_named_run_folder_is_not_overwritten(tmp_path):
     run_experiment(cfg)
     with pytest.raises(FileExistsError, match="output.overwrite"):
         run_experiment(cfg)
+
+
+def test_heterogeneous_architectures_by_profile_rule_and_pin(tmp_path):
+    cfg = load_config(None, [
+        "dataset.name=mnist5k", "model.name=lenet5", "clients.num_clients=8", "rounds=1",
+        "clients.participation=1.0",
+        "clients.profiles={devices: {rpi4: 0.5, laptop_cpu: 0.5}, availability: 1.0, dropout: 0.0}",
+        "model.zoo=[{arch: lenet5_half, max_gflops: 10}]", "model.per_client={0: lenet5}",
+        f"output.dir={tmp_path}",
+    ])
+    run = load_run(run_experiment(cfg, tmp_path / "het"))
+    c = run.clients.merge(run.profiles[["client_id"]], on="client_id")
+    expected = np.where(c["tier"] == "rpi4", "lenet5_half", "lenet5")
+    expected[c["client_id"] == 0] = "lenet5"
+    assert list(c["arch"]) == list(expected)
+    # each client downloads and uploads its own architecture's model
+    sizes = {"lenet5": 4 * 61_706, "lenet5_half": 4 * 15_738}
+    assert (c["bytes_up"] == c["arch"].map(sizes)).all()
+    assert {"global_acc_lenet5", "global_acc_lenet5_half"} <= set(run.rounds.columns)
