@@ -54,7 +54,7 @@ def forced(arm: str) -> tuple[str, str]:
     return arm, "forced"
 
 
-@dataclass
+@dataclass(eq=False)  # numpy/torch fields: compare by identity
 class EpsilonGreedyEMA:
     """Epsilon-greedy with EMA action values and a round-robin warm-up.
 
@@ -171,7 +171,7 @@ class EpsilonGreedyEMA:
                 "warmup": self.in_warmup, "post_choices": self.post_choices}
 
 
-@dataclass
+@dataclass(eq=False)  # numpy/torch fields: compare by identity
 class Exp3:
     """EXP3 with uniform mixing ``gamma``; rewards in [-1, 1] are mapped to ``r' = (r+1)/2``.
 

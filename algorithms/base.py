@@ -104,13 +104,31 @@ class Client:
         raise NotImplementedError
 
 
+@dataclass
+class ServerContext:
+    """What the engine tells a server besides its models (all optional for simple methods)."""
+
+    public_x: torch.Tensor | None = None  # server-side public split (distillation), unlabelled use
+    public_y: torch.Tensor | None = None  # kept for diagnostics only
+    num_clients: int = 0
+    client_arch: np.ndarray | None = None  # architecture name per client
+    eval_batch_size: int = 1024
+
+
 class Server:
     """Server half of a method. Owns the global model(s)."""
 
-    def __init__(self, params: AlgorithmParams, models: dict[str, torch.nn.Module], seed: int):
+    def __init__(
+        self,
+        params: AlgorithmParams,
+        models: dict[str, torch.nn.Module],
+        seed: int,
+        context: ServerContext | None = None,
+    ):
         self.params = params
         self.models = models  # one global model per architecture
         self.seed = seed
+        self.context = context or ServerContext()
 
     def broadcast(self, round: int) -> Broadcast:
         raise NotImplementedError
@@ -121,6 +139,13 @@ class Server:
 
     def global_models(self) -> dict[str, torch.nn.Module]:
         return self.models
+
+    def drain_tables(self) -> dict[str, list[dict[str, Any]]]:
+        """Extra trace rows produced since the last call, by table name (e.g. rollbacks).
+
+        The engine writes each table as ``<name>.parquet`` in the run folder.
+        """
+        return {}
 
 
 @dataclass(frozen=True)

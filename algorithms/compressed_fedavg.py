@@ -58,6 +58,17 @@ PAYLOAD_KEYS = ("values", "indices", "seed", "offset")
 
 def validate_k(k: Any) -> int | float:
     """Shared rule for a K option: int count >= 1, or float ratio in (0, 1]."""
+    if isinstance(k, str):  # YAML 1.1 reads "1e-2" as a string; CLI overrides may too
+        text = k.strip()
+        try:
+            k = int(text)
+        except ValueError:
+            try:
+                k = float(text)
+            except ValueError:
+                raise ValueError(
+                    f"k={k!r} is not allowed: must be an int count >= 1 or a float ratio in (0, 1]"
+                ) from None
     if isinstance(k, np.integer):
         k = int(k)
     elif isinstance(k, np.floating):

@@ -57,8 +57,13 @@ OFFSET_BYTES = 4  # Periodic-K: one 32-bit offset
 #       8 - 15 ns per index for K >= 1e4 (d = 1e6 and 1e7); small K is dominated by the
 #       ~10 us Python/dispatch overhead, which a device implementation does not pay.
 #   * Periodic-K, one or two contiguous slices: 0.1 - 0.45 ns per index for K >= 1e4 (memcpy).
-#   Example ratio at d = 1e6, K = 1e4: topk 8.3 ms vs randint+gather 0.11 ms (~75x);
-#   randperm(d)[:K]+gather would be 9.1 ms (O(d)) - the reason Random-K draws K indices only.
+#   Example ratios (two sessions, the second on a loaded host):
+#     d = 1e6, K = 1e4: topk 8.3 / 8.9 ms vs randint+gather 0.11 / 0.09 ms  (~75-100x);
+#     d = 1e7, K = 1e4: topk 114 / 141 ms vs randint+gather 0.15 / 0.14 ms  (~750-1000x);
+#     randperm(d)[:K]+gather is O(d): 6-9 ms at d = 1e6, 260-340 ms at d = 1e7 - the reason
+#     Random-K draws K indices instead. This module's randomk (randint + order-preserving
+#     de-duplication via torch.unique) takes ~1.2 ms at d = 1e6, K = 1e4 on the host; the
+#     de-duplication sort is a host convenience a device would do with a hash set in O(K).
 #
 # Constants (ns x REFERENCE_TRAIN_GFLOPS, rounded):
 #   * Top-K per element of d: the out-of-cache figure (10 ns -> 140): the models where the
@@ -143,7 +148,7 @@ def resolve_k(k: int | float, d: int, *, clamp: bool = False) -> int:
 # --------------------------------------------------------------------------------------------
 # Compressed payload
 # --------------------------------------------------------------------------------------------
-@dataclass
+@dataclass(eq=False)  # numpy/torch fields: compare by identity
 class Compressed:
     """K selected values of a length-``numel`` vector, and how to find their positions.
 

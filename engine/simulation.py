@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from algorithms import ALGORITHMS
-from algorithms.base import ClientResult
+from algorithms.base import ClientResult, ServerContext
 from algorithms.training import evaluate
 from engine.config import ExperimentConfig
 from engine.executor import Executor, InProcessExecutor
@@ -133,7 +133,15 @@ class Simulation:
                 training_flops_per_sample(name, self.data.input_shape, self.data.num_classes, **params)
             )
         spec = ALGORITHMS[cfg.algorithm.name]
-        self.server = spec.server(cfg.algorithm, self.models, cfg.seed)
+        public = self.data.public_idx
+        context = ServerContext(
+            public_x=torch.from_numpy(self.data.x[public]) if len(public) else None,
+            public_y=torch.from_numpy(self.data.y[public]) if len(public) else None,
+            num_clients=n,
+            client_arch=np.asarray(self.arch_names, dtype=object)[self.client_arch],
+            eval_batch_size=cfg.evaluation.batch_size,
+        )
+        self.server = spec.server(cfg.algorithm, self.models, cfg.seed, context=context)
         self.sim_time_s = 0.0
         self._started = False
 
@@ -220,7 +228,7 @@ class Simulation:
         if policy.mode == "realtime":
             time.sleep(policy.realtime_sleep_s(outcome.round_time_s))
         row["wall_s"] = time.perf_counter() - wall0
-        record = RoundRecord(r, row, client_rows)
+        record = RoundRecord(r, row, client_rows, self.server.drain_tables())
         for cb in self.callbacks:
             cb(record)
         return record

@@ -1,0 +1,222 @@
+"""Engine benchmarks (issue 3): overhead, Ray speed-up, memory at scale.
+
+    .venv/bin/python bench/bench_engine.py            # all three, printed side by side
+    .venv/bin/python bench/bench_engine.py overhead   # or one of: overhead, speedup, memory
+
+(a) overhead: wall time of the in-process engine ÷ a bare single-process PyTorch loop that
+    trains the same clients on the same batches (goal ≤ 1.05).
+(b) speedup: Ray executor (2 actors × 1 CPU) over the in-process executor for compute-bound
+    rounds on 2 cores (goal ≥ 1.7×).
+(c) memory: peak RSS with 1,000 and 10,000 registered clients, 100 per round (FedAvg, MLP on
+    `synthetic`), each case in a fresh process.
+Each case runs in its own subprocess so that peak memory and thread settings do not leak.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+COMPUTE_BOUND = [
+    "dataset.name=mnist5k",
+    "model.name=cnn",
+    "clients.num_clients=20",
+    "clients.participation=1.0",
+    "clients.profiles={availability: 1.0, dropout: 0.0}",
+    "partition.scheme=iid",
+    "train.local_epochs=1",
+    "train.batch_size=32",
+    "evaluation.personalized=false",
+    "evaluation.global_model=false",
+]
+
+
+def _cfg(extra):
+    from engine.config import load_config
+
+    return load_config(None, [*COMPUTE_BOUND, *extra])
+
+
+def case_engine(rounds: int) -> dict:
+    """In-process engine, including Parquet writing, for `rounds` rounds (after 1 warm-up)."""
+    import tempfile
+
+    from engine.results import RunWriter
+    from engine.simulation import Simulation
+
+    cfg = _cfg([f"rounds={rounds + 1}"])
+    writer = RunWriter(tempfile.mkdtemp())
+    sim = Simulation(cfg, callbacks=[lambda rec: (writer.append("rounds", [rec.row]),
+                                                  writer.append("clients", rec.client_rows))])
+    sim.start()
+    sim.run_round(0)  # warm-up: first-touch allocations, thread pools
+    t0 = time.perf_counter()
+    for r in range(1, rounds + 1):
+        sim.run_round(r)
+    return {"wall_s": time.perf_counter() - t0}
+
+
+def case_bare(rounds: int) -> dict:
+    """The same clients, batches and aggregation as plain PyTorch in one loop."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from engine.runtime import build_arch_model, client_rng
+    from engine.simulation import build_data, select_clients
+
+    cfg = _cfg([f"rounds={rounds + 1}"])
+    data = build_data(cfg)
+    x, y = torch.from_numpy(data.x), torch.from_numpy(data.y)
+    global_model = build_arch_model(cfg, "", data.input_shape, data.num_classes)
+    model = build_arch_model(cfg, "", data.input_shape, data.num_classes)
+    g = torch.nn.utils.parameters_to_vector(global_model.parameters()).detach().clone()
+    bs, lr = cfg.train.batch_size, cfg.train.lr
+
+    def one_round(r):
+        nonlocal g
+        selected, _ = select_clients(cfg, data.num_clients, r)
+        states, weights = [], []
+        for cid in selected.tolist():
+            torch.nn.utils.vector_to_parameters(g.clone(), model.parameters())
+            idx = torch.from_numpy(data.train_indices(cid))
+            cx, cy = x[idx], y[idx]
+            rng = client_rng(cfg.seed, r, cid)
+            rng.integers(2**62)  # the engine draws a torch seed first; keep batches identical
+            opt = torch.optim.SGD(model.parameters(), lr=lr)
+            order = torch.from_numpy(rng.permutation(len(cy)))
+            for s in range(0, len(cy), bs):
+                b = order[s : s + bs]
+                opt.zero_grad(set_to_none=True)
+                F.cross_entropy(model(cx[b]), cy[b]).backward()
+                opt.step()
+            states.append(torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone())
+            weights.append(len(cy))
+        w = torch.tensor(weights, dtype=torch.float32)
+        g = (w / w.sum()) @ torch.stack(states)
+
+    one_round(0)
+    t0 = time.perf_counter()
+    for r in range(1, rounds + 1):
+        one_round(r)
+    return {"wall_s": time.perf_counter() - t0}
+
+
+def case_ray(rounds: int) -> dict:
+    from engine.ray_executor import RayExecutor
+    from engine.simulation import Simulation
+
+    cfg = _cfg([f"rounds={rounds + 1}", "executor.kind=ray", "ray.num_cpus=2"])
+    ex = RayExecutor(cfg)
+    sim = Simulation(cfg, executor=ex)
+    sim.start()
+    sim.run_round(0)
+    t0 = time.perf_counter()
+    for r in range(1, rounds + 1):
+        sim.run_round(r)
+    wall = time.perf_counter() - t0
+    ex.close()
+    return {"wall_s": wall, "actors": ex.num_actors}
+
+
+def case_memory(num_clients: int, executor: str = "inprocess", rounds: int = 3) -> dict:
+    from engine.config import load_config
+    from engine.simulation import Simulation
+
+    cfg = load_config(None, [
+        "dataset.name=synthetic", "partition.scheme=natural", "model.name=mlp",
+        "model.params={hidden: []}", f"clients.num_clients={num_clients}",
+        f"clients.participation={100 / num_clients}", f"rounds={rounds}",
+        "clients.profiles={bandwidth: {distribution: loguniform}}",
+        "evaluation.global_model=true", f"executor.kind={executor}", "ray.num_cpus=2",
+    ])
+    t0 = time.perf_counter()
+    sim = Simulation(cfg)
+    if executor == "ray":
+        from engine.ray_executor import RayExecutor
+
+        sim.executor = RayExecutor(cfg)
+    sim.start()
+    setup_s = time.perf_counter() - t0
+    round_s = []
+    for r in range(rounds):
+        t = time.perf_counter()
+        sim.run_round(r)
+        round_s.append(time.perf_counter() - t)
+    out = {
+        "clients": num_clients,
+        "per_round": 100,
+        "setup_s": setup_s,
+        "round_s": sum(round_s[1:]) / max(1, len(round_s) - 1),
+        "dataset_mb": (sim.data.x.nbytes + sim.data.y.nbytes) / 1e6,
+        "profiles_kb": sim.profiles.nbytes / 1e3,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3,
+    }
+    if executor == "ray":
+        out["actors_rss_mb"] = sim.executor.rss_bytes() / 1e6
+        sim.executor.close()
+    return out
+
+
+CASES = {"engine": case_engine, "bare": case_bare, "ray": case_ray, "memory": case_memory}
+
+
+def run_case(name: str, *args) -> dict:
+    """Run one case in a fresh interpreter and return its JSON result."""
+    proc = subprocess.run(
+        [sys.executable, __file__, "_case", name, *map(str, args)],
+        capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"case {name}{args} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def bench_overhead(rounds: int) -> None:
+    bare = min(run_case("bare", rounds)["wall_s"] for _ in range(2))
+    engine = min(run_case("engine", rounds)["wall_s"] for _ in range(2))
+    print(f"(a) overhead  {rounds} rounds x 20 clients, CNN on mnist5k, in-process")
+    print(f"    bare PyTorch loop {bare:7.2f} s | engine {engine:7.2f} s | ratio {engine / bare:.3f}  (goal <= 1.05)")
+
+
+def bench_speedup(rounds: int) -> None:
+    local = run_case("engine", rounds)["wall_s"]
+    ray = run_case("ray", rounds)
+    print(f"(b) speed-up  {rounds} rounds x 20 clients, CNN on mnist5k, 2 cores")
+    print(f"    in-process {local:7.2f} s | Ray {ray['actors']} actors {ray['wall_s']:7.2f} s | "
+          f"speed-up {local / ray['wall_s']:.2f}x  (goal >= 1.7x)")
+
+
+def bench_memory() -> None:
+    print("(c) memory    FedAvg, logistic regression on synthetic, 100 clients per round")
+    print(f"    {'executor':<10} {'clients':>8} {'dataset MB':>10} {'profiles KB':>11} "
+          f"{'peak RSS MB':>11} {'actors RSS MB':>13} {'s/round':>8}")
+    for executor in ("inprocess", "ray"):
+        for n in (1_000, 10_000):
+            r = run_case("memory", n, executor)
+            actors = f"{r['actors_rss_mb']:13.0f}" if "actors_rss_mb" in r else f"{'-':>13}"
+            print(f"    {executor:<10} {n:>8} {r['dataset_mb']:>10.1f} {r['profiles_kb']:>11.0f} "
+                  f"{r['peak_rss_mb']:>11.0f} {actors} {r['round_s']:>8.3f}")
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_case":
+        name, args = sys.argv[2], [int(a) if a.isdigit() else a for a in sys.argv[3:]]
+        print(json.dumps(CASES[name](*args)))
+        return
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("which", nargs="*", default=["overhead", "speedup", "memory"])
+    p.add_argument("--rounds", type=int, default=5)
+    a = p.parse_args()
+    print(f"# {' '.join(sys.argv)}  (cpus: {os.cpu_count()})")
+    for w in a.which:
+        {"overhead": lambda: bench_overhead(a.rounds), "speedup": lambda: bench_speedup(a.rounds),
+         "memory": bench_memory}[w]()
+
+
+if __name__ == "__main__":
+    main()
