@@ -151,3 +151,42 @@ def test_heterogeneous_architectures_by_profile_rule_and_pin(tmp_path):
     sizes = {"lenet5": 4 * 61_706, "lenet5_half": 4 * 15_738}
     assert (c["bytes_up"] == c["arch"].map(sizes)).all()
     assert {"global_acc_lenet5", "global_acc_lenet5_half"} <= set(run.rounds.columns)
+
+
+def test_deadline_and_over_selection_through_the_round_loop(tmp_path):
+    cfg = digits_cfg(
+        tmp_path, "rounds=3", "clients.participation=0.4",
+        "clients.profiles={network: {5mbps: 0.2, 500mbps: 0.8}, availability: 1.0, dropout: 0.0}",
+        "clock.deadline_s=0.08", "clock.over_selection=1.5",
+    )
+    run = load_run(run_experiment(cfg, tmp_path / "deadline"))
+    c, r = run.clients, run.rounds
+    assert (r["num_selected"] == 6).all()  # ceil(4 x 1.5)
+    late = c["sim_total_s"] > 0.08
+    assert late.any() and (~late).any()  # the 5 Mbps clients miss it, the 500 Mbps ones don't
+    assert (c.loc[late, "drop_reason"] == "deadline").all()
+    assert (c["drop_reason"] == "over_selected").any()
+    on_time = c[~late]
+    # of the on-time clients, the fastest 4 are kept, the rest dropped as over-selected
+    for _, g in on_time.groupby("round"):
+        kept = g[g["made_deadline"]]
+        assert len(kept) == min(4, len(g))
+        assert (g.loc[~g["made_deadline"], "drop_reason"] == "over_selected").all()
+        if len(kept) < len(g):
+            assert kept["sim_total_s"].max() <= g.loc[~g["made_deadline"], "sim_total_s"].min()
+    # the round lasts as long as its slowest kept client
+    kept_max = c[c["made_deadline"]].groupby("round")["sim_total_s"].max()
+    assert np.allclose(r.set_index("round")["sim_round_s"].loc[kept_max.index], kept_max)
+    assert np.allclose(r["sim_time_s"], r["sim_round_s"].cumsum())
+    assert (r["num_arrived"] == c.groupby("round")["made_deadline"].sum().to_numpy()).all()
+
+
+def test_unavailable_and_dropout_are_seeded_and_recorded(tmp_path):
+    extra = ["rounds=3", "clients.participation=1.0",
+             "clients.profiles={availability: 0.6, dropout: 0.2}"]
+    a = load_run(run_experiment(digits_cfg(tmp_path, *extra), tmp_path / "a")).clients
+    b = load_run(run_experiment(digits_cfg(tmp_path, *extra), tmp_path / "b")).clients
+    assert list(a["drop_reason"]) == list(b["drop_reason"])
+    reasons = set(a["drop_reason"])
+    assert {"unavailable", "dropout", ""} <= reasons
+    assert a.loc[a["drop_reason"] == "unavailable", "bytes_up"].isna().all()
