@@ -130,12 +130,21 @@ class OutputConfig(Section):
     overwrite: bool = False
 
 
+class FailureInjection(Section):
+    """Make one client raise in one round: to check failure handling end to end."""
+
+    round: int = Field(ge=0)
+    client: int = Field(ge=0)
+
+
 class ExecutorConfig(Section):
     kind: Literal["inprocess", "ray"] = "inprocess"
     num_actors: int | None = Field(None, ge=1, description="default: sized from cluster CPUs")
     clients_per_actor: int | None = Field(None, ge=1)
     cpus_per_actor: float = Field(1.0, gt=0)
     threads_per_actor: int | None = Field(None, ge=1, description="torch threads; default = CPUs")
+    startup_timeout_s: float = Field(180.0, gt=0, description="give up if actors are not up by then")
+    inject_failure: FailureInjection | None = None
 
 
 class RayConfig(Section):

@@ -114,9 +114,9 @@ def _rss_bytes() -> int:
 
 
 class RayExecutor(Executor):
-    def __init__(self, cfg: ExperimentConfig, startup_timeout_s: float = 180.0):
+    def __init__(self, cfg: ExperimentConfig):
         self.cfg = cfg
-        self.startup_timeout_s = startup_timeout_s
+        self.startup_timeout_s = cfg.executor.startup_timeout_s
         self.actors: list = []
         self.num_actors = 0
 

@@ -124,6 +124,9 @@ class ClientHost:
         self, round: int, cid: int, broadcast: Broadcast, evaluate_client: bool
     ) -> ClientResult:
         setup, data = self.setup, self.setup.data
+        fault = self.cfg.executor.inject_failure
+        if fault is not None and (fault.round, fault.client) == (round, cid):
+            raise RuntimeError("failure injected by executor.inject_failure")
         arch = setup.arch_names[setup.client_arch[cid]]
         model = self.workspace[arch]
         model.load_state_dict(self.pristine[arch])

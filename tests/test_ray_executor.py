@@ -74,3 +74,19 @@ def test_unplaceable_pool_fails_fast_with_clear_message(tmp_path, local_ray):
     with pytest.raises(ExecutorError, match="needs 30 actors"):
         run_experiment(cfg, tmp_path / "bad")
     assert load_run(tmp_path / "bad").manifest["status"] == "failed"
+
+
+def test_client_failure_on_an_actor_names_client_and_round_quickly(tmp_path, local_ray):
+    import time
+
+    from engine.runtime import ClientFailure
+
+    cfg = load_config(None, [*TINY, "executor.kind=ray", "clients.participation=1.0",
+                             "executor.inject_failure={round: 1, client: 5}"])
+    t0 = time.perf_counter()
+    with pytest.raises(ClientFailure, match="client 5 failed in round 1: RuntimeError: failure injected"):
+        run_experiment(cfg, tmp_path / "fail")
+    assert time.perf_counter() - t0 < 60
+    run = load_run(tmp_path / "fail")
+    assert list(run.rounds["round"]) == [0]
+    assert run.manifest["status"] == "failed" and "client 5" in run.manifest["error"]
