@@ -27,7 +27,10 @@ def _driver_actor_class():
         def run(self, cfg: ExperimentConfig, path: str, command: list[str]) -> str:
             from engine.run import execute_run
 
-            return str(execute_run(cfg, Path(path), [self._records.append], command))
+            return str(execute_run(cfg, Path(path), [self._collect], command))
+
+        def _collect(self, record: RoundRecord) -> None:
+            self._records.append(record)
 
         def poll(self) -> list[RoundRecord]:
             records, self._records = self._records, []

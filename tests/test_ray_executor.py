@@ -44,8 +44,11 @@ def test_plan_pool_sizes_from_cpus_and_refuses_unplaceable_requests():
 
 
 def test_ray_and_inprocess_give_identical_metrics(tmp_path, local_ray):
+    relayed = []
     ray_run = load_run(run_experiment(
-        load_config(None, [*TINY, "executor.kind=ray"]), tmp_path / "ray"))
+        load_config(None, [*TINY, "executor.kind=ray"]), tmp_path / "ray", callbacks=[relayed.append]))
+    # the driver actor relays every finished round to the caller's callbacks (progress bar)
+    assert [rec.round for rec in relayed] == [0, 1, 2]
     local_run = load_run(run_experiment(
         load_config(None, [*TINY, "executor.kind=inprocess"]), tmp_path / "local"))
     for a, b in ((ray_run.rounds, local_run.rounds), (ray_run.clients, local_run.clients)):
