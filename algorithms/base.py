@@ -140,10 +140,11 @@ class Server:
     def global_models(self) -> dict[str, torch.nn.Module]:
         return self.models
 
-    def drain_tables(self) -> dict[str, list[dict[str, Any]]]:
+    def drain_tables(self) -> dict[str, Any]:
         """Extra trace rows produced since the last call, by table name (e.g. rollbacks).
 
-        The engine writes each table as ``<name>.parquet`` in the run folder.
+        Each value is a list of row dicts or a dict of equal-length column arrays; the engine
+        appends it to ``<name>.parquet`` in the run folder.
         """
         return {}
 

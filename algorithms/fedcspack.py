@@ -36,13 +36,19 @@ Design choices (where the spec leaves room)
   ``[1e-30, 1e30]`` (|weights| beyond ~60) those packs are recomputed with the max-shifted
   ``log_softmax`` form, so large weights cannot overflow. Against a float64 reference the
   result is 2-3x more accurate than the plain float32 ``log_softmax`` formula (about 1e-7
-  absolute error for typical packs with ``beta ~ 5e-5``).
+  absolute error for typical packs with ``beta ~ 5e-5``). ``beta`` is clamped at 0 (a KL
+  divergence is >= 0; only rounding makes a near-zero value negative).
   The rows are processed in blocks of about 2 MiB (``_BLOCK_ELEMS``) so the temporaries stay in
   cache instead of page-faulting ~45 MB buffers per operation on an 11M-parameter model; each
   block is one vectorised operation over all its packs (this is not a loop per pack).
 * ``theta`` and ``beta`` are returned as float64 tensors; ``theta_a`` is computed from the sums
   of the same per-pack sums with the same float64 formula, so with a single pack
   ``theta_1 == theta_a`` exactly and the strict test ``theta_ij < theta_a`` is consistent.
+  On an 11M-value vector this ``theta_a`` is within ~1e-8 of a float64 computation, whereas a
+  plain float32 ``torch.cosine_similarity`` over all values (the reference code) can be off by
+  ~1e-3, enough to flip the packs nearest the threshold (bench/bench_pack_selection.py shows it).
+* ``sharing="full"`` shares every pack with weight 1 (FedAvg-like) and charges no selection
+  ops; the pack scores are still computed, only for the trace columns.
 * **Top-K** (``k``): an int is a pack count; a float in (0, 1] is a fraction of ``J``, giving
   ``K = max(1, floor(k * J))`` packs (a cap, so never more than the fraction); ``"all"`` shares
   every candidate (the reference code). Ties in ``theta`` are broken by pack index (stable sort).
@@ -74,6 +80,7 @@ from algorithms.base import (
     ClientResult,
     Payload,
     Server,
+    ServerContext,
 )
 from algorithms.training import flat_params, load_flat_params, local_sgd
 
@@ -111,9 +118,18 @@ def num_packs(n: int, pack_size: int) -> int:
 
 
 def _as_flat32(x: torch.Tensor | np.ndarray) -> torch.Tensor:
-    if isinstance(x, np.ndarray) and not x.flags.writeable:
-        x = np.array(x, dtype=np.float32)  # torch warns on read-only arrays
+    if isinstance(x, torch.Tensor):
+        return x.detach().float().reshape(-1)
+    if not (isinstance(x, np.ndarray) and x.flags.writeable):
+        x = np.array(x, dtype=np.float32)  # torch warns on read-only arrays (e.g. from Ray)
     return torch.as_tensor(x, dtype=torch.float32).reshape(-1)
+
+
+def _as_index(x: Any) -> torch.Tensor:
+    """Pack indices (tensor, array or list) as a 1-D int64 tensor."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().long().reshape(-1)
+    return torch.from_numpy(np.array(x, dtype=np.int64).reshape(-1))  # a copy: never read-only
 
 
 def pad_to_packs(flat: torch.Tensor, pack_size: int) -> torch.Tensor:
@@ -137,6 +153,7 @@ def _kl_stable(local: torch.Tensor, glob: torch.Tensor) -> torch.Tensor:
     return (lg.exp() * (lg - ll)).sum(dim=1)
 
 
+@torch.no_grad()
 def _row_stats(local: torch.Tensor, glob: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Per-row (dot, |L|^2, |G|^2, beta) of two (R, C) float32 views, as float64 tensors.
 
@@ -144,8 +161,8 @@ def _row_stats(local: torch.Tensor, glob: torch.Tensor) -> tuple[torch.Tensor, .
     vectorised over all its rows.
     """
     rows, cols = local.shape
-    out = torch.empty(6, rows, dtype=torch.float32)  # dot, |L|, |G|, S_G, S_L, sum p~*(G-L)
-    dot, nl, ng, sg, sl, pd = out
+    out = torch.empty(6, rows, dtype=torch.float32)  # L.G, |L|^2, |G|^2, S_G, S_L, sum e^G (G-L)
+    dot, nl2, ng2, sg, sl, pd = out
     block = max(1, _BLOCK_ELEMS // max(cols, 1))
     buf_x = torch.empty(min(block, rows), cols)
     buf_y = torch.empty(min(block, rows), cols)
@@ -153,17 +170,17 @@ def _row_stats(local: torch.Tensor, glob: torch.Tensor) -> tuple[torch.Tensor, .
     for s in range(0, rows, block):
         e = min(s + block, rows)
         lb, gb, x, y = local[s:e], glob[s:e], buf_x[: e - s], buf_y[: e - s]
-        torch.linalg.vector_norm(lb, dim=1, out=nl[s:e])
-        torch.linalg.vector_norm(gb, dim=1, out=ng[s:e])
-        torch.mul(lb, gb, out=y)
-        torch.sum(y, dim=1, out=dot[s:e])
+        # the three sums use the same kernel, so identical packs give dot == |L|^2 == |G|^2
+        torch.sum(torch.mul(lb, gb, out=y), dim=1, out=dot[s:e])
+        torch.sum(torch.mul(lb, lb, out=y), dim=1, out=nl2[s:e])
+        torch.sum(torch.mul(gb, gb, out=y), dim=1, out=ng2[s:e])
         torch.mul(gb, log2e, out=x).exp2_()  # x = exp(G)
         torch.sum(x, dim=1, out=sg[s:e])
         torch.mul(lb, log2e, out=y).exp2_()  # y = exp(L)
         torch.sum(y, dim=1, out=sl[s:e])
         torch.sub(gb, lb, out=y).mul_(x)  # exp(G) * (G - L)
         torch.sum(y, dim=1, out=pd[s:e])
-    dot, nl2, ng2 = dot.double(), nl.double().square(), ng.double().square()
+    dot, nl2, ng2 = dot.double(), nl2.double(), ng2.double()
     sg, sl, pd = sg.double(), sl.double(), pd.double()
     beta = pd / sg + torch.log(sl / sg)
     ok = (
@@ -173,9 +190,11 @@ def _row_stats(local: torch.Tensor, glob: torch.Tensor) -> tuple[torch.Tensor, .
     if not bool(ok.all()):  # huge / tiny weights: recompute those packs max-shifted
         bad = (~ok).nonzero().squeeze(1)
         beta[bad] = _kl_stable(local[bad], glob[bad])
-    return dot, nl2, ng2, beta
+    # KL >= 0; only rounding can push a (near-)zero value below 0
+    return dot, nl2, ng2, beta.clamp_min_(0.0)
 
 
+@torch.no_grad()
 def pack_scores(
     local_flat: torch.Tensor,
     global_flat: torch.Tensor,
@@ -237,7 +256,7 @@ def pack_budget(k: KSpec, num_packs_total: int) -> int | None:
     raise ValueError(f"k must be an int >= 1, a float in (0, 1] or 'all', got {k!r}")
 
 
-def mask_weights(theta: torch.Tensor, beta: torch.Tensor, weighting: str) -> torch.Tensor:
+def mask_weights(theta: torch.Tensor, beta: torch.Tensor, weighting: Weighting) -> torch.Tensor:
     """``M_ij`` per ``weighting``: cskd ``|theta + beta|``, cs ``|theta|``, kd ``|beta|``."""
     if weighting == "cskd":
         return (theta + beta).abs()
@@ -253,7 +272,7 @@ def select_packs(
     theta_a: float,
     beta: torch.Tensor,
     k: KSpec,
-    weighting: str,
+    weighting: Weighting,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Packs to share and their mask weights.
 
@@ -270,6 +289,7 @@ def select_packs(
     return candidates.long(), weights.float()
 
 
+@torch.no_grad()
 def aggregate_packs(
     global_flat: torch.Tensor,
     pack_size: int,
@@ -288,15 +308,18 @@ def aggregate_packs(
     j = num_packs(n, p)
     idx_parts, w_parts, d_parts = [], [], []
     for i, (idx, w, delta) in enumerate(uploads):  # a loop over clients, to concatenate
-        idx = torch.as_tensor(np.asarray(idx), dtype=torch.long).reshape(-1)
-        w = torch.as_tensor(np.asarray(w), dtype=torch.float64).reshape(-1)
+        idx = _as_index(idx)
+        w = (w.detach().double().reshape(-1) if isinstance(w, torch.Tensor)
+             else torch.from_numpy(np.array(w, dtype=np.float64).reshape(-1)))
         delta = _as_flat32(delta).view(-1, p) if idx.numel() else torch.zeros(0, p)
         if not (idx.numel() == w.numel() == delta.shape[0]):
             raise ValueError(f"upload {i}: {idx.numel()} indices, {w.numel()} weights, "
                              f"{delta.shape[0]} delta packs")
         if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= j):
             raise ValueError(f"upload {i}: pack index out of range [0, {j})")
-        idx_parts.append(idx), w_parts.append(w), d_parts.append(delta)
+        idx_parts.append(idx)
+        w_parts.append(w)
+        d_parts.append(delta)
     if not idx_parts or sum(t.numel() for t in idx_parts) == 0:
         return gf.clone(), torch.zeros(0, dtype=torch.long), torch.zeros(0)
     idx, w, delta = torch.cat(idx_parts), torch.cat(w_parts), torch.cat(d_parts)
@@ -360,7 +383,10 @@ class FedCSPACKParams(AlgorithmParams):
         "own_mask", description="which packs of the global model a returning client takes")
     sharing: Literal["packs", "full"] = Field(
         "packs", description="'full': share every pack with weight 1 (FedAvg-like)")
-    record_packs: bool = Field(False, description="record shared pack indices in the traces")
+    record_packs: bool = Field(
+        False, description="write packs.parquet (each client's shared packs and weights) and "
+        "global_mask.parquet (the aggregated mask) for pack-level analysis"
+    )
 
     @field_validator("pack_size", mode="before")
     @classmethod
@@ -372,9 +398,9 @@ class FedCSPACKParams(AlgorithmParams):
     @field_validator("k", mode="before")
     @classmethod
     def _check_k(cls, v: Any) -> Any:
-        if isinstance(v, str) and v != "all" or isinstance(v, (bool, np.bool_)):
+        if isinstance(v, (bool, np.bool_)) or (isinstance(v, str) and v != "all"):
             raise ValueError(f"{_K_HELP}, got {v!r}")
-        if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        if isinstance(v, (int, np.integer)):
             if v < 1:
                 raise ValueError(f"{_K_HELP}, got {v!r}")
             return int(v)
@@ -394,12 +420,13 @@ _SHARED = "fedcspack.shared_packs"  # pack indices it shared in its last partici
 _BUFFERS = "fedcspack.buffers"  # its buffers (BatchNorm statistics), never shared
 
 
+@torch.no_grad()
 def overwrite_packs(base: torch.Tensor, source: torch.Tensor, pack_size: int,
                     packs: Any) -> torch.Tensor:
     """``base`` with the given packs replaced by those of ``source`` (a new vector)."""
     base, source = _as_flat32(base), _as_flat32(source)
     n = base.numel()
-    idx = torch.as_tensor(np.asarray(packs), dtype=torch.long).reshape(-1)
+    idx = _as_index(packs)
     out = pad_to_packs(base, pack_size)
     if idx.numel():
         out[idx] = pad_to_packs(source, pack_size)[idx]
@@ -481,8 +508,6 @@ class FedCSPACKClient(Client):
             "mask_w_max": w_max,
             "theta_a": theta_a,
         }
-        if p.record_packs:
-            metrics["shared_packs"] = idx.tolist()
         return ClientResult(
             client_id=ctx.client_id,
             arch=ctx.arch,
@@ -497,12 +522,19 @@ class FedCSPACKClient(Client):
 class FedCSPACKServer(Server):
     params: FedCSPACKParams
 
-    def __init__(self, params: AlgorithmParams, models: dict[str, torch.nn.Module], seed: int):
-        super().__init__(params, models, seed)
+    def __init__(
+        self,
+        params: AlgorithmParams,
+        models: dict[str, torch.nn.Module],
+        seed: int,
+        context: ServerContext | None = None,
+    ):
+        super().__init__(params, models, seed, context)
         # the global mask broadcast with the model: (pack indices, M_j), empty before round 1
         self.masks: dict[str, tuple[torch.Tensor, torch.Tensor]] = {
             arch: (torch.zeros(0, dtype=torch.long), torch.zeros(0)) for arch in models
         }
+        self._tables: dict[str, list[dict[str, np.ndarray]]] = {"packs": [], "global_mask": []}
 
     def broadcast(self, round: int) -> Broadcast:
         out: Broadcast = {}
@@ -536,8 +568,38 @@ class FedCSPACKServer(Server):
             metrics[f"packs_total{sfx}"] = num_packs(flat.numel(), self.params.pack_size)
             metrics[f"aggregated_clients{sfx}"] = len(mine)
             if self.params.record_packs:
-                metrics[f"global_mask{sfx}"] = idx.tolist()
+                self._record_packs(round, arch, mine, idx, w)
         return metrics
+
+    def _record_packs(self, round, arch, results, mask_idx, mask_w) -> None:
+        """Columnar pack-level rows: who shared which pack with which weight, and the mask."""
+        if results:
+            sizes = [len(r.upload.arrays["idx"]) for r in results]
+            self._tables["packs"].append({
+                "round": np.full(sum(sizes), round, dtype=np.int64),
+                "client_id": np.repeat([r.client_id for r in results], sizes),
+                "arch": np.full(sum(sizes), arch, dtype=object),
+                "pack": np.concatenate([r.upload.arrays["idx"] for r in results]).astype(np.int64),
+                "weight": np.concatenate([r.upload.arrays["w"] for r in results]),
+            })
+        self._tables["global_mask"].append({
+            "round": np.full(mask_idx.numel(), round, dtype=np.int64),
+            "arch": np.full(mask_idx.numel(), arch, dtype=object),
+            "pack": mask_idx.numpy(),
+            "weight": w_numpy(mask_w),
+        })
+
+    def drain_tables(self) -> dict[str, Any]:
+        out = {}
+        for name, chunks in self._tables.items():
+            if chunks:
+                out[name] = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
+        self._tables = {name: [] for name in self._tables}
+        return out
+
+
+def w_numpy(w: torch.Tensor) -> np.ndarray:
+    return w.detach().numpy().astype(np.float32, copy=False)
 
 
 SPEC = AlgorithmSpec(

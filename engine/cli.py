@@ -11,6 +11,8 @@ EPILOG = """examples:
   hetsim run -c exp.yaml --set train.lr=0.01 --set clients.num_clients=50
   hetsim validate -c exp.yaml                  # check a config without running it
   hetsim show runs/fedavg-digits-20261129-120000
+  hetsim sweep sweeps/examples/fedavg_lr.yaml  # a Ray Tune sweep (docs/sweeps.md)
+  hetsim sweep --resume sweeps_out/fedavg_lr   # continue an interrupted sweep
 """
 
 
@@ -48,6 +50,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show", help="summarise a run folder")
     p.add_argument("run_dir")
     p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser(
+        "sweep",
+        help="run a Ray Tune sweep over experiment configs (docs/sweeps.md)",
+        description="Run every configuration of a sweep spec as one Tune trial; results in "
+        "<storage>/trials.parquet and rounds.parquet (load with sweeps.load_sweep).",
+    )
+    p.add_argument("spec", nargs="?", help="sweep spec YAML (not with --resume)")
+    p.add_argument("--resume", metavar="PATH", help="continue the interrupted sweep in folder PATH")
+    p.add_argument("--retry-errored", action="store_true", help="with --resume: rerun errored trials")
+    p.add_argument("--address", help="existing Ray cluster to run on (overrides ray.address)")
+    p.add_argument("--storage", metavar="DIR", help="sweep folder (default: spec storage or sweeps_out/<name>)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_sweep)
     return parser
 
 
@@ -100,6 +116,29 @@ def cmd_run(args) -> int:
     print(summary_table(path))
     print(f"\nresults: {path}")
     return 0
+
+
+def cmd_sweep(args) -> int:
+    from sweeps import runner
+
+    if bool(args.spec) == bool(args.resume):
+        print("hetsim sweep: give a spec file or --resume PATH (one of them)", file=sys.stderr)
+        return 2
+    if args.resume:
+        if args.storage:
+            print("hetsim sweep: --storage does not apply to --resume", file=sys.stderr)
+            return 2
+        sweep = runner.resume_sweep(args.resume, address=args.address, quiet=args.quiet,
+                                    retry_errored=args.retry_errored)
+    else:
+        sweep = runner.run_sweep(args.spec, storage=args.storage, address=args.address,
+                                 quiet=args.quiet, command=sys.argv)
+    print(runner.summary_table(sweep))
+    print(f"\nresults: {sweep.path}  (trials.parquet, rounds.parquet; sweeps.load_sweep)")
+    if not runner.is_complete(sweep):
+        print(f"interrupted: continue with `hetsim sweep --resume {sweep.path}`", file=sys.stderr)
+        return 130
+    return 1 if len(sweep.trials) and (sweep.trials["status"] == "error").all() else 0
 
 
 def cmd_show(args) -> int:

@@ -68,8 +68,8 @@ class RunWriter:
     def write_table(self, name: str, df: pd.DataFrame) -> None:
         _write_parquet_atomic(df, self.dir / f"{name}.parquet")
 
-    def append(self, table: str, rows: list[dict[str, Any]] | pd.DataFrame) -> None:
-        """Append rows to ``table`` durably (one part file per call)."""
+    def append(self, table: str, rows: list[dict[str, Any]] | dict[str, Any] | pd.DataFrame) -> None:
+        """Append rows (row dicts, columns, or a frame) to ``table`` durably (one part per call)."""
         df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
         if df.empty:
             return

@@ -32,7 +32,7 @@ class RoundRecord:
     round: int
     row: dict[str, Any]  # the rounds.parquet row
     client_rows: list[dict[str, Any]]  # the clients.parquet rows
-    extra_tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    extra_tables: dict[str, Any] = field(default_factory=dict)  # method traces by table name
 
 
 Callback = Callable[[RoundRecord], None]

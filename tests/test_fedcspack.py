@@ -13,7 +13,7 @@ import torch.nn as nn
 from pydantic import ValidationError
 
 import algorithms.fedcspack as fcs
-from algorithms.base import ClientContext, Payload, TrainSettings
+from algorithms.base import ClientContext, Payload, ServerContext, TrainSettings
 from algorithms.fedcspack import (
     SELECTION_OPS_PER_PACK,
     SELECTION_OPS_PER_PARAM,
@@ -314,7 +314,8 @@ def make_ctx(model, state=None, seed=0, n=20, lr=0.1, epochs=1, client_id=0):
     return ClientContext(
         client_id=client_id, round=0, arch="", model=model,
         state={} if state is None else state, train_x=x, train_y=y,
-        rng=np.random.default_rng(seed), train=TrainSettings(local_epochs=epochs, batch_size=4, lr=lr),
+        rng=np.random.default_rng(seed),
+        train=TrainSettings(local_epochs=epochs, batch_size=4, lr=lr),
         flops_per_sample=10.0,
     )
 
@@ -347,7 +348,8 @@ def test_receive_own_mask_overwrites_only_own_last_shared_packs():
     got = _receive("own_mask", state)
     np.testing.assert_array_equal(got, [-1, -2, -3, 103, 104, 105, -7, -8])
     state[fcs._SHARED] = torch.tensor([0, 2])  # including the padded last pack
-    np.testing.assert_array_equal(_receive("own_mask", state), [100, 101, 102, -4, -5, -6, 106, 107])
+    got = _receive("own_mask", state)
+    np.testing.assert_array_equal(got, [100, 101, 102, -4, -5, -6, 106, 107])
     state[fcs._SHARED] = torch.zeros(0, dtype=torch.long)  # shared nothing: keeps all local
     np.testing.assert_array_equal(_receive("own_mask", state), PERSONAL8)
 
@@ -412,7 +414,9 @@ def test_fit_upload_state_and_metrics():
     assert m["packs_below_threshold"] == len(expected_idx)
     assert m["theta_a"] == pytest.approx(ta, abs=1e-6)
     assert m["mask_w_mean"] == pytest.approx(float(np.mean(up["w"])), rel=1e-6)
-    assert m["mask_w_min"] == pytest.approx(float(up["w"].min())) and m["shared_packs"] == expected_idx
+    assert m["mask_w_min"] == pytest.approx(float(up["w"].min()))
+    assert m["mask_w_max"] == pytest.approx(float(up["w"].max()))
+    assert "shared_packs" not in m  # pack-level traces go to packs.parquet, not clients.parquet
     assert math.isfinite(m["train_loss"])
     # state: personal params, last shared packs, buffers - and nothing else (no W_prev kept)
     assert set(ctx.state) == {fcs._PERSONAL, fcs._SHARED, fcs._BUFFERS}
@@ -424,7 +428,8 @@ def test_fit_upload_state_and_metrics():
 def test_fit_state_per_personalization_rule():
     for rule, keys in [("global_mask", {fcs._PERSONAL, fcs._BUFFERS}), ("none", {fcs._BUFFERS})]:
         client = FedCSPACKClient(FedCSPACKParams(pack_size=3, personalization=rule))
-        ctx = make_ctx(nn.Linear(3, 2), state={fcs._PERSONAL: torch.zeros(8), fcs._SHARED: torch.tensor([0])})
+        state = {fcs._PERSONAL: torch.zeros(8), fcs._SHARED: torch.tensor([0])}
+        ctx = make_ctx(nn.Linear(3, 2), state=state)
         bc = broadcast_of(GLOBAL8 / 100)
         client.receive(ctx, bc)
         client.fit(ctx, bc)
@@ -475,7 +480,7 @@ def test_k_all_no_personalization_full_sharing_is_an_unweighted_average():
 def test_server_broadcast_and_global_mask():
     torch.manual_seed(0)
     params = FedCSPACKParams(pack_size=3, record_packs=True)
-    server = FedCSPACKServer(params, {"": nn.Linear(3, 2)}, seed=0)
+    server = FedCSPACKServer(params, {"": nn.Linear(3, 2)}, seed=0, context=ServerContext())
     bc = server.broadcast(0)[""]
     g = flat_params(server.models[""]).numpy()
     assert bc.arrays["params"].dtype == np.float32 and bc.arrays["mask_idx"].dtype == np.int32
@@ -495,8 +500,10 @@ def test_server_broadcast_and_global_mask():
     expected[0:3] += 2.0  # (2*1 + 2*3) / 4
     expected[6:8] += [1.0, 2.0]  # padding value 99 stripped
     np.testing.assert_allclose(flat_params(server.models[""]).numpy(), expected, atol=1e-6)
-    assert metrics == {"global_mask_packs": 2, "packs_total": 3, "aggregated_clients": 2,
-                       "global_mask": [0, 2]}
+    assert metrics == {"global_mask_packs": 2, "packs_total": 3, "aggregated_clients": 2}
+    tables = server.drain_tables()
+    assert tables["global_mask"]["pack"].tolist() == [0, 2]
+    assert server.drain_tables() == {}  # drained
     bc = server.broadcast(1)[""]
     assert bc.arrays["mask_idx"].tolist() == [0, 2] and bc.arrays["mask_w"].tolist() == [4.0, 0.5]
     assert bc.nbytes == 4 * 8 + 1 + 4 * 2
@@ -528,3 +535,36 @@ def test_read_only_arrays_from_the_transport_are_accepted_silently():
         np.testing.assert_array_equal(flat_params(ctx.model).numpy(),
                                       [-1, -2, -3, 103, 104, 105, -7, -8])
         client.fit(ctx, bc)
+
+
+def test_engine_run_writes_fedcspack_traces_and_pack_tables(tmp_path):
+    from engine.config import load_config
+    from engine.results import load_run
+    from engine.run import run_experiment
+
+    cfg = load_config(None, [
+        "dataset.name=digits", "model.name=mlp", "clients.num_clients=6", "clients.participation=0.5",
+        "clients.profiles={availability: 1.0, dropout: 0.0}", "rounds=2",
+        "algorithm.name=fedcspack", "algorithm.pack_size=256", "algorithm.record_packs=true",
+    ])
+    run = load_run(run_experiment(cfg, tmp_path / "run"))
+    c = run.clients
+    for col in ("packs_total", "packs_below_threshold", "packs_shared", "mask_w_mean",
+                "mask_w_min", "mask_w_max", "theta_a"):
+        assert col in c.columns, col
+    assert (c["packs_total"] == math.ceil(4810 / 256)).all()
+    assert (c["packs_shared"] <= c["packs_below_threshold"]).all()
+    packs = run.table("packs")
+    # one row per shared pack of every arrived client, matching the per-client counts
+    counts = packs.groupby(["round", "client_id"]).size()
+    arrived = c[c["made_deadline"] & (c["packs_shared"] > 0)].set_index(["round", "client_id"])
+    assert counts.sort_index().tolist() == arrived["packs_shared"].sort_index().tolist()
+    assert list(packs.columns) == ["round", "client_id", "arch", "pack", "weight"]
+    mask = run.table("global_mask")
+    last = run.rounds.set_index("round")["server_global_mask_packs"]
+    assert mask.groupby("round").size().to_dict() == {r: n for r, n in last.items() if n}
+    # upload bytes follow the spec: values + min(indices, bitmap) + weights
+    k = c["packs_shared"]
+    j = math.ceil(4810 / 256)
+    expect = 4 * 256 * k + np.minimum(4 * k, math.ceil(j / 8)) + 4 * k
+    assert (c["bytes_up"] == np.where(k > 0, expect, 0)).all()

@@ -1,0 +1,633 @@
+"""ASCEND: adaptive heterogeneous compression for federated knowledge distillation.
+
+Spec: ``/work/shared/specs/ascend.md`` (Liu et al., 2026). Method doc: ``docs/ascend.md``.
+
+FedKD base (FedDF-style): clients with different architectures upload compressed model
+deltas with error feedback; the server averages the reconstructed deltas per architecture
+(weighted by sample counts) and then distils every architecture's model towards a teacher on
+the public split. Each client picks its own compressor every round with its own bandit policy
+(EMA epsilon-greedy with warm-up; EXP3 and a fixed arm as baselines). A rollback guard
+restores every architecture's previous parameters (and, lazily, every client's residual)
+when the global loss on the public probe set spikes, and forces Top-K for a few rounds.
+
+Round t, client n (architecture P):
+
+``receive``
+  1. load ``w_P^t``; if the client's last upload was in a rolled-back round (the broadcast
+     lists them), restore the residual and policy it had before that upload and drop the
+     pending reward;
+  2. ``f_n(w_P^t)`` on a fixed local probe set; close the pending reward of the client's
+     previous participation: ``Δf`` from the two probe losses, ``ΔD`` from the server's
+     ``D = KL(teacher ‖ w_P)`` history in the broadcast, ``T`` recorded at that upload,
+     ``r = clip((ρ·ΔD + (1−ρ)·Δf) / (T / T̄))``; feed it to the policy.
+``fit``
+  3. local SGD -> ``Δ_n``; choose the arm (forced Top-K while the broadcast says so);
+  4. ``a = e + Δ_n``; compress to K coordinates; ``e <- a − sent``;
+  5. ``T = T_train + T_select(s) + T_upload(bytes(s))`` (upload latency included), from the
+     client's hardware profile with the virtual clock's own functions; keep it pending.
+
+Server, round t: per-architecture sparse aggregation, teacher logits, ``distill_steps`` Adam
+steps of ``KL(teacher ‖ student)`` per architecture, rollback check, trace rows.
+
+No Ray, no file I/O.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, Literal, Optional, Union
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import Field, StrictFloat, StrictInt, field_validator, model_validator
+
+from algorithms.bandits import EpsilonGreedyEMA, Exp3, FixedArm, forced
+from algorithms.base import (
+    AlgorithmParams,
+    AlgorithmSpec,
+    Broadcast,
+    ClientContext,
+    ClientResult,
+    Payload,
+    Server,
+    ServerContext,
+)
+from algorithms.compressed_fedavg import (
+    CompressedFedAvgClient,
+    OpCostParams,
+    _float_buffer_vector,
+    _load_float_buffers,
+    aggregate_sparse,
+    compressed_payload,
+    decode_upload,
+    validate_k,
+)
+from algorithms.fedavg import state_payload
+from algorithms.training import flat_params, flat_state, load_flat_params, load_flat_state, local_sgd
+from hardware_profiles import clock
+
+Strategy = Literal["topk", "randomk", "periodick"]
+STRATEGIES: tuple[str, ...] = ("topk", "randomk", "periodick")
+FORCED_ARM = "topk"  # [paper] the arm a rollback forces
+FORWARD_FRACTION = 1.0 / 3.0  # forward pass ~ 1/3 of a training step (probe-loss evaluation cost)
+CONTROL_VALUE_BYTES = 4  # each number of the broadcast's control meta travels as 32 bits
+
+PROBE_SALT = 0xA5CE  # local probe set
+PUBLIC_PROBE_SALT = 0x9B0B  # server's public probe subset
+DISTILL_SALT = 0xD157  # distillation batches
+
+
+# ------------------------------------------------------------------------------------------------
+# hyperparameters
+# ------------------------------------------------------------------------------------------------
+class AscendParams(AlgorithmParams):
+    """ASCEND's options. Every [ours] value of the spec is here, with the spec's default."""
+
+    name: Literal["ascend"] = "ascend"
+    # compression
+    k: Union[StrictInt, StrictFloat] = Field(  # noqa: UP007
+        0.01, description="coordinates sent: int count >= 1, or float ratio of the model size in (0, 1]"
+    )
+    arms: tuple[Strategy, ...] = Field(STRATEGIES, description="the candidate compressors (bandit arms)")
+    error_feedback: bool = Field(True, description="[paper] residual accumulation")
+    clamp_k: bool = Field(False, description="an int k above the model size sends every coordinate")
+    buffers: Literal["dense", "local"] = Field("dense", description="BatchNorm buffers: uploaded dense, or local")
+    op_costs: OpCostParams = Field(default_factory=OpCostParams)
+    # policy
+    policy: Literal["egreedy", "exp3", "fixed"] = Field("egreedy", description="the client's bandit policy")
+    arm: Optional[Strategy] = Field(None, description="the arm of policy 'fixed' (uniform baselines)")  # noqa: UP007
+    warmup: int = Field(2, ge=0, description="round-robin tries of each arm before epsilon-greedy")
+    epsilon: Optional[float] = Field(None, description="fixed epsilon in [0, 1]; None = decaying")  # noqa: UP007
+    eps_c: float = Field(3.0, gt=0, description="decaying epsilon: max(eps_min, min(1, eps_c*|S|/t'))")
+    eps_min: float = Field(0.03, ge=0, le=1, description="floor of the decaying epsilon")
+    ema_lambda: float = Field(0.3, gt=0, le=1, description="EMA step of the chosen arm's value")
+    exp3_gamma: float = Field(0.1, gt=0, le=1, description="EXP3 uniform-mixing rate")
+    learn_from_forced: bool = Field(False, description="feed rewards of forced (post-rollback) rounds to the policy")
+    # reward
+    rho: float = Field(0.6, ge=0, le=1, description="weight of the alignment term dD (1-rho: local dF)")
+    reward_clip: float = Field(1.0, gt=0, description="reward clipped to [-reward_clip, reward_clip]")
+    probe_batches: int = Field(4, ge=1, description="local probe set = probe_batches x train.batch_size samples")
+    # rollback
+    gamma: Optional[float] = Field(0.2, description="rollback when probe loss > (1+gamma) x previous; None = off")  # noqa: UP007
+    rollback_loss: Literal["ce", "kl"] = Field(
+        "ce", description="global probe loss: cross-entropy with public labels, or mean KL(teacher || student)"
+    )
+    forced_rounds: int = Field(3, ge=0, description="rounds of forced Top-K after a rollback")
+    max_consecutive_rollbacks: Optional[int] = Field(  # noqa: UP007
+        3, ge=1, description="after this many rollbacks in a row a finite-loss spike is accepted (the reference "
+        "resets); None = never (can freeze training for good)"
+    )
+    # distillation
+    distill_steps: int = Field(50, ge=0, description="Adam steps per architecture per round")
+    distill_lr: float = Field(1e-3, gt=0, description="Adam learning rate of the distillation")
+    temperature: float = Field(1.0, gt=0, description="distillation temperature tau")
+    distill_batch: int = Field(64, ge=1, description="public samples per distillation step")
+    teacher: Literal["aggregates", "clients"] = Field(
+        "aggregates", description="teacher = mean logits of the per-architecture aggregates, or of every "
+        "client's reconstructed model"
+    )
+    public_probe_size: int = Field(512, ge=1, description="public probe set for D and the rollback loss")
+    d_history: int = Field(8, ge=1, description="rounds of D per architecture kept in the broadcast")
+
+    @field_validator("k", mode="before")
+    @classmethod
+    def _check_k(cls, v):
+        return validate_k(v)
+
+    @field_validator("epsilon")
+    @classmethod
+    def _check_epsilon(cls, v):
+        if v is not None and not (math.isfinite(v) and 0.0 <= v <= 1.0):
+            raise ValueError(f"epsilon={v!r} is not allowed: must be a float in [0, 1] or null (decaying)")
+        return v
+
+    @field_validator("gamma")
+    @classmethod
+    def _check_gamma(cls, v):
+        if v is not None and not (math.isfinite(v) and v >= 0.0):
+            raise ValueError(f"gamma={v!r} is not allowed: must be a float >= 0 or null (no rollback)")
+        return v
+
+    @model_validator(mode="after")
+    def _check_arms(self) -> "AscendParams":
+        allowed = list(STRATEGIES)
+        if not self.arms or len(set(self.arms)) != len(self.arms):
+            raise ValueError(
+                f"arms={list(self.arms)!r} is not allowed: a non-empty list of distinct compressors from {allowed}"
+            )
+        if self.policy == "fixed":
+            if self.arm is None:
+                raise ValueError(f"arm is required with policy 'fixed': one of {list(self.arms)}")
+            if self.arm not in self.arms:
+                raise ValueError(f"arm={self.arm!r} is not allowed: must be one of arms={list(self.arms)}")
+        elif self.arm is not None:
+            raise ValueError(f"arm={self.arm!r} is only used with policy 'fixed' (policy is {self.policy!r})")
+        return self
+
+    @property
+    def tbar_window(self) -> int:
+        """Participations whose T define T̄: the warm-up (``warmup * |arms|``), at least 1."""
+        return max(1, self.warmup * len(self.arms))
+
+
+# ------------------------------------------------------------------------------------------------
+# reward (pure functions)
+# ------------------------------------------------------------------------------------------------
+def relative_decrease(before: float, after: float) -> float:
+    """``(before - after) / before``; 0 when ``before`` is not a positive finite number
+    (nothing to normalise by), ``-inf`` when ``after`` is not finite (divergence)."""
+    if not (math.isfinite(before) and before > 1e-12):
+        return 0.0
+    if not math.isfinite(after):
+        return -math.inf
+    return (before - after) / before
+
+
+def ascend_reward(df: float, dd: float, T: float, T_bar: float, rho: float = 0.6, clip: float = 1.0) -> float:
+    """``clip((rho*dd + (1-rho)*df) / (T / T_bar), [-clip, clip])`` (T/T̄ taken as 1 if undefined)."""
+    ratio = T / T_bar if (math.isfinite(T) and math.isfinite(T_bar) and T > 0 and T_bar > 0) else 1.0
+    r = (rho * dd + (1.0 - rho) * df) / ratio
+    if math.isnan(r):
+        r = -math.inf
+    return float(min(clip, max(-clip, r)))
+
+
+def simulated_seconds(profile: Any, train_flops: float, compress_ops: float, bytes_up: int) -> float:
+    """``T = T_train + T_select + T_upload`` (upload latency included): the virtual clock's own
+    formulas (hardware_profiles.clock) on the client's profile — what the engine computes."""
+    if profile is None:
+        raise ValueError("ASCEND's reward needs ctx.profile (the client's hardware profile)")
+    t = (
+        clock.compute_seconds(train_flops, profile.gflops)
+        + clock.compress_seconds(compress_ops, profile.gflops)
+        + clock.transfer_seconds(bytes_up, profile.up_mbps, profile.latency_s)
+    )
+    return float(t)
+
+
+def kl_teacher_student(teacher_logits: torch.Tensor, student_logits: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
+    """``KL(softmax(t/tau) ‖ softmax(s/tau))``, mean over samples."""
+    t = F.log_softmax(teacher_logits / tau, dim=1)
+    s = F.log_softmax(student_logits / tau, dim=1)
+    return F.kl_div(s, t, log_target=True, reduction="batchmean")
+
+
+@torch.no_grad()
+def logits_of(model: torch.nn.Module, x: torch.Tensor, batch_size: int = 1024) -> torch.Tensor:
+    model.eval()
+    if len(x) <= batch_size:
+        return model(x)
+    return torch.cat([model(x[s : s + batch_size]) for s in range(0, len(x), batch_size)])
+
+
+# ------------------------------------------------------------------------------------------------
+# client
+# ------------------------------------------------------------------------------------------------
+Q_COLUMNS = tuple(f"q_{a}" for a in STRATEGIES)
+REWARD_COLUMNS = ("reward", "reward_df", "reward_dd", "reward_T", "reward_tbar")
+
+
+def policy_values(policy: Any) -> dict[str, float]:
+    """``q_<arm>`` trace columns: epsilon-greedy's Q (warm-up running means until the warm-up
+    ends), EXP3's arm probabilities, NaN for a fixed arm / arms not in the set."""
+    out = {c: math.nan for c in Q_COLUMNS}
+    if isinstance(policy, EpsilonGreedyEMA):
+        if policy.warmed_up:
+            vals = policy.q
+        else:
+            cnt = policy.warmup_count
+            vals = np.where(cnt > 0, policy.warmup_sum / np.maximum(cnt, 1), np.nan)
+    elif isinstance(policy, Exp3):
+        vals = policy.probabilities()
+    else:
+        return out
+    for arm, v in zip(policy.arms, vals):
+        out[f"q_{arm}"] = float(v)
+    return out
+
+
+class AscendClient(CompressedFedAvgClient):
+    """Per-client state (``ctx.state``): ``residual`` (float32), ``policy``, ``T_warm`` (the Ts
+    that define T̄), ``pending`` (the reward to close at the next participation), ``undo`` (what
+    to restore if this upload's round is rolled back) and ``round_info`` (receive -> fit)."""
+
+    params: AscendParams
+
+    def new_policy(self):
+        p = self.params
+        if p.policy == "egreedy":
+            return EpsilonGreedyEMA(
+                list(p.arms), warmup=p.warmup, c=p.eps_c, eps_min=p.eps_min,
+                epsilon_fixed=p.epsilon, lam=p.ema_lambda,
+            )
+        if p.policy == "exp3":
+            return Exp3(list(p.arms), gamma=p.exp3_gamma)
+        return FixedArm(p.arm)
+
+    def probe_indices(self, ctx: ClientContext) -> torch.Tensor:
+        """A fixed subset of the local training data (same every round for this client)."""
+        n = len(ctx.train_y)
+        m = min(n, self.params.probe_batches * ctx.train.batch_size)
+        rng = np.random.default_rng([PROBE_SALT, ctx.client_id, n])
+        return torch.from_numpy(np.sort(rng.permutation(n)[:m]))
+
+    @torch.no_grad()
+    def probe_loss(self, ctx: ClientContext) -> tuple[float, int]:
+        idx = self.probe_indices(ctx)
+        if len(idx) == 0:
+            return math.nan, 0
+        ctx.model.eval()
+        loss = F.cross_entropy(ctx.model(ctx.train_x[idx]), ctx.train_y[idx])
+        return float(loss), len(idx)
+
+    def receive(self, ctx: ClientContext, broadcast: Payload) -> None:
+        super().receive(ctx, broadcast)  # dense global state (+ local buffers)
+        p, st, meta = self.params, ctx.state, broadcast.meta
+        if "policy" not in st:
+            st["policy"] = self.new_policy()
+            st["T_warm"] = []
+        restored = math.nan
+        undo = st.get("undo")
+        if undo is not None and undo["round"] in set(meta.get("rolled_back", ())):
+            # lazy rollback: this client's last upload was discarded by the server
+            if undo["residual"] is None:
+                st.pop("residual", None)
+            else:
+                st["residual"] = undo["residual"]
+            st["policy"] = undo["policy"]
+            st.pop("pending", None)  # the rolled-back round's reward is never fed to the policy
+            del st["undo"]
+            restored = undo["round"]
+        f_now, n_probe = self.probe_loss(ctx)
+        d_now = float(meta.get("probe_kl", {}).get(ctx.round, math.nan))
+        closed = {c: math.nan for c in REWARD_COLUMNS}
+        closed.update(reward_arm="", reward_round=-1, reward_fed=False)
+        pending = st.pop("pending", None)
+        if pending is not None:
+            d_before = float(meta.get("probe_kl", {}).get(pending["round"], pending["D"]))
+            df = relative_decrease(pending["f"], f_now)
+            dd = relative_decrease(d_before, d_now) if math.isfinite(d_now) else 0.0
+            t_bar = float(np.mean(st["T_warm"]))
+            r = ascend_reward(df, dd, pending["T"], t_bar, p.rho, p.reward_clip)
+            fed = pending["reason"] != "forced" or p.learn_from_forced
+            if fed:
+                st["policy"].update(pending["arm"], r)
+            closed.update(
+                reward=r, reward_df=df, reward_dd=dd, reward_T=pending["T"], reward_tbar=t_bar,
+                reward_arm=pending["arm"], reward_round=pending["round"], reward_fed=fed,
+            )
+        st["round_info"] = {
+            "round": ctx.round, "f": f_now, "n_probe": n_probe, "D": d_now,
+            "restored_round": restored, "closed": closed,
+        }
+
+    def fit(self, ctx: ClientContext, broadcast: Payload) -> ClientResult:
+        p, st = self.params, ctx.state
+        info = st.pop("round_info", None)
+        if info is None or info["round"] != ctx.round:
+            raise RuntimeError("AscendClient.fit called without receive() for this round")
+        start = flat_params(ctx.model)
+        loss, seen = local_sgd(ctx)
+        delta = flat_params(ctx.model) - start
+
+        policy = st["policy"]
+        residual = st.get("residual")
+        undo = {
+            "round": ctx.round,
+            "residual": None if residual is None else residual.copy(),
+            "policy": copy.deepcopy(policy),
+        }
+        eps = policy.epsilon() if isinstance(policy, EpsilonGreedyEMA) else (
+            p.exp3_gamma if isinstance(policy, Exp3) else math.nan
+        )
+        if broadcast.meta.get("forced", False):
+            arm, reason = forced(FORCED_ARM)
+        else:
+            arm, reason = policy.choose(ctx.rng)
+        c, res_norm = self.compress_delta(ctx, delta, arm)
+
+        extra = None
+        bufs = _float_buffer_vector(ctx.model)
+        if bufs.numel():
+            if p.buffers == "dense":
+                extra = {"buffers": bufs.numpy().astype(np.float32, copy=True)}
+            else:
+                st["buffers"] = bufs.numpy().astype(np.float32, copy=True)
+        upload = compressed_payload(c, extra, arm_reason=reason)
+
+        train_flops = ctx.flops_per_sample * (seen + FORWARD_FRACTION * info["n_probe"])
+        T = simulated_seconds(ctx.profile, train_flops, c.ops, upload.nbytes)
+        if len(st["T_warm"]) < p.tbar_window:
+            st["T_warm"].append(T)
+        st["pending"] = {"round": ctx.round, "arm": arm, "reason": reason, "f": info["f"], "D": info["D"], "T": T}
+        st["undo"] = undo
+
+        metrics: dict[str, Any] = {
+            "train_loss": loss,
+            "arm": arm,
+            "arm_reason": reason,
+            "k": c.k,
+            "residual_norm": res_norm,
+            "epsilon": float(eps),
+            "probe_loss": info["f"],
+            "probe_kl": info["D"],
+            "sim_T": T,
+            "restored_round": info["restored_round"],
+        }
+        metrics.update(policy_values(policy))
+        metrics.update(info["closed"])
+        return ClientResult(
+            client_id=ctx.client_id,
+            arch=ctx.arch,
+            upload=upload,
+            num_samples=len(ctx.train_y),
+            train_flops=train_flops,
+            compress_ops=c.ops,
+            metrics=metrics,
+        )
+
+
+# ------------------------------------------------------------------------------------------------
+# server
+# ------------------------------------------------------------------------------------------------
+class AscendServer(Server):
+    """One global model per architecture, distillation on the public split, rollback guard."""
+
+    params: AscendParams
+
+    def __init__(
+        self,
+        params: AscendParams,
+        models: dict[str, torch.nn.Module],
+        seed: int,
+        context: ServerContext | None = None,
+    ):
+        super().__init__(params, models, seed, context)
+        ctx = self.context
+        if ctx.public_x is None or len(ctx.public_x) == 0:
+            raise ValueError(
+                "ASCEND needs a server-side public split for distillation: set partition.public_fraction > 0 "
+                "(the spec's default is 0.1)"
+            )
+        self.public_x = ctx.public_x.float()
+        n = len(self.public_x)
+        g = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, PUBLIC_PROBE_SALT]).generate_state(1)[0]))
+        self.probe_idx = torch.randperm(n, generator=g)[: min(params.public_probe_size, n)].sort().values
+        self.probe_x = self.public_x[self.probe_idx]
+        self.probe_y = None if ctx.public_y is None else ctx.public_y[self.probe_idx].long()
+        if params.gamma is not None and params.rollback_loss == "ce" and self.probe_y is None:
+            raise ValueError("rollback_loss='ce' needs public labels (ServerContext.public_y); use 'kl'")
+        self.arch_order = sorted(models)
+        self.batch = ctx.eval_batch_size
+        self.teacher_probe: torch.Tensor | None = None  # teacher logits on the probe set
+        self.d_history: dict[str, dict[int, float]] = {a: {} for a in models}
+        self.rolled_back: list[int] = []
+        self.forced_until = -1
+        self.ref_loss: float | None = None
+        self.consecutive_rollbacks = 0
+        self._rows: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------ probe quantities
+    def ensemble_probe_logits(self) -> torch.Tensor:
+        return torch.stack([logits_of(self.models[a], self.probe_x, self.batch) for a in self.arch_order]).mean(0)
+
+    def teacher_on_probe(self) -> torch.Tensor:
+        if self.teacher_probe is None:  # before the first distillation: the global models' consensus
+            self.teacher_probe = self.ensemble_probe_logits()
+        return self.teacher_probe
+
+    def probe_kl(self, arch: str, teacher: torch.Tensor | None = None) -> float:
+        """``D = KL(teacher ‖ w_arch)`` on the public probe set."""
+        t = self.teacher_on_probe() if teacher is None else teacher
+        s = logits_of(self.models[arch], self.probe_x, self.batch)
+        return float(kl_teacher_student(t, s, self.params.temperature))
+
+    def global_probe_loss(self) -> float:
+        """The rollback's global loss: mean over architectures (equal weight) of the cross-entropy
+        with the public labels (``ce``) or of ``KL(teacher ‖ w_P)`` (``kl``) on the probe set."""
+        vals = []
+        for a in self.arch_order:
+            if self.params.rollback_loss == "ce":
+                logits = logits_of(self.models[a], self.probe_x, self.batch)
+                vals.append(float(F.cross_entropy(logits, self.probe_y)))
+            else:
+                vals.append(self.probe_kl(a))
+        return float(np.mean(vals))
+
+    # ------------------------------------------------------------------ broadcast
+    def broadcast(self, round: int) -> Broadcast:
+        p = self.params
+        out: Broadcast = {}
+        forced_now = round <= self.forced_until
+        for arch, model in self.models.items():
+            hist = self.d_history[arch]
+            hist[round] = self.probe_kl(arch)
+            for old in sorted(hist)[: max(0, len(hist) - p.d_history)]:
+                del hist[old]
+            payload = state_payload(flat_state(model))
+            payload.meta = {
+                "round": round,
+                "probe_kl": dict(hist),
+                "rolled_back": list(self.rolled_back),
+                "forced": forced_now,
+                "forced_until": self.forced_until,
+            }
+            payload.nbytes += CONTROL_VALUE_BYTES * (2 * len(hist) + len(self.rolled_back) + 2)
+            out[arch] = payload
+        return out
+
+    # ------------------------------------------------------------------ aggregation
+    def _sfx(self, arch: str) -> str:
+        return f"_{arch}" if arch else ""
+
+    def _empty_metrics(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "rollback": 0, "rollback_capped": 0, "probe_loss": math.nan, "probe_loss_ref": math.nan,
+            "forced_until": self.forced_until, "num_aggregated": 0, "update_norm": 0.0,
+        }
+        for a in self.arch_order:
+            for key in ("distill_loss", "distill_kl0", "distill_kl"):
+                out[f"{key}{self._sfx(a)}"] = math.nan
+        return out
+
+    def build_teacher(self, results: list[ClientResult], bases: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Teacher logits on the whole public split."""
+        x, b = self.public_x, self.batch
+        if self.params.teacher == "aggregates":
+            return torch.stack([logits_of(self.models[a], x, b) for a in self.arch_order]).mean(0)
+        acc, count, scratch = None, 0, {}
+        for r in results:  # each client's reconstructed model w_P^t + delta_hat_n
+            if r.arch not in scratch:
+                scratch[r.arch] = copy.deepcopy(self.models[r.arch])
+            m = scratch[r.arch]
+            load_flat_params(m, bases[r.arch] + decode_upload(r.upload))
+            z = logits_of(m, x, b)
+            acc = z if acc is None else acc + z
+            count += 1
+        return acc / count
+
+    def distill(self, arch: str, teacher: torch.Tensor, round: int) -> float:
+        """``distill_steps`` Adam steps on ``KL(teacher ‖ student)`` (fresh optimizer each round);
+        returns the mean batch KL over the steps (NaN with 0 steps)."""
+        p = self.params
+        n = len(self.public_x)
+        if p.distill_steps == 0 or n == 0:
+            return math.nan
+        model = self.models[arch]
+        seed = int(np.random.SeedSequence([self.seed, round, self.arch_order.index(arch), DISTILL_SALT])
+                   .generate_state(1)[0])
+        idx = torch.randint(n, (p.distill_steps, min(p.distill_batch, n)), generator=torch.Generator().manual_seed(seed))
+        t_logp = F.log_softmax(teacher / p.temperature, dim=1)
+        opt = torch.optim.Adam(model.parameters(), lr=p.distill_lr)
+        model.train()
+        losses = torch.empty(p.distill_steps)
+        for step in range(p.distill_steps):
+            bi = idx[step]
+            s_logp = F.log_softmax(model(self.public_x[bi]) / p.temperature, dim=1)
+            loss = F.kl_div(s_logp, t_logp[bi], log_target=True, reduction="batchmean")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses[step] = loss.detach()
+        model.eval()
+        return float(losses.mean())
+
+    def aggregate(self, round: int, results: list[ClientResult]) -> dict[str, Any]:
+        p = self.params
+        if self.ref_loss is None:
+            self.ref_loss = self.global_probe_loss()  # loss of the initial models
+        out = self._empty_metrics()
+        out["probe_loss_ref"] = self.ref_loss
+        if not results:
+            out["probe_loss"] = self.ref_loss
+            return out
+        snapshot = {a: flat_state(m).clone() for a, m in self.models.items()}
+        prev_teacher = self.teacher_probe
+
+        # 1. per-architecture aggregation of the reconstructed deltas (sample-count weights)
+        bases, n_agg, sq = {}, 0, 0.0
+        for arch, model in self.models.items():
+            mine = [r for r in results if r.arch == arch]
+            if not mine:
+                continue
+            base = flat_params(model)
+            bases[arch] = base
+            update = aggregate_sparse(mine, base.numel())
+            load_flat_params(model, base + update)
+            if p.buffers == "dense" and all("buffers" in r.upload.arrays for r in mine):
+                w = torch.tensor([r.num_samples for r in mine], dtype=torch.float64)
+                stacked = torch.stack([torch.from_numpy(r.upload.arrays["buffers"]).double() for r in mine])
+                _load_float_buffers(model, ((w / w.sum()) @ stacked).float())
+            n_agg += len(mine)
+            sq += float(torch.sum(update.double() ** 2))
+        unknown = {r.arch for r in results} - set(self.models)
+        if unknown:
+            raise ValueError(f"uploads for unknown architectures {sorted(unknown)}")
+
+        # 2. teacher, 3. distillation of every architecture
+        teacher = self.build_teacher(results, bases)
+        teacher_probe = teacher[self.probe_idx]
+        for arch in self.arch_order:
+            sfx = self._sfx(arch)
+            out[f"distill_kl0{sfx}"] = self.probe_kl(arch, teacher_probe)
+            out[f"distill_loss{sfx}"] = self.distill(arch, teacher, round)
+            out[f"distill_kl{sfx}"] = self.probe_kl(arch, teacher_probe)
+        self.teacher_probe = teacher_probe
+
+        # 4. rollback guard
+        loss = self.global_probe_loss()
+        before = self.ref_loss
+        threshold = (1.0 + p.gamma) * before if p.gamma is not None else math.inf
+        spike = p.gamma is not None and math.isfinite(before) and not (loss <= threshold)  # NaN is a spike
+        capped = (
+            spike and math.isfinite(loss) and p.max_consecutive_rollbacks is not None
+            and self.consecutive_rollbacks >= p.max_consecutive_rollbacks
+        )
+        if capped:  # too many in a row: the guard would freeze training; accept this round
+            spike = False
+        if spike:
+            self.consecutive_rollbacks += 1
+            for a, m in self.models.items():
+                load_flat_state(m, snapshot[a])
+            self.teacher_probe = prev_teacher
+            self.rolled_back.append(round)
+            self.forced_until = round + p.forced_rounds
+            self._rows.append({
+                "round": round, "loss_before": before, "loss_after": loss, "threshold": threshold,
+                "forced_until": self.forced_until, "num_discarded": len(results), "loss_kind": p.rollback_loss,
+            })
+        else:
+            self.ref_loss = loss
+            self.consecutive_rollbacks = 0
+        out.update(
+            rollback=int(spike), rollback_capped=int(capped), probe_loss=loss, forced_until=self.forced_until,
+            num_aggregated=n_agg, update_norm=sq**0.5,
+        )
+        return out
+
+    def drain_tables(self) -> dict[str, list[dict[str, Any]]]:
+        rows, self._rows = self._rows, []
+        return {"rollbacks": rows} if rows else {}
+
+
+SPEC = AlgorithmSpec(
+    "ascend",
+    AscendParams,
+    AscendClient,
+    AscendServer,
+    "ASCEND: per-client bandit choice of compressor in federated knowledge distillation, with rollback",
+)
+
+__all__ = [
+    "SPEC",
+    "STRATEGIES",
+    "AscendClient",
+    "AscendParams",
+    "AscendServer",
+    "ascend_reward",
+    "kl_teacher_student",
+    "policy_values",
+    "relative_decrease",
+    "simulated_seconds",
+]
