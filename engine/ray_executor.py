@@ -114,8 +114,11 @@ def _rss_bytes() -> int:
 
 
 class RayExecutor(Executor):
-    def __init__(self, cfg: ExperimentConfig):
+    def __init__(self, cfg: ExperimentConfig, placement_group=None):
+        """With ``placement_group`` (e.g. a Tune trial's), actor ``i`` goes to bundle ``i + 1``;
+        bundle 0 is the caller's own."""
         self.cfg = cfg
+        self.placement_group = placement_group
         self.startup_timeout_s = cfg.executor.startup_timeout_s
         self.actors: list = []
         self.num_actors = 0
@@ -123,13 +126,28 @@ class RayExecutor(Executor):
     def start(self, setup: HostSetup) -> None:
         ray = init_ray(self.cfg.ray.address, self.cfg.ray.num_cpus)
         ex = self.cfg.executor
-        cpus = ray.available_resources().get("CPU", 0.0)
         n = setup.data.num_clients
-        self.num_actors = plan_pool(n, cpus, ex.cpus_per_actor, ex.num_actors, ex.clients_per_actor)
         threads = ex.threads_per_actor or max(1, int(ex.cpus_per_actor))
+        if self.placement_group is None:
+            cpus = ray.available_resources().get("CPU", 0.0)
+            self.num_actors = plan_pool(n, cpus, ex.cpus_per_actor, ex.num_actors, ex.clients_per_actor)
+            options = [{}] * self.num_actors
+        else:
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            bundles = len(self.placement_group.bundle_specs) - 1
+            self.num_actors = max(1, min(bundles, n))
+            options = [
+                {"scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    self.placement_group, placement_group_bundle_index=i + 1)}
+                for i in range(self.num_actors)
+            ]
         setup_ref = ray.put(setup)
-        actor_cls = _client_actor_class().options(num_cpus=ex.cpus_per_actor)
-        self.actors = [actor_cls.remote(setup_ref, threads) for _ in range(self.num_actors)]
+        actor_cls = _client_actor_class()
+        self.actors = [
+            actor_cls.options(num_cpus=ex.cpus_per_actor, **opt).remote(setup_ref, threads)
+            for opt in options
+        ]
         self._wait_ready()
 
     def _wait_ready(self) -> None:
@@ -203,7 +221,10 @@ class RayExecutor(Executor):
 
     def describe(self) -> dict:
         ex = self.cfg.executor
-        return {"kind": "ray", "actors": self.num_actors, "cpus_per_actor": ex.cpus_per_actor}
+        out = {"kind": "ray", "actors": self.num_actors, "cpus_per_actor": ex.cpus_per_actor}
+        if self.placement_group is not None:
+            out["placement_group"] = self.placement_group.id.hex()
+        return out
 
     # --- introspection used by benchmarks
     def state_nbytes(self) -> int:

@@ -83,8 +83,12 @@ def execute_run(
     path: Path,
     callbacks: list[Callable[[RoundRecord], None]] | None,
     command: list[str],
+    executor=None,
 ) -> Path:
-    """The body of a run, in whichever process hosts the round loop."""
+    """The body of a run, in whichever process hosts the round loop.
+
+    ``executor`` defaults to the one ``cfg.executor`` names (see :func:`make_executor`).
+    """
     path = Path(path)
     writer = RunWriter(path)
     dump_config(cfg, path / "config.yaml")
@@ -109,7 +113,8 @@ def execute_run(
             writer.append(name, rows)
 
     try:
-        sim = Simulation(cfg, make_executor(cfg), callbacks=[record, *(callbacks or [])])
+        executor = executor if executor is not None else make_executor(cfg)
+        sim = Simulation(cfg, executor, callbacks=[record, *(callbacks or [])])
         writer.write_table("profiles", sim.profiles.to_frame())
         sim.start()
         manifest["executor"] = sim.executor.describe()

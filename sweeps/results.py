@@ -1,0 +1,261 @@
+"""A sweep's results in Parquet: ``trials.parquet`` (one row per trial) and ``rounds.parquet``.
+
+Layout of a sweep folder (``storage``)::
+
+    <storage>/sweep.yaml            the resolved spec (base experiment inlined): what resume rebuilds from
+    <storage>/trials.parquet        one row per trial: hyperparameters, status, final/best metrics
+    <storage>/rounds.parquet        every trial's rounds.parquet rows + trial_id + hyperparameters
+    <storage>/runs/<trial_id>/      each trial's own run folder (engine.results.load_run reads it)
+    <storage>/tune/                 Ray Tune's experiment state (used by --resume)
+
+Hyperparameter columns are named by the last component of their dotted key (``train.lr`` ->
+``lr``) unless two keys share it (then the full dotted key); ``Sweep.param_columns`` maps keys
+to columns.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from engine.results import ROUND_COLUMNS, read_table
+
+SWEEP_FILE = "sweep.yaml"
+TRIALS_FILE = "trials.parquet"
+ROUNDS_FILE = "rounds.parquet"
+RUNS_DIR = "runs"
+TUNE_DIR = "tune"
+
+# Summarised per trial as final_<m> (last evaluated value) and best_<m>.
+SUMMARY_METRICS = ("global_acc", "global_loss", "pers_acc", "pers_acc_weighted",
+                   "pers_acc_worst", "pers_loss", "train_loss")
+STATUSES = ("finished", "error", "early_stopped", "unfinished")
+
+
+@dataclass
+class TrialState:
+    """What Tune knows about one trial (None where Tune was not asked)."""
+
+    trial_id: str
+    params: dict[str, Any]
+    tune_status: str | None = None  # TERMINATED, ERROR, PENDING, RUNNING, PAUSED
+    error: str | None = None
+    tune_rounds: pd.DataFrame | None = None  # reported rows: used when the run folder is unreachable
+
+
+@dataclass
+class Sweep:
+    """A sweep folder loaded into pandas."""
+
+    path: Path
+    trials: pd.DataFrame
+    rounds: pd.DataFrame
+    spec: dict[str, Any]
+    param_columns: dict[str, str] = field(default_factory=dict)
+    num_trials: int | None = None  # planned: grid points x num_samples
+
+    @property
+    def complete(self) -> bool:
+        """Every planned trial has ended (finished, early-stopped or errored)."""
+        ended = (self.trials["status"] != "unfinished").sum() if len(self.trials) else 0
+        return ended >= (self.num_trials or len(self.trials) or 1)
+
+    @property
+    def metric(self) -> str:
+        return self.spec.get("metric", "global_acc")
+
+    @property
+    def mode(self) -> str:
+        return self.spec.get("mode", "max")
+
+    def best(self, n: int = 1) -> pd.DataFrame:
+        """The ``n`` best trials by ``best_<metric>`` (the spec's metric and mode)."""
+        col = f"best_{self.metric}"
+        ok = self.trials[self.trials["status"] != "error"]
+        return ok.sort_values(col, ascending=self.mode == "min", na_position="last").head(n)
+
+    def run(self, trial_id: str):
+        """One trial's run folder as :class:`engine.results.Run`."""
+        from engine.results import load_run
+
+        return load_run(self.path / RUNS_DIR / trial_id)
+
+
+def _best_fn(metric: str, spec_metric: str, spec_mode: str):
+    mode = spec_mode if metric == spec_metric else ("min" if "loss" in metric else "max")
+    return (lambda s: s.min()) if mode == "min" else (lambda s: s.max())
+
+
+def _normalize_params(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """One dtype per hyperparameter column: numbers, booleans, or strings when mixed."""
+    for col in columns:
+        values = list(df[col])
+        present = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+        if all(isinstance(v, bool) for v in present):
+            continue
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present):
+            df[col] = pd.to_numeric(pd.Series(values, index=df.index, dtype=object))
+            continue
+        if all(isinstance(v, str) for v in present):
+            continue
+        df[col] = [v if isinstance(v, str) or v is None else json.dumps(v) for v in values]
+    return df
+
+
+def _trial_status(tune_status: str | None, info_status: str | None, rounds_done: int, rounds: int,
+                  scheduler: str) -> str:
+    if tune_status is not None:
+        if tune_status == "ERROR":
+            return "error"
+        if tune_status == "TERMINATED":
+            return "finished" if rounds_done >= rounds else "early_stopped"
+        return "unfinished"
+    # No Tune state (a folder read while the sweep runs or after a crash): the trial's own record.
+    if info_status == "finished":
+        return "finished"
+    if info_status == "error":
+        return "error"
+    if info_status == "stopped" and scheduler == "asha":
+        return "early_stopped"
+    return "unfinished"
+
+
+def _planned_rounds(spec: dict[str, Any], params: dict[str, Any]) -> int:
+    from engine.config import apply_overrides, load_config
+
+    try:
+        return load_config(apply_overrides(spec.get("base") or {}, dict(params))).rounds
+    except Exception:
+        return int(params.get("rounds", (spec.get("base") or {}).get("rounds", 20)))
+
+
+def summarize_trial(
+    storage: Path,
+    state: TrialState,
+    sweep: dict[str, Any],
+) -> tuple[dict[str, Any], pd.DataFrame]:
+    """One trials.parquet row (without hyperparameters) and the trial's rounds."""
+    spec = sweep["spec"]
+    rounds_total = _planned_rounds(spec, state.params)
+    run_dir = storage / RUNS_DIR / state.trial_id
+    info, manifest = {}, {}
+    if (run_dir / "trial.json").exists():
+        info = json.loads((run_dir / "trial.json").read_text())
+    if (run_dir / "manifest.json").exists():
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+    config_path = run_dir / "config.yaml"
+    if config_path.exists():
+        rounds_total = int((yaml.safe_load(config_path.read_text()) or {}).get("rounds", rounds_total))
+    rounds = read_table(run_dir, "rounds") if run_dir.exists() else None
+    if rounds is None:
+        rounds = state.tune_rounds if state.tune_rounds is not None else pd.DataFrame()
+    rounds = rounds.reset_index(drop=True)
+    n = len(rounds)
+    status = _trial_status(state.tune_status, info.get("status"), n, rounds_total,
+                           spec.get("scheduler", {}).get("name", "fifo"))
+    error = None
+    if status == "error":
+        error = info.get("error") or manifest.get("error") or state.error or "unknown error"
+    metric, mode = spec.get("metric", "global_acc"), spec.get("mode", "max")
+    row: dict[str, Any] = {"trial_id": state.trial_id, "status": status, "rounds_done": n}
+    metrics = list(SUMMARY_METRICS)
+    extra = [metric] + sorted(c for c in rounds.columns if c.startswith("global_acc_"))
+    metrics += [m for m in extra if m not in metrics]
+    for m in metrics:
+        s = pd.to_numeric(rounds[m], errors="coerce").dropna() if m in rounds.columns else pd.Series(dtype=float)
+        row[f"final_{m}"] = float(s.iloc[-1]) if len(s) else math.nan
+        row[f"best_{m}"] = float(_best_fn(m, metric, mode)(s)) if len(s) else math.nan
+    row["total_sim_time_s"] = float(rounds["sim_time_s"].iloc[-1]) if n and "sim_time_s" in rounds else math.nan
+    row["total_bytes_up"] = int(rounds["bytes_up"].sum()) if n and "bytes_up" in rounds else 0
+    row["total_bytes_down"] = int(rounds["bytes_down"].sum()) if n and "bytes_down" in rounds else 0
+    wall = manifest.get("wall_s")
+    row["wall_s"] = float(wall) if wall is not None else (float(rounds["wall_s"].sum()) if n and "wall_s" in rounds else math.nan)
+    row["node_id"] = info.get("node_id", "")
+    row["error"] = error or ""
+    row["run_dir"] = f"{RUNS_DIR}/{state.trial_id}"
+    return row, rounds
+
+
+def collect(storage: Path, sweep: dict[str, Any], states: list[TrialState]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Build trials.parquet and rounds.parquet frames from the trials' run folders."""
+    param_columns: dict[str, str] = sweep["param_columns"]
+    cols = list(param_columns.values())
+    trial_rows, round_frames = [], []
+    for state in sorted(states, key=lambda s: s.trial_id):
+        row, rounds = summarize_trial(storage, state, sweep)
+        params = {param_columns[k]: state.params.get(k) for k in param_columns}
+        trial_rows.append({"trial_id": row.pop("trial_id"), **params, **row})
+        if len(rounds):
+            round_frames.append(rounds.assign(trial_id=state.trial_id))
+    trials = pd.DataFrame(trial_rows)
+    if trials.empty:
+        trials = pd.DataFrame(columns=["trial_id", *cols, "status", "rounds_done", "error", "run_dir"])
+    trials = _normalize_params(trials, cols)
+    if round_frames:
+        rounds = pd.concat(round_frames, ignore_index=True)
+        rounds = rounds.merge(trials[["trial_id", *cols]], on="trial_id", how="left")
+        lead = ["trial_id", *cols]
+        rounds = rounds[lead + [c for c in rounds.columns if c not in lead]]
+    else:
+        rounds = pd.DataFrame({c: pd.Series(dtype=trials[c].dtype) for c in ["trial_id", *cols]})
+    return trials, rounds
+
+
+def write(storage: Path, trials: pd.DataFrame, rounds: pd.DataFrame) -> None:
+    from engine.results import _write_parquet_atomic
+
+    _write_parquet_atomic(trials, storage / TRIALS_FILE)
+    _write_parquet_atomic(rounds, storage / ROUNDS_FILE)
+
+
+def read_sweep_file(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    sweep_file = path / SWEEP_FILE
+    if not sweep_file.is_file():
+        raise FileNotFoundError(f"{path} is not a sweep folder (no {SWEEP_FILE})")
+    return yaml.safe_load(sweep_file.read_text())
+
+
+def states_from_folders(storage: Path) -> list[TrialState]:
+    """Trials known from their run folders alone (no Tune state)."""
+    states = []
+    runs = storage / RUNS_DIR
+    for run_dir in sorted(p for p in runs.iterdir() if p.is_dir()) if runs.exists() else []:
+        info_path = run_dir / "trial.json"
+        info = json.loads(info_path.read_text()) if info_path.exists() else {}
+        states.append(TrialState(run_dir.name, info.get("params", {})))
+    return states
+
+
+def load_sweep(path: str | Path, refresh: bool = False) -> Sweep:
+    """Load a sweep folder: ``Sweep(trials, rounds, spec)``.
+
+    ``trials.parquet``/``rounds.parquet`` are written when a sweep (or a resume) ends. For a
+    folder without them (a sweep still running, or killed) or with ``refresh=True`` the frames
+    are rebuilt from the trials' run folders, with the status each trial recorded itself.
+    """
+    path = Path(path)
+    if path.is_file() and path.name in (TRIALS_FILE, ROUNDS_FILE, SWEEP_FILE):
+        path = path.parent
+    sweep = read_sweep_file(path)
+    if refresh or not (path / TRIALS_FILE).exists():
+        trials, rounds = collect(path, sweep, states_from_folders(path))
+    else:
+        trials = pd.read_parquet(path / TRIALS_FILE)
+        rounds = pd.read_parquet(path / ROUNDS_FILE) if (path / ROUNDS_FILE).exists() else pd.DataFrame()
+    return Sweep(path=path, trials=trials, rounds=rounds, spec=sweep["spec"],
+                 param_columns=dict(sweep["param_columns"]), num_trials=sweep.get("num_trials"))
+
+
+def tune_rounds_frame(metrics_df: pd.DataFrame | None) -> pd.DataFrame | None:
+    """The rounds.parquet columns of a trial's Tune results (fallback for unreachable run folders)."""
+    if metrics_df is None or metrics_df.empty or "round" not in metrics_df:
+        return None
+    keep = [c for c in metrics_df.columns
+            if c in ROUND_COLUMNS or c.startswith(("server_", "global_acc_", "global_loss_"))]
+    return metrics_df[keep].reset_index(drop=True)

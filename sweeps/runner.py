@@ -1,0 +1,374 @@
+"""Run, resume and report a sweep with Ray Tune.
+
+``run_sweep(spec)`` validates the spec (no Ray before that), writes ``<storage>/sweep.yaml``,
+starts or joins Ray, runs one Tune trial per configuration (:func:`sweeps.trainable.hetsim_trial`)
+and writes ``trials.parquet`` and ``rounds.parquet``. ``resume_sweep(storage)`` rebuilds the
+trainable from ``sweep.yaml`` and continues with ``Tuner.restore``: finished trials are not
+rerun, unfinished ones restart from scratch (a trial is one simulation, without checkpoints),
+errored ones are kept as errors unless ``retry_errored``.
+
+Quiet by default: Tune runs with ``verbose=0`` and ``RAY_AIR_NEW_OUTPUT=0`` (no tables), its
+per-trial error logs are muted (errors land in ``trials.parquet``), and one tqdm bar over trials
+shows the best metric so far.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+QUIET_TUNE_ENV = {"RAY_AIR_NEW_OUTPUT": "0"}  # with verbose=0: no progress tables
+for _key, _value in QUIET_TUNE_ENV.items():  # before ray.tune is imported
+    os.environ.setdefault(_key, _value)
+
+from ray.tune import Callback  # noqa: E402
+
+from sweeps.results import (SWEEP_FILE, TUNE_DIR, Sweep, TrialState, collect,  # noqa: E402
+                            load_sweep, read_sweep_file, tune_rounds_frame, write)
+from sweeps.spec import ResolvedSweep, SweepSpecError, resolve  # noqa: E402
+# Never set TUNE_DISABLE_AUTO_CALLBACK_LOGGERS: without the default loggers
+# ResultGrid.get_dataframe() breaks (measured with ray 2.60).
+# Tune's per-trial error tracebacks, "Trials did not complete" and the like: the errors land in
+# trials.parquet instead. A trial that cannot be scheduled is still reported.
+MUTED_LOGGERS = ("ray.tune",)
+KEPT_LOGGERS = ("ray.tune.execution.insufficient_resources_manager",)
+
+# ---------------------------------------------------------------- callbacks
+# Tune pickles its RunConfig (callbacks included) into the experiment folder and restores it on
+# resume. The RunConfig therefore holds one stateless dispatcher; the live callbacks of the
+# current fit (progress bar, caller's callbacks) sit in this process-wide list.
+_ACTIVE: list[Any] = []
+
+
+class SweepCallbacks(Callback):
+    """Forwards Tune's callback hooks to the callbacks of the fit in progress."""
+
+    def _each(self, name: str, **info) -> None:
+        for cb in list(_ACTIVE):
+            fn = getattr(cb, name, None)
+            if fn is not None:
+                fn(**info)
+
+    def on_step_begin(self, iteration, trials, **info):
+        self._each("on_step_begin", iteration=iteration, trials=trials, **info)
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self._each("on_trial_start", iteration=iteration, trials=trials, trial=trial, **info)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        self._each("on_trial_result", iteration=iteration, trials=trials, trial=trial,
+                   result=result, **info)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self._each("on_trial_complete", iteration=iteration, trials=trials, trial=trial, **info)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self._each("on_trial_error", iteration=iteration, trials=trials, trial=trial, **info)
+
+    def on_experiment_end(self, trials, **info):
+        self._each("on_experiment_end", trials=trials, **info)
+
+
+class SweepProgress:
+    """One tqdm bar over trials: finished/errored count and the best metric so far."""
+
+    def __init__(self, total: int | None, metric: str, mode: str, desc: str):
+        from tqdm import tqdm
+
+        self.metric, self.mode = metric, mode
+        self.bar = tqdm(total=total, unit="trial", desc=desc, dynamic_ncols=True, file=sys.stderr)
+        self.done: set[str] = set()
+        self.errors = 0
+        self.best = math.nan
+        self._primed = False
+
+    def _offer(self, value: Any) -> None:
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            return
+        if math.isnan(v):
+            return
+        if math.isnan(self.best) or (v > self.best if self.mode == "max" else v < self.best):
+            self.best = v
+
+    def _refresh(self) -> None:
+        post = {f"best {self.metric}": "n/a" if math.isnan(self.best) else f"{self.best:.4g}"}
+        if self.errors:
+            post["errors"] = str(self.errors)
+        self.bar.set_postfix(post, refresh=False)
+        self.bar.n = len(self.done)
+        self.bar.refresh()
+
+    def on_step_begin(self, iteration, trials, **info):
+        if self._primed:
+            return
+        self._primed = True  # a resumed sweep: count what finished before
+        for t in trials:
+            if t.status in ("TERMINATED", "ERROR"):
+                self.done.add(t.trial_id)
+                self.errors += t.status == "ERROR"
+                stats = (getattr(t, "metric_analysis", None) or {}).get(self.metric, {})
+                self._offer(stats.get(self.mode))
+        self._refresh()
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        before = self.best
+        self._offer(result.get(self.metric))
+        if self.best != before:
+            self._refresh()
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self.done.add(trial.trial_id)
+        self._refresh()
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self.done.add(trial.trial_id)
+        self.errors += 1
+        self._refresh()
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+@contextmanager
+def _quiet_tune():
+    saved = {name: logging.getLogger(name).level for name in (*MUTED_LOGGERS, *KEPT_LOGGERS)}
+    for name in MUTED_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    for name in KEPT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
+
+
+# ---------------------------------------------------------------- building the Tuner
+
+
+def _init_ray(resolved: ResolvedSweep):
+    for key, value in QUIET_TUNE_ENV.items():
+        os.environ.setdefault(key, value)
+    from engine.ray_executor import init_ray
+
+    return init_ray(resolved.spec.ray.address, resolved.spec.ray.num_cpus)
+
+
+def _check_fits(ray, resolved: ResolvedSweep) -> None:
+    """A trial that cannot fit the cluster would wait forever in Tune: refuse it up front."""
+    from sweeps.trainable import trial_resources
+
+    need = sum(b.get("CPU", 0.0) for b in trial_resources(resolved).bundles)
+    have = ray.cluster_resources().get("CPU", 0.0)
+    if need > have + 1e-9:
+        raise SweepSpecError(
+            f"invalid sweep spec:\n  resources_per_trial: one trial needs {need:g} CPUs but the Ray "
+            f"cluster has {have:g}; lower resources_per_trial.cpus (or executor.num_actors x "
+            "executor.cpus_per_actor of the base experiment)")
+
+
+def _trainable(resolved: ResolvedSweep):
+    from ray import tune
+
+    from sweeps.trainable import hetsim_trial, trial_resources
+
+    bound = tune.with_parameters(hetsim_trial, sweep=resolved.to_dict())
+    return tune.with_resources(bound, trial_resources(resolved))
+
+
+def _scheduler(resolved: ResolvedSweep):
+    s = resolved.spec.scheduler
+    if s.name != "asha":
+        return None
+    from ray.tune.schedulers import ASHAScheduler
+
+    return ASHAScheduler(
+        time_attr="rounds_done",
+        metric=s.metric or resolved.spec.metric,
+        mode=s.mode or resolved.spec.mode,
+        max_t=s.max_t or resolved.rounds,
+        grace_period=s.grace_period,
+        reduction_factor=s.reduction_factor,
+    )
+
+
+def _new_tuner(resolved: ResolvedSweep):
+    from ray import tune
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    from sweeps.space import tune_param_space
+    from sweeps.trainable import trial_dirname
+
+    spec = resolved.spec
+    return tune.Tuner(
+        _trainable(resolved),
+        param_space=tune_param_space(spec.space),
+        tune_config=tune.TuneConfig(
+            num_samples=spec.num_samples,
+            scheduler=_scheduler(resolved),
+            # max_concurrent goes to the generator: Tune ignores TuneConfig.max_concurrent_trials
+            # when a BasicVariantGenerator is passed (measured with ray 2.60)
+            search_alg=BasicVariantGenerator(random_state=spec.search_seed,
+                                             max_concurrent=spec.max_concurrent_trials or 0),
+            reuse_actors=True,
+            trial_dirname_creator=trial_dirname,
+        ),
+        run_config=tune.RunConfig(
+            name=TUNE_DIR,
+            storage_path=str(resolved.storage),
+            verbose=0,
+            failure_config=tune.FailureConfig(max_failures=0),
+            callbacks=[SweepCallbacks()],
+        ),
+    )
+
+
+def _fit(tuner, resolved: ResolvedSweep, quiet: bool, callbacks: Iterable[Any]) -> Sweep:
+    progress = None
+    if not quiet:
+        progress = SweepProgress(resolved.num_trials, resolved.spec.metric, resolved.spec.mode,
+                                 resolved.name)
+    _ACTIVE[:] = [*([progress] if progress else []), *callbacks]
+    try:
+        with _quiet_tune():
+            grid = tuner.fit()
+            states = _states(grid, resolved.storage / TUNE_DIR)
+    finally:
+        _ACTIVE.clear()
+        if progress:
+            progress.close()
+    trials, rounds = collect(resolved.storage, read_sweep_file(resolved.storage), states)
+    write(resolved.storage, trials, rounds)
+    return load_sweep(resolved.storage)
+
+
+def _saved_statuses(tune_dir: Path) -> dict[str, str]:
+    """Trial statuses as saved in Tune's experiment state: what a resume will act on.
+
+    (After an interruption Tune's in-memory trials all read TERMINATED; the saved state keeps
+    the unfinished ones PENDING.)
+    """
+    from ray.tune import ExperimentAnalysis
+
+    return {t.trial_id: t.status for t in ExperimentAnalysis(str(tune_dir)).trials}
+
+
+def _states(grid, tune_dir: Path) -> list[TrialState]:
+    from sweeps.space import plain
+    from sweeps.trainable import error_text
+
+    saved = _saved_statuses(tune_dir)
+    analysis = grid._experiment_analysis  # Tune's trials, in the order of the ResultGrid
+    states = []
+    for trial, result in zip(analysis.trials, grid):
+        err = None
+        if result.error is not None:
+            cause = getattr(result.error, "cause", None)
+            err = error_text(cause) if isinstance(cause, BaseException) else str(result.error).strip().splitlines()[-1]
+        try:
+            metrics_df = result.metrics_dataframe
+        except Exception:
+            metrics_df = None
+        states.append(TrialState(
+            trial_id=trial.trial_id,
+            params={k: plain(v) for k, v in (trial.config or {}).items()},
+            tune_status=saved.get(trial.trial_id, trial.status),
+            error=err,
+            tune_rounds=tune_rounds_frame(metrics_df),
+        ))
+    return states
+
+
+# ---------------------------------------------------------------- public API
+
+
+def run_sweep(
+    source: str | Path | dict[str, Any],
+    *,
+    storage: str | Path | None = None,
+    address: str | None = None,
+    quiet: bool = False,
+    callbacks: Iterable[Any] = (),
+    command: list[str] | None = None,
+) -> Sweep:
+    """Validate ``source`` (a spec file or mapping), run it, return the loaded :class:`Sweep`.
+
+    ``callbacks`` are extra Ray Tune callbacks (objects with ``on_trial_result`` etc.).
+    """
+    resolved = resolve(source, storage=storage, address=address,
+                       command=command if command is not None else list(sys.argv))
+    if (resolved.storage / SWEEP_FILE).exists():
+        raise FileExistsError(
+            f"sweep folder {resolved.storage} already exists; continue it with "
+            f"`hetsim sweep --resume {resolved.storage}` or choose another storage")
+    ray = _init_ray(resolved)
+    _check_fits(ray, resolved)
+    resolved.storage.mkdir(parents=True, exist_ok=True)
+    (resolved.storage / SWEEP_FILE).write_text(yaml.safe_dump(resolved.to_dict(), sort_keys=False))
+    return _fit(_new_tuner(resolved), resolved, quiet, callbacks)
+
+
+def resume_sweep(
+    path: str | Path,
+    *,
+    address: str | None = None,
+    quiet: bool = False,
+    callbacks: Iterable[Any] = (),
+    retry_errored: bool = False,
+) -> Sweep:
+    """Continue an interrupted sweep: finished trials are kept, unfinished ones rerun."""
+    from ray import tune
+
+    storage = Path(path).expanduser().resolve()
+    resolved = ResolvedSweep.from_dict(read_sweep_file(storage), storage=storage)
+    if address is not None:
+        resolved.spec.ray.address = address
+    tune_dir = storage / TUNE_DIR
+    ray = _init_ray(resolved)
+    if not tune.Tuner.can_restore(str(tune_dir)):
+        raise FileNotFoundError(f"{storage} has no Tune state to resume ({tune_dir}/tuner.pkl missing)")
+    _check_fits(ray, resolved)
+    with _quiet_tune():
+        tuner = tune.Tuner.restore(
+            str(tune_dir),
+            trainable=_trainable(resolved),
+            resume_unfinished=True,
+            resume_errored=False,
+            restart_errored=retry_errored,
+        )
+    return _fit(tuner, resolved, quiet, callbacks)
+
+
+def is_complete(sweep: Sweep) -> bool:
+    return sweep.complete
+
+
+def summary_table(sweep: Sweep, top: int = 10) -> str:
+    """Trials by status, then the best ``top`` trials by ``best_<metric>``."""
+    t = sweep.trials
+    if t.empty:
+        return f"{sweep.path}: no trials"
+    counts = t["status"].value_counts()
+    head = "trials: " + ", ".join(f"{counts[s]} {s}" for s in
+                                  ("finished", "early_stopped", "error", "unfinished") if s in counts)
+    metric = sweep.metric
+    cols = ["trial_id", *sweep.param_columns.values(), "status", "rounds_done",
+            f"final_{metric}", f"best_{metric}", "total_sim_time_s"]
+    cols = [c for c in cols if c in t.columns]
+    best = sweep.best(top)[cols]
+    lines = [head, f"best {min(top, len(best))} by best_{metric} ({sweep.mode}):",
+             best.to_string(index=False, float_format=lambda v: f"{v:.4g}")]
+    errors = t[t["status"] == "error"]
+    for _, row in errors.head(5).iterrows():
+        lines.append(f"error {row['trial_id']}: {row['error']}")
+    if len(errors) > 5:
+        lines.append(f"... {len(errors) - 5} more errors in trials.parquet")
+    return "\n".join(lines)

@@ -1,0 +1,41 @@
+"""The search space of a spec as a Ray Tune ``param_space``.
+
+Keys stay dotted (``"train.lr"``); a trial's config is ``{dotted key: value}`` and is applied to
+the base experiment with :func:`engine.config.apply_overrides`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+def tune_param_space(space: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``{"train.lr": {"loguniform": [1e-3, 0.1]}}`` -> ``{"train.lr": tune.loguniform(1e-3, 0.1)}``."""
+    from ray import tune
+
+    out: dict[str, Any] = {}
+    for key, dist in space.items():
+        (kind, args), = dist.items()
+        if kind == "grid":
+            out[key] = tune.grid_search(list(args))
+        elif kind == "choice":
+            out[key] = tune.choice(list(args))
+        elif kind == "uniform":
+            out[key] = tune.uniform(*args)
+        elif kind == "loguniform":
+            out[key] = tune.loguniform(*args)
+        elif kind == "randint":
+            out[key] = tune.randint(*args)  # high exclusive
+        else:  # the spec validator only lets the kinds above through
+            raise ValueError(f"unknown distribution {kind!r} for {key}")
+    return out
+
+
+def plain(value: Any) -> Any:
+    """A sampled value as a plain Python scalar (Tune may hand out numpy scalars)."""
+    item = getattr(value, "item", None)
+    if callable(item) and not isinstance(value, (list, dict, str)):
+        try:
+            return item()
+        except (TypeError, ValueError):
+            return value
+    return value

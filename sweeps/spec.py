@@ -1,0 +1,409 @@
+"""Sweep specs: a base experiment plus a search space over dotted config keys.
+
+A spec is one YAML file (or a mapping)::
+
+    name: fedprox-lr-mu
+    base: exp.yaml                 # or an inline mapping; omitted: the built-in default experiment
+    overrides: [rounds=10]         # optional `key=value` items applied to the base
+    space:
+      train.lr: {loguniform: [1.0e-3, 1.0e-1]}
+      algorithm.mu: {grid: [0.0, 0.01, 0.1]}
+    num_samples: 4                 # samples of the random dimensions (x the grid)
+    metric: global_acc             # rank trials by this rounds.parquet column ...
+    mode: max                      # ... maximised (or `min`)
+    scheduler: {name: asha, grace_period: 2, reduction_factor: 2}
+    max_concurrent_trials: 2
+    resources_per_trial: {cpus: 1}
+    storage: sweeps_out/fedprox-lr-mu
+    ray: {address: null}
+
+Everything is checked before anything starts. The spec itself is a pydantic model with
+``extra='forbid'``; every value of the space (each grid/choice value, the bounds of a range) is
+substituted into the base experiment and validated exactly like ``hetsim run`` validates a
+config, so an unknown key or a value the field would reject is a :class:`SweepSpecError` that
+names the field, the value and what is allowed.
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from engine.config import DEFAULT_CONFIG, ConfigError, ExperimentConfig, apply_overrides, load_config
+from engine.results import ROUND_COLUMNS
+
+DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "randint")
+# Columns a sweep's metric may name: every rounds.parquet column, plus the method's
+# `server_*` metrics and the per-architecture `global_acc_<arch>` of heterogeneous models.
+METRIC_PREFIXES = ("server_", "global_acc_", "global_loss_")
+# Keys the sweep itself owns: where trials write, how they reach Ray, what a trial reserves.
+RESERVED_KEYS = ("output", "ray", "executor.kind", "executor.num_actors",
+                 "executor.cpus_per_actor", "executor.clients_per_actor")
+# trials.parquet columns besides the hyperparameters (a hyperparameter never takes these names)
+TRIAL_COLUMNS = ("trial_id", "status", "error", "rounds_done", "total_sim_time_s",
+                 "total_bytes_up", "total_bytes_down", "wall_s", "node_id", "run_dir")
+
+# YAML 1.1 (PyYAML) reads `1e-3` as a string; numbers written that way are meant as floats.
+_FLOAT_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+
+class SweepSpecError(ConfigError):
+    """An invalid sweep spec (a ``ValueError``); the message names field, value and what is allowed."""
+
+
+def _num(v: Any) -> Any:
+    if isinstance(v, str) and _FLOAT_RE.match(v.strip()):
+        f = float(v)
+        return int(f) if f.is_integer() and not re.search(r"[.eE]", v) else f
+    return v
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SchedulerSpec(_Model):
+    name: Literal["fifo", "asha"] = "fifo"
+    metric: str | None = Field(None, description="ASHA's metric; default: the sweep's metric")
+    mode: Literal["max", "min"] | None = Field(None, description="default: the sweep's mode")
+    grace_period: int = Field(1, ge=1, description="rounds before a trial may be stopped")
+    reduction_factor: float = Field(2.0, gt=1)
+    max_t: int | None = Field(None, ge=1, description="default: the experiment's rounds")
+
+
+class ResourcesSpec(_Model):
+    cpus: float | None = Field(
+        None, gt=0, description="CPUs of one trial; default 1 (in-process), 0.01 (Ray executor)")
+    gpus: float = Field(0.0, ge=0)
+
+
+class RaySpec(_Model):
+    address: str | None = Field(None, description="existing cluster; None starts a local Ray")
+    num_cpus: int | None = Field(None, ge=1, description="CPUs of a local Ray")
+
+
+class SweepSpec(_Model):
+    name: str | None = Field(None, description="default: the spec file's name")
+    base: str | dict[str, Any] | None = Field(
+        None, description="experiment YAML path (relative to the spec) or inline mapping")
+    overrides: list[str] = Field(default_factory=list, description="key=value items on the base")
+    space: dict[str, dict[str, Any]] = Field(..., description="dotted config key -> distribution")
+    num_samples: int = Field(1, ge=1)
+    metric: str = "global_acc"
+    mode: Literal["max", "min"] = "max"
+    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
+    max_concurrent_trials: int | None = Field(None, ge=1)
+    resources_per_trial: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    storage: str | None = Field(None, description="output folder; default sweeps_out/<name>")
+    search_seed: int | None = Field(0, ge=0, description="seed of the random sampling (None: fresh)")
+    ray: RaySpec = Field(default_factory=RaySpec)
+
+    @field_validator("scheduler", mode="before")
+    @classmethod
+    def _scheduler_shorthand(cls, v: Any) -> Any:
+        return {"name": v} if isinstance(v, str) else v
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_folder_name(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", v):
+            raise ValueError(f"name {v!r} must be a folder name (letters, digits, . _ + -)")
+        return v
+
+
+# ---------------------------------------------------------------- resolved spec
+
+
+class ResolvedSweep:
+    """A validated spec with everything a trial needs, independent of files and cwd.
+
+    ``to_dict()`` is what ``<storage>/sweep.yaml`` holds and what resume rebuilds from.
+    """
+
+    def __init__(self, spec: SweepSpec, base_raw: dict[str, Any], storage: Path,
+                 param_columns: dict[str, str], base_cfg: ExperimentConfig,
+                 num_trials: int | None, command: list[str] | None = None):
+        self.spec = spec
+        self.base_raw = base_raw  # the base mapping with the spec's overrides applied
+        self.storage = storage
+        self.param_columns = param_columns
+        self.base_cfg = base_cfg
+        self.num_trials = num_trials
+        self.command = command or []
+
+    @property
+    def name(self) -> str:
+        return self.spec.name or "sweep"
+
+    @property
+    def rounds(self) -> int:
+        return self.base_cfg.rounds
+
+    def trial_raw(self, params: dict[str, Any]) -> dict[str, Any]:
+        return apply_overrides(self.base_raw, dict(params))
+
+    def to_dict(self) -> dict[str, Any]:
+        spec = self.spec.model_dump(mode="json")
+        spec["base"] = self.base_raw
+        spec["overrides"] = []  # already applied to `base`
+        spec["storage"] = str(self.storage)
+        return {
+            "spec": spec,
+            "param_columns": self.param_columns,
+            "num_trials": self.num_trials,
+            "command": self.command,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], storage: Path | None = None) -> "ResolvedSweep":
+        spec = SweepSpec.model_validate(d["spec"])
+        storage = Path(storage if storage is not None else spec.storage).resolve()
+        spec.storage = str(storage)
+        base_raw = spec.base if isinstance(spec.base, dict) else {}
+        base_cfg = _validate_experiment(base_raw, "base")
+        return cls(spec, base_raw, storage, dict(d["param_columns"]), base_cfg,
+                   d.get("num_trials"), d.get("command"))
+
+
+# ---------------------------------------------------------------- loading and validation
+
+
+def _format_spec_errors(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = [str(p) for p in e["loc"]]
+        field = ".".join(loc) or "<root>"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            parent: Any = SweepSpec
+            for part in loc[:-1]:
+                info = getattr(parent, "model_fields", {}).get(part)
+                parent = info.annotation if info is not None else None
+            allowed = list(getattr(parent, "model_fields", {}) or {})
+            msg = "unknown key" + (f"; allowed keys: {', '.join(allowed)}" if allowed else "")
+        lines.append(f"  {field} = {e.get('input')!r}: {msg}")
+    return "invalid sweep spec:\n" + "\n".join(lines)
+
+
+def _config_problem(err: ConfigError) -> str:
+    text = str(err)
+    prefix = "invalid experiment config:\n"
+    if text.startswith(prefix):
+        text = text[len(prefix):]
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _validate_experiment(raw: dict[str, Any], where: str) -> ExperimentConfig:
+    try:
+        return load_config(raw)
+    except ConfigError as err:
+        raise SweepSpecError(f"invalid sweep spec:\n  {where}: {_config_problem(err)}") from None
+
+
+def _load_base(spec: SweepSpec, spec_dir: Path | None) -> dict[str, Any]:
+    base = spec.base
+    if base is None:
+        base = DEFAULT_CONFIG
+    if isinstance(base, (str, Path)):
+        path = Path(base).expanduser()
+        if not path.is_absolute() and spec_dir is not None:
+            path = spec_dir / path
+        if not path.is_file():
+            raise SweepSpecError(
+                f"invalid sweep spec:\n  base = {str(spec.base)!r}: experiment file {str(path)!r} does not exist")
+        raw = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(raw, dict):
+            raise SweepSpecError(f"invalid sweep spec:\n  base = {str(path)!r}: must hold a mapping")
+        return raw
+    return copy.deepcopy(base)
+
+
+def _check_distribution(key: str, dist: dict[str, Any]) -> tuple[str, Any]:
+    """Return (kind, normalised arguments) of one space entry, or raise."""
+    where = f"space.{key}"
+    if len(dist) != 1 or next(iter(dist)) not in DISTRIBUTIONS:
+        raise SweepSpecError(
+            f"invalid sweep spec:\n  {where} = {dist!r}: must be one of "
+            + ", ".join(f"{{{d}: ...}}" for d in DISTRIBUTIONS)
+            + " (grid/choice: a list of values; uniform/loguniform/randint: [low, high])")
+    kind, args = next(iter(dist.items()))
+    if kind in ("grid", "choice"):
+        if not isinstance(args, list) or not args:
+            raise SweepSpecError(
+                f"invalid sweep spec:\n  {where}.{kind} = {args!r}: must be a non-empty list of values")
+        return kind, [_num(a) for a in args]
+    if not isinstance(args, (list, tuple)) or len(args) != 2:
+        raise SweepSpecError(f"invalid sweep spec:\n  {where}.{kind} = {args!r}: must be [low, high]")
+    low, high = (_num(a) for a in args)
+    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (low, high))
+    if kind == "randint":
+        if not numbers or not all(isinstance(x, int) for x in (low, high)) or low >= high:
+            raise SweepSpecError(
+                f"invalid sweep spec:\n  {where}.randint = {args!r}: must be integers [low, high) "
+                "with low < high (high is exclusive, as in numpy and Tune)")
+        return kind, [low, high]
+    if not numbers or not all(math.isfinite(x) for x in (low, high)) or low >= high:
+        raise SweepSpecError(
+            f"invalid sweep spec:\n  {where}.{kind} = {args!r}: must be finite numbers [low, high] with low < high")
+    if kind == "loguniform" and low <= 0:
+        raise SweepSpecError(
+            f"invalid sweep spec:\n  {where}.loguniform = {args!r}: bounds must be > 0")
+    return kind, [float(low), float(high)]
+
+
+def _probe_values(kind: str, args: list[Any]) -> list[Any]:
+    """The values substituted into the base to validate a dimension."""
+    if kind in ("grid", "choice"):
+        return args
+    if kind == "randint":
+        return [args[0], args[1] - 1]
+    return args
+
+
+def _algorithm_hint(key: str, cfg: ExperimentConfig) -> str:
+    """Algorithm keys depend on the base's method: say which ones it has."""
+    parts = key.split(".")
+    if parts[0] != "algorithm" or len(parts) != 2 or parts[1] in type(cfg.algorithm).model_fields:
+        return ""
+    keys = [k for k in type(cfg.algorithm).model_fields if k != "name"]
+    return (f" (the base's algorithm {cfg.algorithm.name!r} has "
+            + (f"keys: {', '.join(keys)})" if keys else "no parameters)"))
+
+
+def param_column_names(keys: list[str]) -> dict[str, str]:
+    """Dotted key -> column: its last component when unique and not a reserved column."""
+    reserved = set(TRIAL_COLUMNS) | set(ROUND_COLUMNS)
+    last = [k.split(".")[-1] for k in keys]
+    out = {}
+    for key, short in zip(keys, last):
+        clash = last.count(short) > 1 or short in reserved or short.startswith(("final_", "best_"))
+        out[key] = key if clash else short
+    return out
+
+
+def check_metric(metric: str, where: str) -> None:
+    if metric in ROUND_COLUMNS or any(
+            metric.startswith(p) and len(metric) > len(p) for p in METRIC_PREFIXES):
+        return
+    raise SweepSpecError(
+        f"invalid sweep spec:\n  {where} = {metric!r}: not a rounds.parquet column; allowed: "
+        f"{', '.join(ROUND_COLUMNS)}, or a method metric named server_<name> / global_acc_<arch>")
+
+
+def _resources_check(spec: SweepSpec, cfg: ExperimentConfig) -> None:
+    if cfg.executor.kind == "ray" and cfg.executor.num_actors is None:
+        raise SweepSpecError(
+            "invalid sweep spec:\n  base executor.num_actors = None: a sweep with executor.kind=ray "
+            "needs executor.num_actors so that each trial's placement group (1 bundle for the trial "
+            "+ num_actors bundles of executor.cpus_per_actor CPUs) can be sized before it starts")
+
+
+def count_trials(space: dict[str, tuple[str, Any]], num_samples: int) -> int:
+    grid = 1
+    for kind, args in space.values():
+        if kind == "grid":
+            grid *= len(args)
+    return grid * num_samples
+
+
+def resolve(
+    source: str | Path | dict[str, Any],
+    storage: str | Path | None = None,
+    address: str | None = None,
+    command: list[str] | None = None,
+) -> ResolvedSweep:
+    """Load and fully validate a sweep spec; nothing is started or written."""
+    spec_dir = None
+    default_name = None
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        if not path.is_file():
+            raise SweepSpecError(f"sweep spec {str(path)!r} does not exist")
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise SweepSpecError(f"sweep spec {str(path)!r} is not valid YAML: {err}") from None
+        if not isinstance(raw, dict):
+            raise SweepSpecError(f"sweep spec {str(path)!r} must hold a mapping, got {type(raw).__name__}")
+        spec_dir, default_name = path.resolve().parent, path.stem
+    else:
+        raw = copy.deepcopy(dict(source))
+    try:
+        spec = SweepSpec.model_validate(raw)
+    except ValidationError as err:
+        raise SweepSpecError(_format_spec_errors(err)) from None
+    if spec.name is None:
+        spec.name = default_name or "sweep"
+    if address is not None:
+        spec.ray.address = address
+
+    base_raw = _load_base(spec, spec_dir)
+    if spec.overrides:
+        try:
+            base_raw = apply_overrides(base_raw, spec.overrides)
+        except ConfigError as err:
+            raise SweepSpecError(f"invalid sweep spec:\n  overrides: {err}") from None
+    base_cfg = _validate_experiment(base_raw, "base")
+
+    if not spec.space:
+        raise SweepSpecError("invalid sweep spec:\n  space = {}: give at least one dotted key to sweep")
+    dims: dict[str, tuple[str, Any]] = {}
+    for key, dist in spec.space.items():
+        if not re.fullmatch(r"[A-Za-z_][\w]*(\.[\w]+)*", key):
+            raise SweepSpecError(f"invalid sweep spec:\n  space.{key}: not a dotted config key like train.lr")
+        for reserved in RESERVED_KEYS:
+            if key == reserved or key.startswith(reserved + "."):
+                raise SweepSpecError(
+                    f"invalid sweep spec:\n  space.{key}: {reserved} is fixed for the whole sweep "
+                    "(set it in base or overrides)")
+        kind, args = _check_distribution(key, dist)
+        for value in _probe_values(kind, args):
+            try:
+                load_config(apply_overrides(base_raw, {key: value}))
+            except ConfigError as err:
+                raise SweepSpecError(
+                    f"invalid sweep spec:\n  space.{key}.{kind} = {args!r}: value {value!r} is "
+                    f"rejected by the experiment config: {_config_problem(err)}"
+                    + _algorithm_hint(key, base_cfg)) from None
+        dims[key] = (kind, args)
+    spec.space = {k: {kind: args} for k, (kind, args) in dims.items()}
+    # Grid values are validated together too (fields can constrain each other) when few.
+    grid_keys = [k for k, (kind, _) in dims.items() if kind == "grid"]
+    combos = math.prod(len(dims[k][1]) for k in grid_keys)
+    if len(grid_keys) > 1 and combos <= 256:
+        for values in itertools.product(*(dims[k][1] for k in grid_keys)):
+            combo = dict(zip(grid_keys, values))
+            try:
+                load_config(apply_overrides(base_raw, combo))
+            except ConfigError as err:
+                raise SweepSpecError(
+                    f"invalid sweep spec:\n  space: the grid point {combo!r} is rejected by the "
+                    f"experiment config: {_config_problem(err)}") from None
+
+    check_metric(spec.metric, "metric")
+    if spec.scheduler.metric is not None:
+        check_metric(spec.scheduler.metric, "scheduler.metric")
+    max_t = spec.scheduler.max_t
+    if max_t is not None and max_t > base_cfg.rounds:
+        raise SweepSpecError(
+            f"invalid sweep spec:\n  scheduler.max_t = {max_t}: must be <= the experiment's rounds "
+            f"({base_cfg.rounds})")
+    if spec.scheduler.name == "asha" and spec.scheduler.grace_period > (max_t or base_cfg.rounds):
+        raise SweepSpecError(
+            f"invalid sweep spec:\n  scheduler.grace_period = {spec.scheduler.grace_period}: must be "
+            f"<= max_t ({max_t or base_cfg.rounds} rounds)")
+    _resources_check(spec, base_cfg)
+
+    storage_path = Path(storage if storage is not None else (spec.storage or Path("sweeps_out") / spec.name))
+    storage_path = storage_path.expanduser().resolve()
+    spec.storage = str(storage_path)
+    return ResolvedSweep(
+        spec, base_raw, storage_path, param_column_names(list(dims)), base_cfg,
+        count_trials(dims, spec.num_samples), command,
+    )

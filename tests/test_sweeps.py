@@ -1,0 +1,395 @@
+"""Ray Tune sweeps: spec validation (no Ray), results equal to direct runs, failures, resume,
+the Ray executor inside trials, the CLI and a multi-node cluster."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from algorithms import ALGORITHMS
+from engine.cli import main
+from engine.config import load_config
+from engine.results import ROUND_COLUMNS, WALL_COLUMNS, load_run
+from engine.run import run_experiment
+from sweeps import SweepSpecError, load_sweep, resolve
+from sweeps.spec import param_column_names
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "sweeps" / "examples"
+
+BASE = {
+    "seed": 0,
+    "rounds": 2,
+    "dataset": {"name": "digits"},
+    "model": {"name": "mlp"},
+    "clients": {"num_clients": 10, "participation": 0.5, "profiles": {}},
+    "algorithm": {"name": "fedprox"},
+}
+GRID = {"train.lr": {"grid": [0.05, 0.1]}, "algorithm.mu": {"grid": [0.0, 0.1]}}
+
+
+@contextmanager
+def one_torch_thread():
+    """Like a 1-CPU trial (and faster here: two threads on two busy cores make this tiny MLP
+    ~10x slower; the results are the same)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def spec(**kw):
+    return {"name": "t", "base": BASE, "space": GRID, **kw}
+
+
+# ---------------------------------------------------------------- specs (no Ray)
+
+
+@pytest.mark.parametrize(
+    "bad, pattern",
+    [
+        ({"space": {"train.learning_rate": {"grid": [0.1]}}},
+         r"space\.train\.learning_rate.*train\.learning_rate = 0\.1: unknown key; allowed keys: .*\blr\b"),
+        ({"space": {"train.lr": {"uniform": [-1, 0.1]}}},
+         r"space\.train\.lr\.uniform = \[-1\.0, 0\.1\]: value -1\.0 .*train\.lr = -1\.0: Input should be greater than 0"),
+        ({"space": {"train.lr": {"loguniform": [0, 0.1]}}}, r"space\.train\.lr\.loguniform.*bounds must be > 0"),
+        ({"space": {"clients.participation": {"grid": [0.5, 1.5]}}},
+         r"value 1\.5 .*clients\.participation = 1\.5: Input should be less than or equal to 1"),
+        ({"space": {"train.lr": {"normal": [0, 1]}}},
+         r"space\.train\.lr = \{'normal': \[0, 1\]\}: must be one of \{grid: \.\.\.\}, \{choice: \.\.\.\}, "
+         r"\{uniform: \.\.\.\}, \{loguniform: \.\.\.\}, \{randint: \.\.\.\}"),
+        ({"space": {"train.lr": {"grid": []}}}, r"space\.train\.lr\.grid = \[\]: must be a non-empty list"),
+        ({"space": {"train.lr": {"uniform": [0.1, 0.01]}}}, r"low < high"),
+        ({"space": {"train.local_epochs": {"randint": [1, 1]}}}, r"randint = \[1, 1\].*high is exclusive"),
+        ({"scheduler": {"name": "asha", "metric": "accuracy"}},
+         r"scheduler\.metric = 'accuracy': not a rounds\.parquet column; allowed: round, .*global_acc"),
+        ({"metric": "acc"}, r"metric = 'acc': not a rounds\.parquet column"),
+        ({"mode": "maximize"}, r"mode = 'maximize': Input should be 'max' or 'min'"),
+        ({"scheduler": "hyperband"}, r"scheduler\.name = 'hyperband': Input should be 'fifo' or 'asha'"),
+        ({"scheduler": {"name": "asha", "max_t": 5}}, r"scheduler\.max_t = 5: must be <= the experiment's rounds \(2\)"),
+        ({"samples": 3}, r"samples = 3: unknown key; allowed keys: name, base, overrides, space, num_samples"),
+        ({"num_samples": 0}, r"num_samples = 0: Input should be greater than or equal to 1"),
+        ({"space": {"algorithm.pack_size": {"grid": [256]}}},
+         r"algorithm\.pack_size = 256: unknown key.*the base's algorithm 'fedprox' has keys: mu"),
+        ({"space": {"output.dir": {"grid": ["a"]}}}, r"space\.output\.dir: output is fixed for the whole sweep"),
+        ({"space": {}}, r"space = \{\}: give at least one"),
+        ({"base": {**BASE, "rounds": 0}}, r"base: rounds = 0: Input should be greater than or equal to 1"),
+        ({"overrides": ["executor.kind=ray"]}, r"executor\.num_actors"),
+    ],
+)
+def test_bad_specs_are_errors_naming_field_value_and_allowed(bad, pattern):
+    with pytest.raises(SweepSpecError, match=pattern) as info:
+        resolve(spec(**bad))
+    assert isinstance(info.value, ValueError)
+    assert str(info.value).startswith("invalid sweep spec")
+
+
+def test_spec_resolution_counts_trials_names_columns_and_reads_yaml_floats(tmp_path):
+    base_file = tmp_path / "exp.yaml"
+    base_file.write_text(yaml.safe_dump(BASE))
+    spec_file = tmp_path / "my_sweep.yaml"
+    spec_file.write_text(
+        "base: exp.yaml\n"
+        "overrides: [rounds=3]\n"
+        "space:\n"
+        "  train.lr: {loguniform: [1e-3, 1e-1]}\n"  # PyYAML reads 1e-3 as a string
+        "  algorithm.mu: {grid: [0, 1e-2]}\n"
+        "num_samples: 3\n"
+    )
+    r = resolve(spec_file)
+    assert r.name == "my_sweep"
+    assert r.storage == (Path.cwd() / "sweeps_out" / "my_sweep").resolve()
+    assert r.spec.space["train.lr"] == {"loguniform": [0.001, 0.1]}
+    assert r.spec.space["algorithm.mu"] == {"grid": [0, 0.01]}
+    assert r.num_trials == 2 * 3
+    assert r.rounds == 3 and r.base_raw["rounds"] == 3
+    assert r.param_columns == {"train.lr": "lr", "algorithm.mu": "mu"}
+    # two keys with the same last component keep their full dotted names
+    assert param_column_names(["train.batch_size", "evaluation.batch_size", "algorithm.k"]) == {
+        "train.batch_size": "train.batch_size", "evaluation.batch_size": "evaluation.batch_size",
+        "algorithm.k": "k"}
+
+
+def test_example_specs_validate():
+    r = resolve(EXAMPLES / "fedavg_lr.yaml")
+    assert r.num_trials == 6 and set(r.param_columns.values()) == {"lr", "participation"}
+    if "ascend" in ALGORITHMS:
+        r = resolve(EXAMPLES / "ascend_eps_gamma.yaml")
+        assert r.num_trials == 18
+        assert r.param_columns == {"algorithm.epsilon": "epsilon", "algorithm.gamma": "gamma", "algorithm.k": "k"}
+        assert r.spec.scheduler.name == "asha" and r.rounds == 10
+
+
+@pytest.mark.skipif("fedcspack" not in ALGORITHMS, reason="FedCSPACK is not registered")
+def test_fedcspack_example_spec_validates_and_checks_its_keys():
+    r = resolve(EXAMPLES / "fedcspack_pack_k.yaml")
+    assert r.num_trials == 27
+    assert r.param_columns == {"algorithm.pack_size": "pack_size", "algorithm.k": "k",
+                               "algorithm.weighting": "weighting"}
+    assert r.spec.space["algorithm.k"] == {"grid": [0.1, 0.3, "all"]}
+    assert r.spec.metric == "pers_acc"
+    raw = yaml.safe_load((EXAMPLES / "fedcspack_pack_k.yaml").read_text())
+    for key, dist, pattern in [
+        ("algorithm.pack_size", {"grid": [256, 0]}, r"value 0 .*algorithm\.pack_size = 0"),
+        ("algorithm.weighting", {"choice": ["cskd", "cos"]}, r"value 'cos' .*algorithm\.weighting"),
+        ("algorithm.k", {"grid": [0.1, "most"]}, r"value 'most' .*algorithm\.k"),
+    ]:
+        with pytest.raises(SweepSpecError, match=pattern):
+            resolve({**raw, "space": {**raw["space"], key: dist}})
+
+
+def test_cli_reports_a_bad_spec_before_starting_anything(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(spec(space={"train.lr": {"uniform": [-1, 0.1]}})))
+    assert main(["sweep", str(bad), "--storage", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "hetsim: invalid sweep spec" in err and "train.lr = -1.0" in err
+    assert not (tmp_path / "out").exists()
+    assert main(["sweep"]) == 2  # neither a spec nor --resume
+
+
+def test_tables_are_rebuilt_from_run_folders_with_errors_and_mixed_value_types(tmp_path):
+    """load_sweep(refresh=True) without any Tune state: a finished trial, an errored one and a
+    hyperparameter whose values mix numbers and strings (like FedCSPACK's k: 0.5 | "all")."""
+    from engine.results import RunWriter
+    from sweeps.trainable import _write_info
+
+    storage = tmp_path / "sw"
+    r = resolve(spec(space={"train.lr": {"grid": [0.05]}, "train.momentum": {"grid": [0.0]}}), storage=storage)
+    sweep_dict = r.to_dict()
+    sweep_dict["param_columns"] = {"train.lr": "lr", "algorithm.k": "k"}
+    storage.mkdir(parents=True)
+    (storage / "sweep.yaml").write_text(yaml.safe_dump(sweep_dict, sort_keys=False))
+    with one_torch_thread():
+        ok = run_experiment(load_config(BASE), storage / "runs" / "t_00000")
+    _write_info(ok, {"trial_id": "t_00000", "params": {"train.lr": 0.05, "algorithm.k": 0.5},
+                     "node_id": "n1", "status": "finished"})
+    bad = storage / "runs" / "t_00001"
+    RunWriter(bad).write_json("manifest.json", {"status": "failed", "error": "ValueError: boom"})
+    _write_info(bad, {"trial_id": "t_00001", "params": {"train.lr": 0.1, "algorithm.k": "all"},
+                      "node_id": "n1", "status": "error", "error": "ValueError: boom"})
+    s = load_sweep(storage, refresh=True)
+    t = s.trials.set_index("trial_id")
+    assert t.loc["t_00000", "status"] == "finished" and t.loc["t_00000", "rounds_done"] == 2
+    assert t.loc["t_00001", "status"] == "error" and t.loc["t_00001", "error"] == "ValueError: boom"
+    assert t["k"].tolist() == ["0.5", "all"] and t["lr"].tolist() == [0.05, 0.1]
+    assert t.loc["t_00000", "final_global_acc"] == load_run(ok).rounds["global_acc"].iloc[-1]
+    assert list(s.rounds["trial_id"].unique()) == ["t_00000"] and list(s.rounds.columns[:3]) == ["trial_id", "lr", "k"]
+    assert s.num_trials == 1 and s.complete
+
+
+# ---------------------------------------------------------------- sweeps on Ray
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    from engine.ray_executor import init_ray
+
+    ray = init_ray(num_cpus=2)
+    yield ray
+    ray.shutdown()
+
+
+def direct_rounds(tmp_path, params, name):
+    """The same config run directly with engine.run.run_experiment."""
+    with one_torch_thread():
+        cfg = load_config(BASE, {**params})
+        return load_run(run_experiment(cfg, tmp_path / "direct" / name)).rounds
+
+
+@pytest.mark.ray
+def test_grid_sweep_writes_parquet_and_matches_direct_runs(tmp_path, local_ray):
+    from sweeps import run_sweep
+
+    home_results = Path.home() / "ray_results"
+    had_home_results = home_results.exists()
+    sweep = run_sweep(spec(), storage=tmp_path / "sw", quiet=True)
+    trials, rounds = sweep.trials, sweep.rounds
+
+    assert len(trials) == 4 and trials["trial_id"].is_unique
+    assert (trials["status"] == "finished").all() and (trials["error"] == "").all()
+    assert sorted(zip(trials["lr"], trials["mu"])) == [(0.05, 0.0), (0.05, 0.1), (0.1, 0.0), (0.1, 0.1)]
+    for col in ("trial_id", "lr", "mu", "status", "error", "run_dir", "rounds_done", "final_global_acc",
+                "best_global_acc", "final_pers_acc", "best_pers_acc", "total_sim_time_s",
+                "total_bytes_up", "total_bytes_down"):
+        assert col in trials.columns, col
+    assert (trials["rounds_done"] == 2).all()
+    assert list(rounds.columns[:3]) == ["trial_id", "lr", "mu"]
+    assert set(ROUND_COLUMNS) <= set(rounds.columns)
+    assert len(rounds) == 4 * 2
+    assert rounds.groupby(["lr", "mu"]).ngroups == 4
+
+    # every trial equals the same config run directly (the engine is deterministic per seed)
+    for t in trials.itertuples():
+        direct = direct_rounds(tmp_path, {"train.lr": t.lr, "algorithm.mu": t.mu}, t.trial_id)
+        mine = rounds[rounds["trial_id"] == t.trial_id].reset_index(drop=True)
+        assert mine["global_acc"].tolist() == direct["global_acc"].tolist()
+        pd.testing.assert_frame_equal(
+            mine[list(direct.columns)].drop(columns=list(WALL_COLUMNS), errors="ignore"),
+            direct.drop(columns=list(WALL_COLUMNS), errors="ignore"), check_dtype=False)
+        assert t.final_global_acc == direct["global_acc"].iloc[-1]
+        assert t.best_global_acc == direct["global_acc"].max()
+        assert t.total_bytes_up == direct["bytes_up"].sum()
+        run = load_run(sweep.path / t.run_dir)
+        assert run.manifest["status"] == "finished" and run.config["train"]["lr"] == t.lr
+
+    # the folder: resolved spec, Parquet files, run folders, Tune state - and nothing in ~/ray_results
+    loaded = load_sweep(tmp_path / "sw")
+    pd.testing.assert_frame_equal(loaded.trials, trials)
+    assert loaded.param_columns == {"train.lr": "lr", "algorithm.mu": "mu"}
+    assert loaded.spec["base"]["algorithm"]["name"] == "fedprox"
+    assert (tmp_path / "sw" / "tune" / "tuner.pkl").is_file()
+    assert home_results.exists() == had_home_results
+    assert sweep.best(1)["best_global_acc"].iloc[0] == trials["best_global_acc"].max()
+    # the folder cannot be reused by accident
+    with pytest.raises(FileExistsError, match="--resume"):
+        run_sweep(spec(), storage=tmp_path / "sw", quiet=True)
+
+
+@pytest.mark.ray
+def test_a_failing_trial_is_recorded_and_the_others_finish(tmp_path, local_ray, capsys):
+    # `mnist` passes validation but its files are not under dataset.root: it fails at run time.
+    spec_file = tmp_path / "fail.yaml"
+    spec_file.write_text(yaml.safe_dump(spec(
+        base={**BASE, "dataset": {"name": "digits", "root": str(tmp_path / "no-data")}},
+        space={"dataset.name": {"grid": ["mnist", "digits"]}},
+    )))
+    assert main(["sweep", str(spec_file), "--storage", str(tmp_path / "sw"), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "1 finished, 1 error" in out and "missing 4 file(s)" in out
+    trials = load_sweep(tmp_path / "sw").trials
+    ok, failed = trials[trials["name"] == "digits"], trials[trials["name"] == "mnist"]
+    assert len(ok) == len(failed) == 1
+    assert (ok["status"] == "finished").all() and (ok["rounds_done"] == 2).all()
+    assert (failed["status"] == "error").all() and (failed["rounds_done"] == 0).all()
+    assert failed["error"].str.contains("DatasetNotFoundError: dataset 'mnist': missing 4 file").all()
+    assert failed["error"].str.contains(str(tmp_path / "no-data")).all()
+    # the failed trial's own run folder says so too
+    run = load_run(tmp_path / "sw" / failed["run_dir"].iloc[0])
+    assert run.manifest["status"] == "failed"
+
+
+@pytest.mark.ray
+def test_asha_stops_worse_trials_early_and_keeps_their_rounds(tmp_path, local_ray):
+    from sweeps import run_sweep
+
+    # one at a time, best learning rate first: the later, worse ones fall below the first rung
+    sweep = run_sweep(spec(base={**BASE, "rounds": 4, "algorithm": {"name": "fedavg"}},
+                           space={"train.lr": {"grid": [0.2, 0.003, 0.001]}}, max_concurrent_trials=1,
+                           scheduler={"name": "asha", "grace_period": 1, "reduction_factor": 2}),
+                      storage=tmp_path / "sw", quiet=True)
+    t = sweep.trials.set_index("lr")
+    assert t.loc[0.2, "status"] == "finished" and t.loc[0.2, "rounds_done"] == 4
+    stopped = t[t["status"] == "early_stopped"]
+    assert len(stopped) == 2 and (stopped["rounds_done"] == 1).all()
+    assert sweep.rounds.groupby("lr").size().to_dict() == t["rounds_done"].to_dict()
+    manifest = sweep.run(stopped["trial_id"].iloc[0]).manifest
+    assert manifest["status"] == "stopped" and "stopped by Tune after 1 round" in manifest["error"]
+
+
+class InterruptAfterFirstTrial:
+    """Sends Tune the SIGUSR1 it treats like Ctrl+C once the first trial has finished."""
+
+    def __init__(self):
+        self.sent = False
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        if not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+
+@pytest.mark.ray
+def test_interrupted_sweep_resumes_without_rerunning_finished_trials(tmp_path, local_ray):
+    from sweeps import resume_sweep, run_sweep
+    from sweeps.runner import is_complete
+
+    storage = tmp_path / "sw"
+    first = run_sweep(spec(max_concurrent_trials=1), storage=storage, quiet=True,
+                      callbacks=[InterruptAfterFirstTrial()])
+    assert not is_complete(first)
+    done_before = first.trials[first.trials["status"] == "finished"]
+    # Tune creates trials lazily (one at a time here): the rest are not even known yet
+    assert 1 <= len(done_before) < 4 and len(first.trials) < 4
+    assert set(first.trials["status"]) <= {"finished", "unfinished"}
+
+    def stamps():
+        return {p.parent.name: p.stat().st_mtime_ns for p in (storage / "runs").glob("*/manifest.json")}
+
+    before = stamps()
+    resumed = resume_sweep(storage, quiet=True)
+    assert is_complete(resumed) and (resumed.trials["status"] == "finished").all()
+    assert len(resumed.trials) == 4
+    after = stamps()
+    for trial_id in done_before["trial_id"]:
+        assert after[trial_id] == before[trial_id], f"finished trial {trial_id} was rerun"
+    # results equal an uninterrupted sweep's: each trial equals the direct run of its config
+    for t in resumed.trials.itertuples():
+        direct = direct_rounds(tmp_path, {"train.lr": t.lr, "algorithm.mu": t.mu}, t.trial_id)
+        assert t.final_global_acc == direct["global_acc"].iloc[-1]
+    # resuming a complete sweep (here through the CLI) reruns nothing and rewrites identical tables
+    trials_file = pd.read_parquet(storage / "trials.parquet")
+    assert main(["sweep", "--resume", str(storage), "-q"]) == 0
+    assert stamps() == after
+    pd.testing.assert_frame_equal(pd.read_parquet(storage / "trials.parquet"), trials_file)
+    pd.testing.assert_frame_equal(load_sweep(storage).rounds, resumed.rounds)
+
+
+@pytest.mark.ray
+def test_ray_executor_trials_run_their_actors_in_the_trial_placement_group(tmp_path, local_ray):
+    from sweeps import run_sweep
+
+    # one trial (each client actor is a new process importing torch: slow on 2 busy cores);
+    # 0.01 + 2 x 0.45 CPUs per trial would let two such trials run at once on 2 CPUs
+    ray_base = {**BASE, "executor": {"kind": "ray", "num_actors": 2, "cpus_per_actor": 0.45}}
+    sweep = run_sweep(spec(base=ray_base, space={"train.lr": {"grid": [0.1]}}),
+                      storage=tmp_path / "sw", quiet=True)
+    assert len(sweep.trials) == 1
+    assert (sweep.trials["status"] == "finished").all(), sweep.trials["error"].tolist()
+    for t in sweep.trials.itertuples():
+        run = sweep.run(t.trial_id)
+        assert run.manifest["executor"]["kind"] == "ray"
+        assert run.manifest["executor"]["actors"] == 2
+        assert run.manifest["executor"]["placement_group"]
+        direct = direct_rounds(tmp_path, {"train.lr": t.lr, "algorithm.mu": 0.01}, t.trial_id)
+        assert run.rounds["global_acc"].tolist() == direct["global_acc"].tolist()
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_sweep_on_a_multi_node_cluster_via_address(tmp_path):
+    """A head and a worker node (1 CPU each); the sweep runs from a separate `hetsim` process."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        spec_file = tmp_path / "cluster.yaml"
+        spec_file.write_text(yaml.safe_dump(spec()))
+        t0 = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, "-m", "engine.cli", "sweep", str(spec_file), "--storage",
+             str(tmp_path / "sw"), "--address", cluster.address, "-q"],
+            capture_output=True, text=True, timeout=240,
+            env={**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"},
+        )
+        elapsed = time.perf_counter() - t0
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        trials = load_sweep(tmp_path / "sw").trials
+        assert (trials["status"] == "finished").all()
+        assert trials["node_id"].nunique() == 2, "trials ran on both nodes"
+        sw = yaml.safe_load((tmp_path / "sw" / "sweep.yaml").read_text())
+        assert sw["spec"]["ray"]["address"] == cluster.address
+        print(f"cluster sweep: 4 trials in {elapsed:.1f} s")
+    finally:
+        cluster.shutdown()
