@@ -103,6 +103,13 @@ class Client:
         """Train locally starting from ``ctx.model`` and build the upload."""
         raise NotImplementedError
 
+    def on_dropped(self, state: dict[str, Any], round: int) -> None:
+        """The upload of ``round`` never arrived (deadline, over-selection).
+
+        Called on the client's host before its next round; methods with error feedback put the
+        values they sent back into the residual here, so no update mass is lost.
+        """
+
 
 @dataclass
 class ServerContext:

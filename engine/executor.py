@@ -19,6 +19,10 @@ class Executor(ABC):
     ) -> list[ClientResult]:
         """Run the given clients; results come back in the order of ``client_ids``."""
 
+    @abstractmethod
+    def notify_dropped(self, round: int, client_ids: list[int]) -> None:
+        """Tell the hosts which clients' uploads did not arrive in ``round``."""
+
     def close(self) -> None:
         """Release hosts and resources."""
 
@@ -39,6 +43,9 @@ class InProcessExecutor(Executor):
     def run_round(self, round, client_ids, broadcast, evaluate):
         assert self.host is not None, "start() first"
         return self.host.run_round(round, client_ids, broadcast, evaluate)
+
+    def notify_dropped(self, round, client_ids):
+        self.host.notify_dropped(round, client_ids)
 
     def describe(self) -> dict:
         return {"kind": "inprocess", "hosts": 1}

@@ -99,6 +99,9 @@ def _client_actor_class():
         def run_round(self, round, client_ids, broadcast, evaluate):
             return self.host.run_round(round, client_ids, broadcast, evaluate)
 
+        def notify_dropped(self, round, client_ids) -> None:
+            self.host.notify_dropped(round, client_ids)
+
         def state_nbytes(self) -> int:
             return self.host.state_nbytes()
 
@@ -208,6 +211,16 @@ class RayExecutor(Executor):
                 ) from None
             by_id.update((r.client_id, r) for r in results)
         return [by_id[int(c)] for c in ids]
+
+    def notify_dropped(self, round, client_ids) -> None:
+        import ray
+
+        if not client_ids:
+            return
+        ids = np.asarray(client_ids, dtype=np.int64)
+        owners = self.actor_of(ids)
+        ray.get([self.actors[a].notify_dropped.remote(round, ids[owners == a].tolist())
+                 for a in np.unique(owners)])
 
     def close(self) -> None:
         import ray

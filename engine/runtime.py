@@ -167,6 +167,13 @@ class ClientHost:
             self.states[cid] = ctx.state
         return result
 
+    def notify_dropped(self, round: int, client_ids: list[int]) -> None:
+        """Tell the method which of this host's clients' uploads were lost in ``round``."""
+        for cid in client_ids:
+            state = self.states.get(int(cid))
+            if state is not None:
+                self.client.on_dropped(state, round)
+
     def client_state(self, cid: int) -> dict[str, Any]:
         return self.states.get(cid, {})
 

@@ -203,6 +203,9 @@ class Simulation:
         )
         outcome = clock.resolve_round(times, runnable, policy, target_k=target)
         arrived = [res for res, ok in zip(results, outcome.made_deadline) if ok]
+        lost = [res.client_id for res, ok in zip(results, outcome.made_deadline) if not ok]
+        if lost:
+            self.executor.notify_dropped(r, lost)
         server_metrics = self.server.aggregate(r, arrived) or {}
         self.sim_time_s += outcome.round_time_s
 
