@@ -26,6 +26,12 @@ Round t, client n (architecture P):
   5. ``T = T_train + T_select(s) + T_upload(bytes(s))`` (upload latency included), from the
      client's hardware profile with the virtual clock's own functions; keep it pending.
 
+Lost upload (deadline, over-selection; ``on_dropped``): the sent values go back into the
+residual (``CompressedFedAvgClient.on_dropped``: ``e = a`` again, bit for bit), the pending
+reward of that round is discarded unfed, as a rollback discards it, and the undo record is
+dropped (the upload cannot be in a rolled-back aggregate). Unlike a rollback the choice itself
+stands: the policy is not restored (the same arm would likely miss the same deadline again).
+
 Server, round t: per-architecture sparse aggregation, teacher logits, ``distill_steps`` Adam
 steps of ``KL(teacher ‖ student)`` per architecture, rollback check, trace rows.
 
@@ -248,9 +254,10 @@ def policy_values(policy: Any) -> dict[str, float]:
 
 
 class AscendClient(CompressedFedAvgClient):
-    """Per-client state (``ctx.state``): ``residual`` (float32), ``policy``, ``T_warm`` (the Ts
-    that define T̄), ``pending`` (the reward to close at the next participation), ``undo`` (what
-    to restore if this upload's round is rolled back) and ``round_info`` (receive -> fit)."""
+    """Per-client state (``ctx.state``): ``residual`` (float32), ``sent`` (this round's sent
+    values, for ``on_dropped``), ``policy``, ``T_warm`` (the Ts that define T̄), ``pending`` (the
+    reward to close at the next participation), ``undo`` (what to restore if this upload's round
+    is rolled back) and ``round_info`` (receive -> fit)."""
 
     params: AscendParams
 
@@ -386,6 +393,29 @@ class AscendClient(CompressedFedAvgClient):
             compress_ops=c.ops,
             metrics=metrics,
         )
+
+    def on_dropped(self, state: dict[str, Any], round: int) -> None:
+        """The upload of ``round`` never arrived: no update of this client was aggregated.
+
+        * residual: the sent values go back (``e = a``, bit for bit; see the parent);
+        * pending reward: discarded, never computed nor fed to the policy - its Δf and ΔD would
+          measure the other clients' updates, not this choice's (as for a rolled-back round);
+        * undo: dropped - the server never saw this upload, so a rollback of ``round`` must not
+          reset this client's residual to before it (that would lose the restored mass);
+        * policy: kept as it is after the choice (unlike a rollback, the choice is not undone):
+          the round's time was spent, the warm-up moves on, and under a deadline the same arm
+          would likely be dropped again. Its T stays in T̄'s window (it measures the hardware).
+        """
+        super().on_dropped(state, round)
+        pending = state.get("pending")
+        if pending is not None and pending["round"] == round:
+            del state["pending"]
+            policy = state.get("policy")
+            if isinstance(policy, Exp3):  # the probability of a choice whose reward never comes
+                policy.pending_p.pop(pending["arm"], None)
+        undo = state.get("undo")
+        if undo is not None and undo["round"] == round:
+            del state["undo"]
 
 
 # ------------------------------------------------------------------------------------------------

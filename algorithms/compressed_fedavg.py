@@ -8,6 +8,13 @@ Every client uses the same compressor every round. Round t, client n:
 4. compress ``a`` to K coordinates; ``e <- a - sent`` (exactly, see ``ErrorFeedback``);
 5. upload the compressed arrays (values + int32 indices / 64-bit seed / 32-bit offset).
 
+Lost uploads: step 4 runs before the engine knows whether the upload arrives. The client keeps
+a copy of what it sent (``ctx.state["sent"]``: the round and the same compact arrays as the
+upload - K float32 values plus the int32 indices / seed / offset, never a dense vector); when the
+engine reports the upload lost (deadline, over-selection: :meth:`Client.on_dropped`), the sent
+values go back into the residual at their positions, so ``e`` equals the whole accumulated ``a``
+again, bit for bit, and is sent later instead of vanishing.
+
 The server decodes each upload (Random-K re-draws its indices from the seed, Periodic-K
 rebuilds them from the offset) and adds the sample-weighted mean of the sparse deltas to each
 architecture's global parameters: ``w_P <- w_P + sum_n (m_n / sum m) delta_hat_n``.
@@ -177,7 +184,8 @@ class CompressedFedAvgClient(Client):
             _load_float_buffers(ctx.model, ctx.state["buffers"])
 
     def compress_delta(self, ctx: ClientContext, delta: torch.Tensor, strategy: str) -> tuple[Compressed, float]:
-        """Error feedback + compression of ``delta``; updates ``ctx.state["residual"]``.
+        """Error feedback + compression of ``delta``; updates ``ctx.state["residual"]`` and
+        records what was sent in ``ctx.state["sent"]`` (for :meth:`on_dropped`).
 
         Returns the compressed payload and the norm of the new residual.
         """
@@ -190,8 +198,39 @@ class CompressedFedAvgClient(Client):
         if ef:
             e = ErrorFeedback.update_residual(a, c)
             ctx.state["residual"] = e.numpy().astype(np.float32, copy=False)
+            # what was sent, for on_dropped; overwritten every round (K values, not d)
+            ctx.state["sent"] = {"round": ctx.round, "compressor": c.strategy, "numel": c.numel,
+                                 "arrays": c.to_arrays()}
             return c, float(torch.linalg.vector_norm(e))
+        ctx.state.pop("sent", None)
         return c, 0.0
+
+    def on_dropped(self, state: dict[str, Any], round: int) -> None:
+        """The upload of ``round`` was lost: put its sent values back into the residual.
+
+        After ``compress_delta`` the residual equals ``a`` everywhere but at the sent positions,
+        and the sent values *are* ``a`` there (every compressor sends ``a[idx]`` unscaled), so
+        writing them back makes the residual ``a`` again, bit for bit (also for -0.0 and
+        infinities, which ``residual[idx] += values`` would not restore: the residual there is
+        ``a_i - a_i``, i.e. +0.0, or NaN for an infinite ``a_i``). This is valid because the
+        residual has not changed since that fit: the record is tagged with its round and the
+        engine reports a lost upload before the client's next round. A record of another round
+        (or none: no error feedback) is left alone; the record is consumed.
+        """
+        sent = state.get("sent")
+        if sent is None or sent["round"] != round:
+            return
+        del state["sent"]
+        residual = state.get("residual")
+        if residual is None:
+            return
+        c = Compressed.from_arrays(sent["compressor"], sent["arrays"], sent["numel"])
+        if c.numel != residual.size:
+            raise ValueError(f"sent record of length {c.numel} for a residual of length {residual.size}")
+        if not residual.flags.writeable:
+            residual = residual.copy()
+        residual[c.index_tensor().numpy()] = c.values.numpy()
+        state["residual"] = residual
 
     def fit(self, ctx: ClientContext, broadcast: Payload) -> ClientResult:
         p = self.params

@@ -142,7 +142,9 @@ class ExecutorConfig(Section):
     num_actors: int | None = Field(None, ge=1, description="default: sized from cluster CPUs")
     clients_per_actor: int | None = Field(None, ge=1)
     cpus_per_actor: float = Field(1.0, gt=0)
-    threads_per_actor: int | None = Field(None, ge=1, description="torch threads; default = CPUs")
+    threads_per_actor: int | None = Field(
+        None, ge=1, description="torch threads per client host; default: CPUs per actor (Ray), 1 (in-process)"
+    )
     startup_timeout_s: float = Field(180.0, gt=0, description="give up if actors are not up by then")
     inject_failure: FailureInjection | None = None
 

@@ -10,6 +10,7 @@ import torch.nn as nn
 from algorithms import ALGORITHMS
 from algorithms.ascend import (
     SPEC,
+    STRATEGIES,
     AscendClient,
     AscendParams,
     AscendServer,
@@ -301,6 +302,74 @@ def test_no_rollback_when_gamma_is_none_and_requires_public_split():
     assert server.aggregate(0, results)["rollback"] == 0
     with pytest.raises(ValueError, match="public_fraction"):
         AscendServer(params, {"a": tiny("a")}, seed=0, context=ServerContext())
+
+
+# ------------------------------------------------------------------------------ lost uploads
+@pytest.mark.parametrize("lost", [0, 1, 2])  # warm-up arms: topk, randomk, periodick
+def test_lost_upload_restores_residual_discards_reward_and_keeps_the_choice(lost):
+    params = AscendParams(k=5, distill_steps=0, gamma=None)
+    client = AscendClient(params)
+    seen, used = {}, {}
+    compress_delta = client.compress_delta
+
+    def spy(ctx, delta, arm):  # the accumulated vector a = e + delta of this fit
+        r = ctx.state.get("residual")
+        used[ctx.round] = None if r is None else r.copy()
+        seen[ctx.round] = delta.clone() if r is None else torch.from_numpy(r.copy()) + delta
+        return compress_delta(ctx, delta, arm)
+
+    client.compress_delta = spy
+    st = {}
+    kl = {0: 0.5}
+    for rnd in range(lost + 1):
+        kl[rnd] = 0.5 - 0.01 * rnd
+        ctx = make_ctx(0, rnd, st)
+        bc = _payload("a", round=rnd, probe_kl=dict(kl), model=tiny("a", seed=rnd))
+        client.receive(ctx, bc)
+        res = client.fit(ctx, bc)
+    assert res.metrics["arm"] == STRATEGIES[lost] and st["pending"]["round"] == lost
+    after_choice = copy.deepcopy(st["policy"])
+    T_warm = list(st["T_warm"])
+
+    client.on_dropped(st, lost + 7)  # another round: nothing changes
+    assert {"pending", "undo", "sent"} <= set(st) and not torch.equal(torch.from_numpy(st["residual"]), seen[lost])
+
+    client.on_dropped(st, lost)
+    a = seen[lost]
+    assert np.array_equal(st["residual"].view(np.int32), a.numpy().view(np.int32))  # bit for bit
+    assert not {"pending", "undo", "sent"} & set(st)
+    pol = st["policy"]  # the choice stands: the policy is exactly as after it
+    for f in ("q", "warmup_sum", "warmup_count", "chosen", "updates"):
+        assert np.array_equal(getattr(pol, f), getattr(after_choice, f))
+    assert pol.warmup_choices == lost + 1 and st["T_warm"] == T_warm  # its T stays in T̄
+
+    # next round, which also lists the lost round as rolled back: the client is not rolled back
+    nxt = lost + 1
+    kl[nxt] = 0.4
+    ctx = make_ctx(0, nxt, st)
+    bc = _payload("a", round=nxt, probe_kl=dict(kl), rolled_back=(lost,))
+    client.receive(ctx, bc)
+    assert np.array_equal(st["residual"].view(np.int32), a.numpy().view(np.int32))
+    res = client.fit(ctx, bc)
+    m = res.metrics
+    assert math.isnan(m["reward"]) and m["reward_round"] == -1 and not m["reward_fed"]  # nothing closed
+    assert math.isnan(m["restored_round"])
+    assert pol.updates.tolist() == [1 if i < lost else 0 for i in range(3)]  # the lost choice's reward never fed
+    assert m["arm"] == STRATEGIES[nxt % 3]  # the warm-up moved on past the lost choice
+    assert np.array_equal(used[nxt].view(np.int32), a.numpy().view(np.int32))  # accumulated on top of a
+    assert st["pending"]["round"] == nxt and st["undo"]["round"] == nxt
+
+
+def test_lost_upload_forgets_exp3_choice_probability():
+    client = AscendClient(AscendParams(k=5, policy="exp3", distill_steps=0, gamma=None))
+    st = {}
+    ctx = make_ctx(0, 0, st)
+    bc = _payload("a", round=0, probe_kl={0: 0.5})
+    client.receive(ctx, bc)
+    arm = client.fit(ctx, bc).metrics["arm"]
+    assert set(st["policy"].pending_p) == {arm}
+    client.on_dropped(st, 0)
+    assert st["policy"].pending_p == {} and "pending" not in st
 
 
 # ------------------------------------------------------------------------------ through the engine

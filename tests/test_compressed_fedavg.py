@@ -195,3 +195,160 @@ def test_k_larger_than_model():
 
 def test_client_class_is_spec_client():
     assert SPEC.client is CompressedFedAvgClient and SPEC.server is CompressedFedAvgServer
+
+
+# ------------------------------------------------------------------------------ lost uploads
+def bits(x):
+    """The float32 bit patterns (so -0.0 != +0.0 and NaN payloads count)."""
+    return np.asarray(x, dtype=np.float32).view(np.int32)
+
+
+def delta_of(server, cid, rnd, d):
+    """The client's local delta of round ``rnd`` from the server's broadcast, recomputed."""
+    from algorithms.training import local_sgd
+
+    model = tiny()
+    load_flat_params(model, torch.from_numpy(server.broadcast(rnd)[""].arrays["state"][:d]))
+    ctx = ctx_for(cid, rnd, model, {})
+    start = flat_params(model)
+    local_sgd(ctx)
+    return flat_params(model) - start
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_on_dropped_puts_the_sent_values_back_bit_for_bit(name):
+    params = CompressedFedAvgParams(compressor=name, k=10)
+    server = SPEC.server(params, {"": tiny()}, seed=0)
+    client = SPEC.client(params)
+    d = 83
+    states = {}
+    one_round(params, server, states, 0, clients=(0,), sizes=(24,))  # a non-zero residual
+    before = states[0]["residual"].copy()
+    (res,) = one_round(params, server, states, 1, clients=(0,), sizes=(24,))
+    a = torch.from_numpy(before) + delta_of(server, 0, 1, d)  # the accumulated vector of round 1
+    st = states[0]
+    # the record is small: K values and the positions in their wire form (no dense vector)
+    sent = st["sent"]
+    assert sent["round"] == 1 and sent["compressor"] == name
+    assert sum(v.nbytes for v in sent["arrays"].values()) == res.upload.nbytes
+    np.testing.assert_array_equal(sent["arrays"]["values"], res.upload.arrays["values"])
+    idx = payload_to_compressed(res.upload).index_tensor()
+    assert (st["residual"][idx.numpy()] == 0).all()  # exactly 0 where sent, a elsewhere
+    assert not torch.equal(torch.from_numpy(st["residual"]), a)
+
+    after_fit = st["residual"].copy()
+    client.on_dropped(st, 0)  # another round: nothing happens
+    assert np.array_equal(bits(st["residual"]), bits(after_fit)) and st["sent"]["round"] == 1
+
+    client.on_dropped(st, 1)
+    assert torch.equal(torch.from_numpy(st["residual"]), a)
+    assert np.array_equal(bits(st["residual"]), bits(a.numpy()))
+    assert "sent" not in st  # consumed: a second report changes nothing
+    client.on_dropped(st, 1)
+    assert np.array_equal(bits(st["residual"]), bits(a.numpy()))
+
+    # the next round accumulates on top of the whole a: nothing of round 1 was lost
+    (res2,) = one_round(params, server, states, 2, clients=(0,), sizes=(24,))
+    a2 = a + delta_of(server, 0, 2, d)
+    assert torch.equal(decode_upload(res2.upload) + torch.from_numpy(states[0]["residual"]), a2)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_on_dropped_is_exact_for_signed_zeros_and_infinities(name):
+    """``residual[idx] += values`` would give +0.0 for -0.0 and NaN for inf; the write-back is exact."""
+    client = SPEC.client(CompressedFedAvgParams(compressor=name, k=40))
+    delta = torch.randn(83, generator=torch.Generator().manual_seed(1))
+    delta[0:20] = -0.0
+    delta[30] = float("inf")
+    delta[31] = -float("inf")
+    st = {}
+    ctx = ctx_for(0, 0, tiny(), st)
+    c, _ = client.compress_delta(ctx, delta, name)
+    idx = c.index_tensor().numpy()
+    assert {30, 31} <= set(idx.tolist()) or name == "randomk"
+    naive = st["residual"].copy()
+    naive[idx] += c.values.numpy()
+    assert not np.array_equal(bits(naive), bits(delta.numpy()))
+    client.on_dropped(st, 0)
+    assert np.array_equal(bits(st["residual"]), bits(delta.numpy()))
+
+
+def test_on_dropped_without_error_feedback_is_a_no_op():
+    params = CompressedFedAvgParams(compressor="topk", k=5, error_feedback=False)
+    server = SPEC.server(params, {"": tiny()}, seed=0)
+    states = {}
+    one_round(params, server, states, 0, clients=(0,), sizes=(24,))
+    assert "sent" not in states[0] and "residual" not in states[0]
+    SPEC.client(params).on_dropped(states[0], 0)
+    assert "residual" not in states[0]
+    SPEC.client(params).on_dropped({}, 0)  # a client without any state
+
+
+def test_sent_record_is_overwritten_each_round():
+    params = CompressedFedAvgParams(compressor="randomk", k=5)
+    server = SPEC.server(params, {"": tiny()}, seed=0)
+    states = {}
+    for rnd in range(3):
+        (res,) = one_round(params, server, states, rnd, clients=(0,), sizes=(24,))
+        assert states[0]["sent"]["round"] == rnd
+        assert states[0]["sent"]["arrays"]["seed"][0] == res.upload.arrays["seed"][0]
+        assert sum(v.nbytes for v in states[0]["sent"]["arrays"].values()) == 4 * 5 + 8
+
+
+def test_engine_run_keeps_the_mass_of_uploads_that_miss_the_deadline(tmp_path, monkeypatch):
+    """Through ``run_experiment``: the 5 Mbps clients miss every deadline; each report of a lost
+    upload makes the client's residual its whole accumulated vector, which for a client never
+    heard is the sum of all its local deltas; the trace's ``residual_norm`` of its next round is
+    the norm of that sum minus its Top-K (without the hook it would be a different number)."""
+    from engine.config import load_config
+    from engine.results import load_run
+    from engine.run import run_experiment
+    from engine.runtime import ClientHost
+
+    deltas, restored = {}, {}
+    compress_delta = CompressedFedAvgClient.compress_delta
+
+    def spy_compress(self, ctx, delta, strategy):
+        deltas[(ctx.client_id, ctx.round)] = delta.clone()
+        return compress_delta(self, ctx, delta, strategy)
+
+    notify = ClientHost.notify_dropped
+
+    def spy_notify(self, round, client_ids):
+        notify(self, round, client_ids)
+        for cid in client_ids:
+            restored[(int(cid), round)] = self.states[int(cid)]["residual"].copy()
+
+    monkeypatch.setattr(CompressedFedAvgClient, "compress_delta", spy_compress)
+    monkeypatch.setattr(ClientHost, "notify_dropped", spy_notify)
+    cfg = load_config(None, [
+        "dataset.name=digits", "model.name=mlp", "clients.num_clients=6", "clients.participation=1.0",
+        "clients.profiles={network: {5mbps: 0.5, 500mbps: 0.5}, availability: 1.0, dropout: 0.0}",
+        "clock.deadline_s=0.05", "algorithm.name=fedavg_compressed", "algorithm.compressor=topk",
+        "rounds=3", "evaluation.personalized=false", f"output.dir={tmp_path}",
+    ])
+    c = load_run(run_experiment(cfg, tmp_path / "deadline")).clients
+    late = c["drop_reason"] == "deadline"
+    assert late.any() and (~late).any()
+    assert (c.loc[late, "net_tier"] == "5mbps").all() and c.loc[~late, "made_deadline"].all()
+    dropped = set(zip(c.loc[late, "client_id"], c.loc[late, "round"]))
+    assert set(restored) == dropped  # the engine reported exactly the lost uploads
+    rounds = sorted(c["round"].unique())
+    for cid in sorted({cid for cid, _ in dropped}):
+        assert all((cid, r) in dropped for r in rounds)  # never heard: every round lost
+        acc = None
+        e_without = torch.zeros_like(deltas[(cid, 0)])
+        for r in rounds:
+            acc = deltas[(cid, r)].clone() if acc is None else acc + deltas[(cid, r)]
+            # after the report: the residual is the sum of every local delta so far, bit for bit
+            assert np.array_equal(bits(restored[(cid, r)]), bits(acc.numpy()))
+            row = c[(c["client_id"] == cid) & (c["round"] == r)].iloc[0]
+            k = int(row["k"])
+            e_with = acc.clone()
+            e_with[torch.topk(acc.abs(), k).indices] = 0
+            assert row["residual_norm"] == pytest.approx(float(torch.linalg.vector_norm(e_with)), rel=1e-6)
+            a_without = e_without + deltas[(cid, r)]  # the mass a lost upload would have lost
+            e_without = a_without.clone()
+            e_without[torch.topk(a_without.abs(), k).indices] = 0
+            if r > 0:
+                assert row["residual_norm"] != pytest.approx(float(torch.linalg.vector_norm(e_without)), rel=1e-3)
