@@ -45,12 +45,13 @@ def case_engine(rounds: int) -> dict:
     """In-process engine, including Parquet writing, for `rounds` rounds (after 1 warm-up)."""
     import tempfile
 
+    from engine.executor import InProcessExecutor
     from engine.results import RunWriter
     from engine.simulation import Simulation
 
     cfg = _cfg([f"rounds={rounds + 1}"])
     writer = RunWriter(tempfile.mkdtemp())
-    sim = Simulation(cfg, callbacks=[lambda rec: (writer.append("rounds", [rec.row]),
+    sim = Simulation(cfg, executor=InProcessExecutor(threads=1), callbacks=[lambda rec: (writer.append("rounds", [rec.row]),
                                                   writer.append("clients", rec.client_rows))])
     sim.start()
     sim.run_round(0)  # warm-up: first-touch allocations, thread pools
@@ -69,6 +70,7 @@ def case_bare(rounds: int) -> dict:
     from engine.runtime import build_arch_model, client_rng
     from engine.simulation import build_data, select_clients
 
+    torch.set_num_threads(1)  # as the in-process engine (and each Ray actor) by default
     cfg = _cfg([f"rounds={rounds + 1}"])
     data = build_data(cfg)
     x, y = torch.from_numpy(data.x), torch.from_numpy(data.y)
@@ -134,12 +136,10 @@ def case_memory(num_clients: int, executor: str = "inprocess", rounds: int = 3) 
         "clients.profiles={bandwidth: {distribution: loguniform}}",
         "evaluation.global_model=true", f"executor.kind={executor}", "ray.num_cpus=2",
     ])
-    t0 = time.perf_counter()
-    sim = Simulation(cfg)
-    if executor == "ray":
-        from engine.ray_executor import RayExecutor
+    from engine.run import make_executor
 
-        sim.executor = RayExecutor(cfg)
+    t0 = time.perf_counter()
+    sim = Simulation(cfg, executor=make_executor(cfg))
     sim.start()
     setup_s = time.perf_counter() - t0
     round_s = []
