@@ -64,7 +64,6 @@ def case_engine(rounds: int) -> dict:
 
 def case_bare(rounds: int) -> dict:
     """The same clients, batches and aggregation as plain PyTorch in one loop."""
-    import numpy as np
     import torch
     import torch.nn.functional as F
 

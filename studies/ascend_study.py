@@ -25,7 +25,6 @@ policy's own post-warm-up choices) and ``results.md`` (the tables).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
