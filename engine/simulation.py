@@ -101,9 +101,8 @@ def assign_architectures(cfg: ExperimentConfig, profiles) -> tuple[list[str], np
         if not 0 <= cid < n:
             raise ValueError(f"model.per_client: client id {cid} out of range [0, {n})")
         choice[cid] = arch
-    names = sorted(set(choice.tolist()))
-    codes = np.array([names.index(a) for a in choice], dtype=np.int16) if n else np.zeros(0, np.int16)
-    return names, codes
+    names, codes = np.unique(choice.astype(str), return_inverse=True)
+    return names.tolist(), codes.astype(np.int16)
 
 
 class Simulation:
