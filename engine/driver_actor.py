@@ -14,6 +14,11 @@ from engine.ray_executor import init_ray
 from engine.simulation import RoundRecord
 
 POLL_S = 0.5
+STOP_GRACE_S = 120.0  # after Ctrl+C: time for the round in flight to finish and be written
+
+
+class RunStopped(Exception):
+    """The caller asked the driver actor to stop (Ctrl+C); raised between rounds."""
 
 
 def _driver_actor_class():
@@ -23,6 +28,7 @@ def _driver_actor_class():
     class DriverActor:
         def __init__(self):
             self._records: list[RoundRecord] = []
+            self._stop = False
 
         def run(self, cfg: ExperimentConfig, path: str, command: list[str]) -> str:
             from engine.run import execute_run
@@ -31,6 +37,11 @@ def _driver_actor_class():
 
         def _collect(self, record: RoundRecord) -> None:
             self._records.append(record)
+            if self._stop:  # the round is already written: stop cleanly between rounds
+                raise RunStopped(f"stopped by the caller after round {record.round}")
+
+        def stop(self) -> None:
+            self._stop = True
 
         def poll(self) -> list[RoundRecord]:
             records, self._records = self._records, []
@@ -62,5 +73,10 @@ def run_on_driver_actor(
             return Path(ray.get(done))
         except ray.exceptions.RayTaskError as err:
             raise err.as_instanceof_cause() from None
+    except KeyboardInterrupt:
+        # let the driver finish the round in flight, mark the run interrupted and compact it
+        driver.stop.remote()
+        ray.wait([done], timeout=STOP_GRACE_S)
+        raise
     finally:
         ray.kill(driver)

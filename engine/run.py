@@ -126,7 +126,10 @@ def execute_run(
         manifest["status"] = "finished"
         manifest["sim_time_s"] = sim.sim_time_s
     except BaseException as err:  # record, then re-raise: nothing finished is lost
-        manifest["status"] = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
+        from engine.driver_actor import RunStopped
+
+        stopped = isinstance(err, (KeyboardInterrupt, RunStopped))
+        manifest["status"] = "interrupted" if stopped else "failed"
         manifest["error"] = "".join(traceback.format_exception_only(type(err), err)).strip()
         raise
     finally:

@@ -93,3 +93,21 @@ def test_client_failure_on_an_actor_names_client_and_round_quickly(tmp_path, loc
     run = load_run(tmp_path / "fail")
     assert list(run.rounds["round"]) == [0]
     assert run.manifest["status"] == "failed" and "client 5" in run.manifest["error"]
+
+
+def test_ctrl_c_under_the_driver_actor_keeps_finished_rounds(tmp_path, local_ray):
+    """Ctrl+C in the caller: the driver finishes the round in flight, marks the run interrupted
+    and compacts its tables."""
+    def interrupt(rec):
+        if rec.round == 1:
+            raise KeyboardInterrupt
+
+    cfg = load_config(None, [*TINY, "rounds=30", "executor.kind=ray"])
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(cfg, tmp_path / "ctrl-c", callbacks=[interrupt])
+    run = load_run(tmp_path / "ctrl-c")
+    assert run.manifest["status"] == "interrupted"
+    assert "stopped by the caller" in run.manifest["error"]
+    assert 2 <= len(run.rounds) < 30
+    assert list(run.rounds["round"]) == list(range(len(run.rounds)))
+    assert not (tmp_path / "ctrl-c" / "_parts").exists()
