@@ -206,7 +206,13 @@ class Simulation:
         if lost:
             self.executor.notify_dropped(r, lost)
         server_metrics = self.server.aggregate(r, arrived) or {}
-        self.sim_time_s += outcome.round_time_s
+        round_s = outcome.round_time_s
+        # The server cannot tell a client that dropped out or is late from a slow one: if one
+        # of them was needed to reach the target, it waits until the deadline.
+        lost_in_flight = bool((available & dropped).any()) or bool((outcome.drop_reason == "deadline").any())
+        if policy.deadline_s is not None and lost_in_flight and len(arrived) < target:
+            round_s = max(round_s, policy.deadline_s)
+        self.sim_time_s += round_s
 
         row: dict[str, Any] = {
             "round": r,
@@ -215,7 +221,7 @@ class Simulation:
             "num_arrived": len(arrived),
             "num_unavailable": int((~available).sum()),
             "num_dropout": int((available & dropped).sum()),
-            "sim_round_s": outcome.round_time_s,
+            "sim_round_s": round_s,
             "sim_time_s": self.sim_time_s,
             "bytes_up": int(sum(res.upload.nbytes for res in arrived)),
             "bytes_down": int(bytes_down.sum()),
@@ -228,7 +234,7 @@ class Simulation:
             r, selected, available, dropped, results, times, bytes_down, outcome
         )
         if policy.mode == "realtime":
-            time.sleep(policy.realtime_sleep_s(outcome.round_time_s))
+            time.sleep(policy.realtime_sleep_s(round_s))
         row["wall_s"] = time.perf_counter() - wall0
         record = RoundRecord(r, row, client_rows, self.server.drain_tables())
         for cb in self.callbacks:

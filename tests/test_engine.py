@@ -174,9 +174,12 @@ def test_deadline_and_over_selection_through_the_round_loop(tmp_path):
         assert (g.loc[~g["made_deadline"], "drop_reason"] == "over_selected").all()
         if len(kept) < len(g):
             assert kept["sim_total_s"].max() <= g.loc[~g["made_deadline"], "sim_total_s"].min()
-    # the round lasts as long as its slowest kept client
+    # the round lasts as long as its slowest kept client, unless fewer than the 4 wanted arrived
+    # and a late client left the server waiting until the deadline
     kept_max = c[c["made_deadline"]].groupby("round")["sim_total_s"].max()
-    assert np.allclose(r.set_index("round")["sim_round_s"].loc[kept_max.index], kept_max)
+    arrived = c.groupby("round")["made_deadline"].sum()
+    expected = np.where(arrived < 4, 0.08, kept_max.reindex(arrived.index))
+    assert np.allclose(r.set_index("round")["sim_round_s"].loc[arrived.index], expected)
     assert np.allclose(r["sim_time_s"], r["sim_round_s"].cumsum())
     assert (r["num_arrived"] == c.groupby("round")["made_deadline"].sum().to_numpy()).all()
 
@@ -190,3 +193,19 @@ def test_unavailable_and_dropout_are_seeded_and_recorded(tmp_path):
     reasons = set(a["drop_reason"])
     assert {"unavailable", "dropout", ""} <= reasons
     assert a.loc[a["drop_reason"] == "unavailable", "bytes_up"].isna().all()
+
+
+def test_a_late_client_makes_the_server_wait_until_the_deadline(tmp_path):
+    cfg = digits_cfg(
+        tmp_path, "rounds=3", "clients.participation=0.4",
+        "clients.profiles={network: {5mbps: 0.5, 500mbps: 0.5}, availability: 1.0, dropout: 0.0}",
+        "clock.deadline_s=0.08",
+    )
+    run = load_run(run_experiment(cfg, tmp_path / "wait"))
+    late_rounds = run.clients.groupby("round")["drop_reason"].apply(lambda d: (d == "deadline").any())
+    assert late_rounds.any()
+    r = run.rounds.set_index("round")["sim_round_s"]
+    assert (r[late_rounds] == 0.08).all()
+    kept_max = run.clients[run.clients["made_deadline"]].groupby("round")["sim_total_s"].max()
+    on_time = late_rounds[~late_rounds].index
+    assert np.allclose(r.loc[on_time], kept_max.loc[on_time])
