@@ -36,9 +36,20 @@ class InProcessExecutor(Executor):
     def __init__(self, threads: int | None = None):
         self.threads = threads
         self.host: ClientHost | None = None
+        self._caller_threads: int | None = None
 
     def start(self, setup: HostSetup) -> None:
+        import torch
+
+        self._caller_threads = torch.get_num_threads()
         self.host = ClientHost(setup, threads=self.threads)
+
+    def close(self) -> None:
+        import torch
+
+        if self._caller_threads is not None:  # the host shares this process: give it back
+            torch.set_num_threads(self._caller_threads)
+            self._caller_threads = None
 
     def run_round(self, round, client_ids, broadcast, evaluate):
         assert self.host is not None, "start() first"

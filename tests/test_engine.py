@@ -209,3 +209,15 @@ def test_a_late_client_makes_the_server_wait_until_the_deadline(tmp_path):
     kept_max = run.clients[run.clients["made_deadline"]].groupby("round")["sim_total_s"].max()
     on_time = late_rounds[~late_rounds].index
     assert np.allclose(r.loc[on_time], kept_max.loc[on_time])
+
+
+def test_in_process_run_restores_the_callers_torch_threads(tmp_path):
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        run_experiment(digits_cfg(tmp_path, "rounds=1", "executor.threads_per_actor=1"), tmp_path / "t")
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
