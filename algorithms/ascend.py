@@ -62,15 +62,21 @@ from algorithms.base import (
 from algorithms.compressed_fedavg import (
     CompressedFedAvgClient,
     OpCostParams,
-    _float_buffer_vector,
-    _load_float_buffers,
+    buffer_upload,
     aggregate_sparse,
     compressed_payload,
     decode_upload,
     validate_k,
 )
 from algorithms.fedavg import state_payload
-from algorithms.training import flat_params, flat_state, load_flat_params, load_flat_state, local_sgd
+from algorithms.training import (
+    flat_params,
+    flat_state,
+    load_flat_buffers,
+    load_flat_params,
+    load_flat_state,
+    local_sgd,
+)
 from hardware_profiles import clock
 
 Strategy = Literal["topk", "randomk", "periodick"]
@@ -354,13 +360,7 @@ class AscendClient(CompressedFedAvgClient):
             arm, reason = policy.choose(ctx.rng)
         c, res_norm = self.compress_delta(ctx, delta, arm)
 
-        extra = None
-        bufs = _float_buffer_vector(ctx.model)
-        if bufs.numel():
-            if p.buffers == "dense":
-                extra = {"buffers": bufs.numpy().astype(np.float32, copy=True)}
-            else:
-                st["buffers"] = bufs.numpy().astype(np.float32, copy=True)
+        extra = buffer_upload(ctx.model, p.buffers, st)
         upload = compressed_payload(c, extra, arm_reason=reason)
 
         train_flops = ctx.flops_per_sample * (seen + FORWARD_FRACTION * info["n_probe"])
@@ -588,7 +588,7 @@ class AscendServer(Server):
             if p.buffers == "dense" and all("buffers" in r.upload.arrays for r in mine):
                 w = torch.tensor([r.num_samples for r in mine], dtype=torch.float64)
                 stacked = torch.stack([torch.from_numpy(r.upload.arrays["buffers"]).double() for r in mine])
-                _load_float_buffers(model, ((w / w.sum()) @ stacked).float())
+                load_flat_buffers(model, ((w / w.sum()) @ stacked).float())
             n_agg += len(mine)
             sq += float(torch.sum(update.double() ** 2))
         unknown = {r.arch for r in results} - set(self.models)

@@ -57,7 +57,15 @@ from algorithms.compressors import (
     scatter_add_,
 )
 from algorithms.fedavg import state_payload
-from algorithms.training import flat_params, flat_state, load_flat_params, load_flat_state, local_sgd
+from algorithms.training import (
+    flat_buffers,
+    flat_params,
+    flat_state,
+    load_flat_buffers,
+    load_flat_params,
+    load_flat_state,
+    local_sgd,
+)
 
 Strategy = Literal["topk", "randomk", "periodick"]
 PAYLOAD_KEYS = ("values", "indices", "seed", "offset")
@@ -153,19 +161,17 @@ def decode_upload(payload: Payload) -> torch.Tensor:
     return out
 
 
-def _float_buffer_vector(model: torch.nn.Module) -> torch.Tensor:
-    bufs = [b.detach().reshape(-1).float() for b in model.buffers() if b.is_floating_point()]
-    return torch.cat(bufs) if bufs else torch.zeros(0)
-
-
-@torch.no_grad()
-def _load_float_buffers(model: torch.nn.Module, flat: torch.Tensor | np.ndarray) -> None:
-    flat = torch.as_tensor(flat, dtype=torch.float32)
-    offset = 0
-    for b in model.buffers():
-        if b.is_floating_point():
-            b.copy_(flat[offset : offset + b.numel()].view_as(b))
-            offset += b.numel()
+def buffer_upload(model: torch.nn.Module, mode: str, state: dict) -> dict[str, np.ndarray] | None:
+    """Floating buffers (BatchNorm statistics): sent dense (``mode="dense"``, returned as extra
+    upload arrays) or kept in the client's state (``"local"``); None for models without any."""
+    bufs = flat_buffers(model)
+    if not bufs.numel():
+        return None
+    array = bufs.numpy().astype(np.float32, copy=True)
+    if mode == "dense":
+        return {"buffers": array}
+    state["buffers"] = array
+    return None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -181,7 +187,7 @@ class CompressedFedAvgClient(Client):
     def receive(self, ctx: ClientContext, broadcast: Payload) -> None:
         load_flat_state(ctx.model, broadcast.arrays["state"])
         if self.params.buffers == "local" and "buffers" in ctx.state:
-            _load_float_buffers(ctx.model, ctx.state["buffers"])
+            load_flat_buffers(ctx.model, ctx.state["buffers"])
 
     def compress_delta(self, ctx: ClientContext, delta: torch.Tensor, strategy: str) -> tuple[Compressed, float]:
         """Error feedback + compression of ``delta``; updates ``ctx.state["residual"]`` and
@@ -238,13 +244,7 @@ class CompressedFedAvgClient(Client):
         loss, seen = local_sgd(ctx)
         delta = flat_params(ctx.model) - start
         c, res_norm = self.compress_delta(ctx, delta, p.compressor)
-        extra = None
-        bufs = _float_buffer_vector(ctx.model)
-        if bufs.numel():
-            if p.buffers == "dense":
-                extra = {"buffers": bufs.numpy().astype(np.float32, copy=True)}
-            else:
-                ctx.state["buffers"] = bufs.numpy().astype(np.float32, copy=True)
+        extra = buffer_upload(ctx.model, p.buffers, ctx.state)
         return ClientResult(
             client_id=ctx.client_id,
             arch=ctx.arch,
@@ -289,7 +289,7 @@ class CompressedFedAvgServer(Server):
             if self.params.buffers == "dense" and all("buffers" in r.upload.arrays for r in mine):
                 weights = torch.tensor([r.num_samples for r in mine], dtype=torch.float64)
                 stacked = torch.stack([torch.from_numpy(r.upload.arrays["buffers"]).double() for r in mine])
-                _load_float_buffers(model, ((weights / weights.sum()) @ stacked).float())
+                load_flat_buffers(model, ((weights / weights.sum()) @ stacked).float())
             n_agg += len(mine)
             sq += float(torch.sum(update.double() ** 2))
         return {"num_aggregated": n_agg, "update_norm": sq**0.5}

@@ -37,28 +37,33 @@ def num_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def float_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Floating-point buffers (BatchNorm running statistics): local state, never shared."""
-    return {n: b.detach().clone() for n, b in model.named_buffers() if b.is_floating_point()}
+def flat_buffers(model: torch.nn.Module) -> torch.Tensor:
+    """Floating-point buffers (BatchNorm statistics) as one float32 vector."""
+    bufs = [b.detach().reshape(-1).float() for b in model.buffers() if b.is_floating_point()]
+    return torch.cat(bufs) if bufs else torch.zeros(0)
+
+
+@torch.no_grad()
+def load_flat_buffers(model: torch.nn.Module, flat: torch.Tensor | np.ndarray) -> None:
+    flat = torch.as_tensor(flat, dtype=torch.float32)
+    offset = 0
+    for b in model.buffers():
+        if b.is_floating_point():
+            b.copy_(flat[offset : offset + b.numel()].view_as(b))
+            offset += b.numel()
 
 
 def flat_state(model: torch.nn.Module) -> torch.Tensor:
     """Parameters followed by floating-point buffers: the full model state FedAvg shares."""
-    parts = [flat_params(model)]
-    parts += [b.detach().reshape(-1).float() for b in model.buffers() if b.is_floating_point()]
-    return torch.cat(parts)
+    return torch.cat([flat_params(model), flat_buffers(model)])
 
 
 @torch.no_grad()
 def load_flat_state(model: torch.nn.Module, flat: torch.Tensor | np.ndarray) -> None:
     flat = torch.as_tensor(flat, dtype=torch.float32)
     n = num_params(model)
-    load_flat_params(model, flat[:n])  # the rest are buffers
-    offset = n
-    for b in model.buffers():
-        if b.is_floating_point():
-            b.copy_(flat[offset : offset + b.numel()].view_as(b))
-            offset += b.numel()
+    load_flat_params(model, flat[:n])
+    load_flat_buffers(model, flat[n:])  # the rest are buffers
 
 
 def round_lr(ctx: ClientContext) -> float:
