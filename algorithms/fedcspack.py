@@ -10,9 +10,9 @@ Packs a client did not share stay local (personalization).
 Layout of this module
 ---------------------
 * pure, vectorised tensor functions (no Python loop over packs or parameters):
-  :func:`pad_to_packs`, :func:`pack_scores` (with the optional per-broadcast cache
-  :func:`global_pack_stats` / :class:`GlobalPackStats`), :func:`select_packs`,
-  :func:`aggregate_packs`, the byte accounting :func:`upload_nbytes` / :func:`download_nbytes` and the op-count model
+  :func:`pad_to_packs`, :func:`pack_scores` (its per-pack sums are one compiled, SIMD-vectorised
+  pass: :mod:`algorithms.pack_kernel`), :func:`select_packs`, :func:`aggregate_packs`, the byte
+  accounting :func:`upload_nbytes` / :func:`download_nbytes` and the op-count model
   :func:`selection_ops`;
 * :class:`FedCSPACKParams`, :class:`FedCSPACKClient`, :class:`FedCSPACKServer` and ``SPEC``.
 
@@ -30,7 +30,8 @@ Design choices (where the spec leaves room)
   the softmax). ``kl_padding="exclude"`` computes the last pack's KL over its ``r`` real values
   only. Only the last pack is affected, and only when ``P`` does not divide ``n``.
 * **Numerics of ``pack_scores``.** Per-pack sums (dot, squared norms, softmax partition sums)
-  are computed in float32 over row blocks of the ``(J, P)`` view, then combined in float64.
+  are computed in float32 in one fused pass over the ``(J, P)`` view (:func:`pack_sums`), then
+  combined in float64.
   ``beta`` uses the algebraically identical form
   ``KL(p_G || p_L) = sum_k p_G,k (G_k - L_k) + ln(S_L / S_G)`` with ``S = sum_k exp(x_k)``: two
   exponentials per value and no log-probability tensors. When a pack's partition sums leave
@@ -39,14 +40,6 @@ Design choices (where the spec leaves room)
   result is 2-3x more accurate than the plain float32 ``log_softmax`` formula (about 1e-7
   absolute error for typical packs with ``beta ~ 5e-5``). ``beta`` is clamped at 0 (a KL
   divergence is >= 0; only rounding makes a near-zero value negative).
-  The rows are processed in blocks of about 2 MiB (``_BLOCK_ELEMS``) so the temporaries stay in
-  cache instead of page-faulting ~45 MB buffers per operation on an 11M-parameter model; each
-  block is one vectorised operation over all its packs (this is not a loop per pack).
-* **Global-side cache.** All clients of a round score against the same ``W_prev``, so the
-  global-only quantities (``exp(G)`` per value, ``|G_j|^2`` and ``S_G,j`` per pack) are computed
-  once per broadcast by :func:`global_pack_stats` and reused (:class:`FedCSPACKClient` keeps the
-  last broadcast's stats in a single slot, ~4*n bytes). Bit-identical results; a simulator
-  speed-up only: the op count charged to each client (:func:`selection_ops`) is unchanged.
 * ``theta`` and ``beta`` are returned as float64 tensors; ``theta_a`` is computed from the sums
   of the same per-pack sums with the same float64 formula, so with a single pack
   ``theta_1 == theta_a`` exactly and the strict test ``theta_ij < theta_a`` is consistent.
@@ -68,7 +61,6 @@ Design choices (where the spec leaves room)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Literal, Sequence, Union
 
 import numpy as np
@@ -89,15 +81,14 @@ from algorithms.base import (
     Server,
     ServerContext,
 )
+from algorithms.pack_kernel import pack_sums
 from algorithms.training import flat_params, load_flat_params, local_sgd
 
 # --------------------------------------------------------------------------------------------
 # Operation-count model of the client's selection work (for the engine's virtual clock).
 # One "op" is one elementary floating-point operation on one value (add, multiply, compare,
 # exp, log each count 1). Counted on the zero-padded vector of J*P values, for the textbook
-# computation the spec describes (not for this module's fused implementation). Every client is
-# charged all of it, including the global-side exp(G), |G|^2 and S_G that the simulator computes
-# only once per broadcast (GlobalPackStats): a real device has no such shared cache.
+# computation the spec describes (not for this module's fused implementation).
 #
 #   cosines      : L*G, L*L, G*G, each a multiply and an add                           -> 6
 #   log_softmax  : of G and of L: max-compare, subtract, exp, add to sum, subtract LSE -> 10
@@ -112,7 +103,6 @@ SELECTION_OPS_PER_PACK = 12
 SORT_OPS_PER_COMPARISON = 1
 # --------------------------------------------------------------------------------------------
 
-_BLOCK_ELEMS = 1 << 19  # values per row block in pack_scores (2 MiB of float32 per temporary)
 _SAFE_SUM_MIN, _SAFE_SUM_MAX = 1e-30, 1e30  # fast-path partition sums outside -> stable path
 
 Weighting = Literal["cskd", "cs", "kd"]
@@ -163,65 +153,14 @@ def _kl_stable(local: torch.Tensor, glob: torch.Tensor) -> torch.Tensor:
     return (lg.exp() * (lg - ll)).sum(dim=1)
 
 
-_LOG2E = 1.0 / math.log(2.0)  # exp(v) = exp2(v * log2 e): torch's exp2 is ~3x faster
-
-
-def _global_block(gb: torch.Tensor, x: torch.Tensor, y: torch.Tensor, ng2: torch.Tensor,
-                  sg: torch.Tensor) -> None:
-    """The global-only work of one row block: ``x = exp(G)``, ``|G|^2`` and ``S_G`` per row.
-
-    Shared by the uncached path (:func:`_row_stats`) and :func:`global_pack_stats`, so both run
-    literally the same kernels on the same blocks: the cached results are bit-identical.
-    """
-    torch.sum(torch.mul(gb, gb, out=y), dim=1, out=ng2)
-    torch.mul(gb, _LOG2E, out=x).exp2_()  # x = exp(G)
-    torch.sum(x, dim=1, out=sg)
-
-
-def _block_rows(cols: int) -> int:
-    return max(1, _BLOCK_ELEMS // max(cols, 1))
-
-
 @torch.no_grad()
-def _row_stats(
-    local: torch.Tensor,
-    glob: torch.Tensor,
-    cached: _GlobalRows | None = None,
-) -> tuple[torch.Tensor, ...]:
+def _row_stats(local: torch.Tensor, glob: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Per-row (dot, |L|^2, |G|^2, beta) of two (R, C) float32 views, as float64 tensors.
 
-    Rows are processed in blocks of ``_BLOCK_ELEMS`` values; within a block every operation is
-    vectorised over all its rows. ``cached``: the global-only quantities of these rows
-    (``exp(G)``, ``|G|^2``, ``S_G``, from :func:`global_pack_stats`); then only the local-side
-    work is done here (one exponential per value instead of two), with identical results.
+    The six per-row sums come from one fused, vectorised pass (:func:`pack_sums`); only the
+    R-sized combination is done here, in float64.
     """
-    rows, cols = local.shape
-    out = torch.empty(6, rows, dtype=torch.float32)  # L.G, |L|^2, |G|^2, S_G, S_L, sum e^G (G-L)
-    dot, nl2, ng2, sg, sl, pd = out
-    block = _block_rows(cols)
-    buf_y = torch.empty(min(block, rows), cols)
-    if cached is None:
-        buf_x = torch.empty(min(block, rows), cols)
-    else:
-        ng2.copy_(cached.ng2)
-        sg.copy_(cached.sg)
-    for s in range(0, rows, block):
-        e = min(s + block, rows)
-        lb, gb, y = local[s:e], glob[s:e], buf_y[: e - s]
-        # the three sums use the same kernel, so identical packs give dot == |L|^2 == |G|^2
-        torch.sum(torch.mul(lb, gb, out=y), dim=1, out=dot[s:e])
-        torch.sum(torch.mul(lb, lb, out=y), dim=1, out=nl2[s:e])
-        if cached is None:
-            x = buf_x[: e - s]
-            _global_block(gb, x, y, ng2[s:e], sg[s:e])  # x = exp(G)
-        else:
-            x = cached.exp_g[s:e]  # exp(G), computed once per broadcast
-        torch.mul(lb, _LOG2E, out=y).exp2_()  # y = exp(L)
-        torch.sum(y, dim=1, out=sl[s:e])
-        torch.sub(gb, lb, out=y).mul_(x)  # exp(G) * (G - L)
-        torch.sum(y, dim=1, out=pd[s:e])
-    dot, nl2, ng2 = dot.double(), nl2.double(), ng2.double()
-    sg, sl, pd = sg.double(), sl.double(), pd.double()
+    dot, nl2, ng2, sg, sl, pd = pack_sums(local, glob).double()
     beta = pd / sg + torch.log(sl / sg)
     ok = (
         (sg >= _SAFE_SUM_MIN) & (sg <= _SAFE_SUM_MAX)
@@ -232,54 +171,6 @@ def _row_stats(
         beta[bad] = _kl_stable(local[bad], glob[bad])
     # KL >= 0; only rounding can push a (near-)zero value below 0
     return dot, nl2, ng2, beta.clamp_min_(0.0)
-
-
-@dataclass(frozen=True)
-class _GlobalRows:
-    """Global-only quantities of one (R, C) row view: ``exp(G)`` (float32, R x C), and per row
-    ``|G|^2`` and ``S_G = sum exp(G)`` (float32, R)."""
-
-    exp_g: torch.Tensor
-    ng2: torch.Tensor
-    sg: torch.Tensor
-
-
-@dataclass(frozen=True)
-class GlobalPackStats:
-    """The global-side per-pack quantities of :func:`pack_scores`, computed once per broadcast.
-
-    Every client of a round compares its local vector with the *same* global vector ``W_prev``,
-    so ``exp(G)`` per value and ``|G_j|^2``, ``S_G,j = sum exp(G_j)`` per pack need not be
-    recomputed per client: with these stats :func:`pack_scores` does one exponential per value
-    (``exp(L)``) instead of two, and its results are bit-identical to the uncached call (same
-    kernels on the same row blocks, see :func:`_global_block`).
-
-    Memory: ``exp(G)`` is kept for every value, i.e. ``4 * n`` bytes (~45 MB for an
-    11.2M-parameter model), besides a reference to the global vector itself (not a copy).
-    Build with :func:`global_pack_stats`. A simulator speed-up only: see
-    :meth:`FedCSPACKClient._global_stats` for what the virtual clock charges.
-    """
-
-    n: int
-    pack_size: int
-    kl_padding: str
-    parts: tuple[_GlobalRows, ...]  # the whole packs, then the partial last pack (if any)
-
-
-@torch.no_grad()
-def _global_rows(glob: torch.Tensor, reuse: _GlobalRows | None = None) -> _GlobalRows:
-    rows, cols = glob.shape
-    if reuse is not None and reuse.exp_g.shape == (rows, cols):
-        exp_g, ng2, sg = reuse.exp_g, reuse.ng2, reuse.sg  # overwritten in place
-    else:
-        exp_g = torch.empty(rows, cols)
-        ng2, sg = torch.empty(2, rows, dtype=torch.float32)
-    block = _block_rows(cols)
-    buf_y = torch.empty(min(block, rows), cols)
-    for s in range(0, rows, block):  # the same blocks as _row_stats
-        e = min(s + block, rows)
-        _global_block(glob[s:e], exp_g[s:e], buf_y[: e - s], ng2[s:e], sg[s:e])
-    return _GlobalRows(exp_g, ng2, sg)
 
 
 def _check_kl_padding(kl_padding: str) -> None:
@@ -307,35 +198,11 @@ def _part_views(flat: torch.Tensor, p: int, kl_padding: str) -> list[torch.Tenso
 
 
 @torch.no_grad()
-def global_pack_stats(
-    global_flat: torch.Tensor | np.ndarray,
-    pack_size: int,
-    kl_padding: Literal["include", "exclude"] = "include",
-    reuse: GlobalPackStats | None = None,
-) -> GlobalPackStats:
-    """The reusable global-side quantities of :func:`pack_scores` for ``global_flat``.
-
-    ``reuse``: earlier stats whose buffers may be overwritten (where the shapes match) instead
-    of allocating new ones: ``reuse`` is invalid afterwards. Allocating (page-faulting) a fresh
-    ``exp(G)`` buffer costs about twice the computation itself on an 11M-value vector.
-    """
-    _check_kl_padding(kl_padding)
-    p = _check_pack_size(pack_size)
-    gf = _as_flat32(global_flat)
-    views = _part_views(gf, p, kl_padding)
-    old = list(reuse.parts) if reuse is not None else []
-    old += [None] * (len(views) - len(old))
-    parts = tuple(_global_rows(g, r) for g, r in zip(views, old))
-    return GlobalPackStats(gf.numel(), p, kl_padding, parts)
-
-
-@torch.no_grad()
 def pack_scores(
     local_flat: torch.Tensor,
     global_flat: torch.Tensor,
     pack_size: int,
     kl_padding: Literal["include", "exclude"] = "include",
-    stats: GlobalPackStats | None = None,
 ) -> tuple[float, torch.Tensor, torch.Tensor]:
     """Scores of every pack: ``(theta_a, theta, beta)``.
 
@@ -346,28 +213,17 @@ def pack_scores(
 
     ``kl_padding``: whether the last pack's zero padding takes part in its softmax (see the
     module docstring); the cosine is unaffected by padding either way.
-
-    ``stats``: optional :func:`global_pack_stats` of ``global_flat`` (same ``pack_size`` and
-    ``kl_padding``); the caller guarantees they were computed from this very vector. The result
-    is bit-identical to the call without them, in about 80% of the time (11M values).
     """
     _check_kl_padding(kl_padding)
     lf, gf = _as_flat32(local_flat), _as_flat32(global_flat)
     if lf.numel() != gf.numel():
         raise ValueError(f"local ({lf.numel()}) and global ({gf.numel()}) sizes differ")
     p = _check_pack_size(pack_size)
-    if stats is not None and (stats.n, stats.pack_size, stats.kl_padding) != (gf.numel(), p,
-                                                                              kl_padding):
-        raise ValueError(
-            f"stats are for n={stats.n}, pack_size={stats.pack_size}, "
-            f"kl_padding={stats.kl_padding!r}; got n={gf.numel()}, pack_size={p}, "
-            f"kl_padding={kl_padding!r}")
     lparts, gparts = _part_views(lf, p, kl_padding), _part_views(gf, p, kl_padding)
     if not lparts:
         empty = torch.zeros(0, dtype=torch.float64)
         return 0.0, empty, empty.clone()
-    cached = stats.parts if stats is not None else (None,) * len(lparts)
-    parts = [_row_stats(lt, gt, c) for lt, gt, c in zip(lparts, gparts, cached)]
+    parts = [_row_stats(lt, gt) for lt, gt in zip(lparts, gparts)]
     dot, nl2, ng2, beta = (torch.cat(cols) for cols in zip(*parts))
     theta = _safe_cos(dot, nl2, ng2)
     theta_a = float(_safe_cos(dot.sum(), nl2.sum(), ng2.sum()))
@@ -579,38 +435,6 @@ def _nan_stats(w: torch.Tensor) -> tuple[float, float, float]:
 class FedCSPACKClient(Client):
     params: FedCSPACKParams
 
-    # Single-slot cache of the global-side pack statistics (:class:`GlobalPackStats`) of the
-    # last broadcast this host saw. One instance serves every client its host runs, and all the
-    # clients of a round are passed the very same broadcast Payload, so the stats are computed
-    # once per round (and architecture) instead of once per client. The slot holds the Payload
-    # object itself (not its id(), which could be reused by a later object) and is replaced by
-    # the next broadcast: it never holds more than one round's stats, i.e. ~4*n bytes of exp(G)
-    # (~45 MB for an 11.2M-parameter model) plus a reference to that broadcast's arrays. With
-    # several architectures on one host the slot switches between them (still correct).
-    # The broadcast's arrays are treated as immutable (arrays from the transport are read-only).
-    _stats_key: Payload | None = None
-    _stats_value: GlobalPackStats | None = None
-    _stats_params: Any = None  # the broadcast's params array the stats were computed from
-
-    def _global_stats(self, broadcast: Payload, prev: torch.Tensor) -> GlobalPackStats:
-        """The cached :func:`global_pack_stats` of ``prev`` (= ``broadcast.arrays["params"]``).
-
-        A simulator speed-up only: the result of :func:`pack_scores` is bit-identical with or
-        without it, and the op count charged to each client's device (:func:`selection_ops`) is
-        unchanged, because on a real device every client computes all of it itself.
-        """
-        key, stats = self._stats_key, self._stats_value
-        if (key is not broadcast or stats is None or stats.n != prev.numel()
-                or stats.pack_size != self.params.pack_size or stats.kl_padding != "include"
-                or self._stats_params is not broadcast.arrays["params"]):
-            old = self._stats_value
-            self._stats_key = self._stats_value = None
-            # the old stats' buffers are overwritten (no fresh ~4*n-byte allocation per round)
-            stats = global_pack_stats(prev, self.params.pack_size, reuse=old)
-            self._stats_key, self._stats_value = broadcast, stats
-            self._stats_params = broadcast.arrays["params"]
-        return stats
-
     def receive(self, ctx: ClientContext, broadcast: Payload) -> None:
         p = self.params
         glob = _as_flat32(broadcast.arrays["params"])
@@ -638,8 +462,7 @@ class FedCSPACKClient(Client):
         prev = _as_flat32(broadcast.arrays["params"])  # W_prev: the pre-round global model
         n = local.numel()
         j = num_packs(n, p.pack_size)
-        theta_a, theta, beta = pack_scores(local, prev, p.pack_size,
-                                           stats=self._global_stats(broadcast, prev))
+        theta_a, theta, beta = pack_scores(local, prev, p.pack_size)
         below = int((theta < theta_a).sum())
         if p.sharing == "full":
             idx, w = torch.arange(j), torch.ones(j)
@@ -647,7 +470,6 @@ class FedCSPACKClient(Client):
         else:
             idx, w = select_packs(theta, theta_a, beta, p.k, p.weighting)
             cap = pack_budget(p.k, j)
-            # charged in full per client, cache or not: each real device computes exp(G) etc.
             ops = selection_ops(n, p.pack_size, below if cap is not None and cap < below else 0)
         delta = pad_to_packs(local - prev, p.pack_size)[idx]
         upload = Payload(
