@@ -22,7 +22,8 @@ a second thread pool here would compete with torch's OpenMP workers, which spin 
 after every torch operation: on 2 cores a 2-thread version took 6.0 ms after a torch op instead
 of 3.3 ms in isolation, no better than this single thread (5.5-6.4 ms, 11.2M values).
 The kernel is compiled once per machine on first use (about 1-2 s; numba's on-disk cache
-keeps it, later processes load it in ~0.3 s).
+keeps it, later processes load it in ~0.3 s), for that CPU's vector width: like torch's, its
+sums are bit-identical run to run on one kind of CPU, but may differ in the last bits on another.
 """
 from __future__ import annotations
 
