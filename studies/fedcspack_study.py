@@ -3,13 +3,20 @@ pack-size sweep, in the reference setting of the paper's code.
 
     .venv/bin/python studies/fedcspack_study.py --quick            # mnist5k, minutes on 2 cores
     .venv/bin/python studies/fedcspack_study.py --dataset fashion_mnist --rounds 50
+    .venv/bin/python studies/fedcspack_study.py --quick --parts main --seeds 0,1,2
 
 Setting (specs/fedcspack.md): Dirichlet(0.3), 20 clients, participation 0.3, 3 local epochs,
 batch 16, lr 0.05, pack size 1024, reference CNN. Personalized accuracy is each selected
 client's model (after its personalization rule) on its own test split, as in the paper; the
 global accuracy is the global model on the held-out test set. Accuracies are averaged over the
 last `--last` evaluated rounds to smooth round-to-round noise.
-Writes <out>/summary.parquet and <out>/summary.md, and one run folder per configuration.
+
+FedCSPACK's outcome is sensitive to rounding (docs/fedcspack.md), so compare over several
+`--seeds`: each seed changes the partition, the profiles, the initial model and the client draws.
+Writes <out>/summary.parquet (one row per seed and configuration, with each seed's
+differences to FedAvg of the same seed), <out>/summary.md (with several seeds, first the mean
+over seeds with the min and max of the personalized accuracy) and one run folder per seed and
+configuration, <out>/seed<S>/<group>-<config>.
 """
 from __future__ import annotations
 
@@ -71,13 +78,14 @@ def main() -> None:
     p.add_argument("--last", type=int, default=5, help="average accuracies over the last N rounds")
     p.add_argument("--parts", default="main,ablation,packsize")
     p.add_argument("--out", default="runs/fedcspack_study")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2")
     p.add_argument("--set", dest="overrides", action="append", default=[])
     args = p.parse_args()
     if args.quick:
         args.dataset, args.rounds = "mnist5k", min(args.rounds, 20)
     out = Path(args.out)
-    base = [*REFERENCE, f"dataset.name={args.dataset}", f"rounds={args.rounds}", f"seed={args.seed}",
+    seeds = [int(v) for v in args.seeds.split(",")]
+    base = [*REFERENCE, f"dataset.name={args.dataset}", f"rounds={args.rounds}",
             "output.overwrite=true"]
     plan: list[tuple[str, str, list[str]]] = []
     parts = args.parts.split(",")
@@ -90,31 +98,59 @@ def main() -> None:
         plan += [("pack_size", f"P={ps}", ["algorithm.name=fedcspack", f"algorithm.pack_size={ps}"])
                  for ps in PACK_SIZES if ps != 1024 or "main" not in parts]
     rows = []
-    for group, name, extra in plan:
-        t0 = time.perf_counter()
-        cfg = load_config(None, [*base, *extra, *args.overrides])
-        path = run_experiment(cfg, out / f"{group}-{name}")
-        rows.append(summarise(name, group, path, args.last))
-        print(f"{group:>9} {name:<10} pers {rows[-1]['pers_acc']:.4f} global {rows[-1]['global_acc']:.4f} "
-              f"up {rows[-1]['upload_MB']:.1f} MB  ({time.perf_counter() - t0:.0f} s)", flush=True)
-    # the reference configuration (cskd, P=1024) belongs to all three groups
-    table = pd.DataFrame(rows)
-    ref = table[(table["group"] == "main") & (table["config"] == "fedcspack")]
-    if len(ref):
-        extra_rows = []
-        if "ablation" in parts:
-            extra_rows.append(ref.assign(group="ablation", config="cskd"))
-        if "packsize" in parts:
-            extra_rows.append(ref.assign(group="pack_size", config="P=1024"))
-        table = pd.concat([table, *extra_rows], ignore_index=True)
-    fedavg = table[(table["group"] == "main") & (table["config"] == "fedavg")]
-    if len(fedavg):
-        table["upload_vs_fedavg"] = 1 - table["upload_MB"] / fedavg["upload_MB"].iloc[0]
+    for seed in seeds:
+        for group, name, extra in plan:
+            t0 = time.perf_counter()
+            cfg = load_config(None, [*base, f"seed={seed}", *extra, *args.overrides])
+            path = run_experiment(cfg, out / f"seed{seed}" / f"{group}-{name}")
+            rows.append({"seed": seed, **summarise(name, group, path, args.last)})
+            r = rows[-1]
+            print(f"seed {seed} {group:>9} {name:<10} pers {r['pers_acc']:.4f} "
+                  f"global {r['global_acc']:.4f} up {r['upload_MB']:.1f} MB  "
+                  f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    table = with_reference_rows(pd.DataFrame(rows), parts)
     out.mkdir(parents=True, exist_ok=True)
     table.to_parquet(out / "summary.parquet", index=False)
-    md = table.to_markdown(index=False, floatfmt=".4f") if _has_tabulate() else table.to_string(index=False)
+    tables = [table] if len(seeds) == 1 else [mean_over_seeds(table), table]
+    md = "\n\n".join(_format(t) for t in tables)
     (out / "summary.md").write_text(md + "\n")
     print(md)
+
+
+def with_reference_rows(table: pd.DataFrame, parts: list[str]) -> pd.DataFrame:
+    """Add the reference configuration (cskd, P=1024) to the ablation and pack-size groups it
+    belongs to, and each row's differences to FedAvg of the same seed."""
+    ref = table[(table["group"] == "main") & (table["config"] == "fedcspack")]
+    extra_rows = []
+    if len(ref) and "ablation" in parts:
+        extra_rows.append(ref.assign(group="ablation", config="cskd"))
+    if len(ref) and "packsize" in parts:
+        extra_rows.append(ref.assign(group="pack_size", config="P=1024"))
+    table = pd.concat([table, *extra_rows], ignore_index=True)
+    fedavg = table[(table["group"] == "main") & (table["config"] == "fedavg")]
+    if len(fedavg):
+        fa = fedavg.set_index("seed")
+        table["upload_vs_fedavg"] = 1 - table["upload_MB"] / table["seed"].map(fa["upload_MB"])
+        table["pers_acc_vs_fedavg"] = table["pers_acc"] - table["seed"].map(fa["pers_acc"])
+    return table.sort_values("seed", kind="stable", ignore_index=True)
+
+
+def mean_over_seeds(table: pd.DataFrame) -> pd.DataFrame:
+    """Mean over seeds per configuration, with the spread of the personalized accuracy."""
+    keys = ["group", "config"]
+    numeric = [c for c in table.columns if c not in (*keys, "seed")]
+    grouped = table.groupby(keys, sort=False)
+    mean = grouped[numeric].mean()
+    mean.insert(1, "pers_acc_min", grouped["pers_acc"].min())
+    mean.insert(2, "pers_acc_max", grouped["pers_acc"].max())
+    mean.insert(0, "seeds", grouped["seed"].count())
+    return mean.reset_index()
+
+
+def _format(table: pd.DataFrame) -> str:
+    if _has_tabulate():
+        return table.to_markdown(index=False, floatfmt=".4f")
+    return table.to_string(index=False)
 
 
 def _has_tabulate() -> bool:

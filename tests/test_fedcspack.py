@@ -584,3 +584,41 @@ def test_engine_run_writes_fedcspack_traces_and_pack_tables(tmp_path):
     j = math.ceil(4810 / 256)
     expect = 4 * 256 * k + np.minimum(4 * k, math.ceil(j / 8)) + 4 * k
     assert (c["bytes_up"] == np.where(k > 0, expect, 0)).all()
+
+
+def _study_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "studies" / "fedcspack_study.py"
+    spec = importlib.util.spec_from_file_location("fedcspack_study", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_study_summary_compares_each_seed_with_its_own_fedavg():
+    import pandas as pd
+
+    study = _study_module()
+    rows = [  # (seed, group, config, pers_acc, upload_MB)
+        (0, "main", "fedavg", 0.80, 10.0), (0, "main", "fedcspack", 0.85, 4.0),
+        (0, "ablation", "cs", 0.82, 5.0),
+        (1, "main", "fedavg", 0.90, 20.0), (1, "main", "fedcspack", 0.89, 5.0),
+        (1, "ablation", "cs", 0.91, 10.0),
+    ]
+    table = pd.DataFrame(rows, columns=["seed", "group", "config", "pers_acc", "upload_MB"])
+    full = study.with_reference_rows(table, ["main", "ablation"])
+    assert full["seed"].tolist() == [0, 0, 0, 0, 1, 1, 1, 1]  # cskd = the main fedcspack row
+    cskd = full[full["config"] == "cskd"]
+    assert cskd["pers_acc"].tolist() == [0.85, 0.89]
+    fcs_rows = full[full["config"] == "fedcspack"]
+    assert fcs_rows["pers_acc_vs_fedavg"].tolist() == pytest.approx([0.05, -0.01])
+    assert fcs_rows["upload_vs_fedavg"].tolist() == pytest.approx([0.6, 0.75])
+    mean = study.mean_over_seeds(full).set_index(["group", "config"])
+    row = mean.loc[("main", "fedcspack")]
+    assert row["seeds"] == 2
+    assert row["pers_acc"] == pytest.approx(0.87)
+    assert (row["pers_acc_min"], row["pers_acc_max"]) == (0.85, 0.89)
+    assert row["pers_acc_vs_fedavg"] == pytest.approx(0.02)
+    assert mean.loc[("ablation", "cs"), "upload_vs_fedavg"] == pytest.approx(0.5)
