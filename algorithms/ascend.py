@@ -68,6 +68,7 @@ from algorithms.compressed_fedavg import (
     decode_upload,
     validate_k,
 )
+from algorithms.compressors import STRATEGIES, Strategy
 from algorithms.fedavg import state_payload
 from algorithms.training import (
     flat_params,
@@ -79,8 +80,6 @@ from algorithms.training import (
 )
 from hardware_profiles import clock
 
-Strategy = Literal["topk", "randomk", "periodick"]
-STRATEGIES: tuple[str, ...] = ("topk", "randomk", "periodick")
 FORCED_ARM = "topk"  # [paper] the arm a rollback forces
 FORWARD_FRACTION = 1.0 / 3.0  # forward pass ~ 1/3 of a training step (probe-loss evaluation cost)
 CONTROL_VALUE_BYTES = 4  # each number of the broadcast's control meta travels as 32 bits

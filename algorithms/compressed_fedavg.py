@@ -53,6 +53,7 @@ from algorithms.compressors import (
     Compressed,
     ErrorFeedback,
     OpCosts,
+    Strategy,
     compress,
     scatter_add_,
 )
@@ -67,7 +68,6 @@ from algorithms.training import (
     local_sgd,
 )
 
-Strategy = Literal["topk", "randomk", "periodick"]
 PAYLOAD_KEYS = ("values", "indices", "seed", "offset")
 
 

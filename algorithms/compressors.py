@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Literal, get_args
 
 import numpy as np
 import torch
@@ -392,6 +392,9 @@ class ErrorFeedback:
 # --------------------------------------------------------------------------------------------
 # Registry and single entry point
 # --------------------------------------------------------------------------------------------
+Strategy = Literal["topk", "randomk", "periodick"]
+STRATEGIES: tuple[str, ...] = get_args(Strategy)
+
 COMPRESSORS: dict[str, Callable[..., Compressed]] = {
     "topk": topk,
     "randomk": randomk,

@@ -8,8 +8,9 @@ second Python loop applying the threshold and the cskd weight with ``.item()``.
 
 Both sides do one client's whole selection: the per-pack scores against the global vector,
 the threshold and the mask weights. The vectorised side's per-pack sums are one compiled,
-SIMD-vectorised pass (algorithms/pack_kernel.py), run with ``--threads`` threads, as is the loop's
-torch. The first call compiles the kernel (or loads it from numba's cache); it is not timed.
+SIMD-vectorised, single-threaded pass (algorithms/pack_kernel.py); ``--threads`` sets torch's
+threads, which the loop and the vectorised side's few J-sized torch operations use. The first
+call compiles the kernel (or loads it from numba's cache); it is not timed.
 
 The loop can be slow for big models; ``--loop-packs M`` times it on the first M packs only and
 extrapolates linearly to all J packs (the output says so).
