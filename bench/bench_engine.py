@@ -52,13 +52,18 @@ def case_engine(rounds: int) -> dict:
 
     cfg = _cfg([f"rounds={rounds + 1}"])
     writer = RunWriter(tempfile.mkdtemp())
-    sim = Simulation(cfg, executor=InProcessExecutor(threads=1), callbacks=[lambda rec: (writer.append("rounds", [rec.row]),
-                                                  writer.append("clients", rec.client_rows))])
+    sim = Simulation(cfg, executor=InProcessExecutor(threads=1))
+
+    def round_and_record(r: int) -> None:
+        rec = sim.run_round(r)
+        writer.append("rounds", [rec.row])
+        writer.append("clients", rec.client_rows)
+
     sim.start()
-    sim.run_round(0)  # warm-up: first-touch allocations, thread pools
+    round_and_record(0)  # warm-up: first-touch allocations, thread pools
     t0 = time.perf_counter()
     for r in range(1, rounds + 1):
-        sim.run_round(r)
+        round_and_record(r)
     return {"wall_s": time.perf_counter() - t0}
 
 

@@ -6,9 +6,10 @@ folder's writer all live in the driver actor, which is pinned to the caller's no
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Callable
 
+from engine.callbacks import CallbackLike, CallbackList, RunCallback, RunContext, Stop
 from engine.config import ExperimentConfig
 from engine.ray_executor import init_ray
 from engine.simulation import RoundRecord
@@ -17,8 +18,16 @@ POLL_S = 0.5
 STOP_GRACE_S = 120.0  # after Ctrl+C: time for the round in flight to finish and be written
 
 
-class RunStopped(Exception):
-    """The caller asked the driver actor to stop (Ctrl+C); raised between rounds."""
+class _Relay(RunCallback):
+    """Inside the driver actor: queues rounds for the caller; ends the loop when asked to."""
+
+    def __init__(self):
+        self.records: list[RoundRecord] = []
+        self.stop_request: Stop | None = None
+
+    def on_round_end(self, run, record):
+        self.records.append(record)
+        return self.stop_request
 
 
 def _driver_actor_class():
@@ -27,56 +36,69 @@ def _driver_actor_class():
     @ray.remote(num_cpus=0, max_concurrency=2, max_restarts=0)
     class DriverActor:
         def __init__(self):
-            self._records: list[RoundRecord] = []
-            self._stop = False
+            self._relay = _Relay()
 
         def run(self, cfg: ExperimentConfig, path: str, command: list[str]) -> str:
             from engine.run import execute_run
 
-            return str(execute_run(cfg, Path(path), [self._collect], command))
+            return str(execute_run(cfg, Path(path), [self._relay], command))
 
-        def _collect(self, record: RoundRecord) -> None:
-            self._records.append(record)
-            if self._stop:  # the round is already written: stop cleanly between rounds
-                raise RunStopped(f"stopped by the caller after round {record.round}")
-
-        def stop(self) -> None:
-            self._stop = True
+        def stop(self, message: str, status: str) -> None:
+            self._relay.stop_request = Stop(message, status)
 
         def poll(self) -> list[RoundRecord]:
-            records, self._records = self._records, []
+            records, self._relay.records = self._relay.records, []
             return records
 
     return DriverActor
 
 
 def run_on_driver_actor(
-    cfg: ExperimentConfig, path: Path, callbacks: list[Callable[[RoundRecord], None]], command
+    cfg: ExperimentConfig, path: Path, callbacks: list[CallbackLike], command
 ) -> Path:
     ray = init_ray(cfg.ray.address, cfg.ray.num_cpus)
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    cbs = CallbackList(callbacks)
+    run = RunContext(cfg, Path(path), first_round=0, simulation=None)
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     driver = _driver_actor_class().options(scheduling_strategy=here).remote()
     done = driver.run.remote(cfg, str(Path(path).resolve()), command)
+    stop_sent = False
 
     def relay() -> None:
+        nonlocal stop_sent
         for rec in ray.get(driver.poll.remote()):
-            for cb in callbacks:
-                cb(rec)
+            stop = cbs.round_end(run, rec)
+            if stop is not None and not stop_sent:
+                driver.stop.remote(stop.message, stop.status)
+                stop_sent = True
 
+    status = "failed"
+    cbs.run_begin(run)
     try:
         while not ray.wait([done], timeout=POLL_S)[0]:
             relay()
         relay()
         try:
-            return Path(ray.get(done))
+            result = Path(ray.get(done))
         except ray.exceptions.RayTaskError as err:
             raise err.as_instanceof_cause() from None
+        status = _manifest_status(result)
+        return result
     except KeyboardInterrupt:
         # let the driver finish the round in flight, mark the run interrupted and compact it
-        driver.stop.remote()
+        status = "interrupted"
+        driver.stop.remote("stopped by the caller (Ctrl+C)", "interrupted")
         ray.wait([done], timeout=STOP_GRACE_S)
         raise
     finally:
         ray.kill(driver)
+        cbs.run_end(run, status)
+
+
+def _manifest_status(path: Path) -> str:
+    try:
+        return json.loads((path / "manifest.json").read_text()).get("status", "finished")
+    except (OSError, ValueError):
+        return "finished"

@@ -8,8 +8,8 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Callable
 
+from engine.callbacks import CallbackLike, RunCallback, RunContext, around_recorder
 from engine.config import ExperimentConfig, dump_config
 from engine.results import RunWriter, SCHEMA_VERSION
 from engine.simulation import RoundRecord, Simulation
@@ -58,18 +58,35 @@ def make_executor(cfg: ExperimentConfig):
     return InProcessExecutor(threads=cfg.executor.threads_per_actor or 1)
 
 
+class RunRecorder(RunCallback):
+    """Appends every round's rows to the run folder's Parquet parts; compacts them at the end."""
+
+    def __init__(self, writer: RunWriter):
+        self.writer = writer
+
+    def on_round_end(self, run: RunContext, record: RoundRecord) -> None:
+        self.writer.append("rounds", [record.row])
+        self.writer.append("clients", record.client_rows)
+        for name, rows in record.extra_tables.items():
+            self.writer.append(name, rows)
+
+    def on_run_end(self, run: RunContext, status: str) -> None:
+        self.writer.finalize()
+
+
 def run_experiment(
     cfg: ExperimentConfig,
     run_dir: str | Path | None = None,
-    callbacks: list[Callable[[RoundRecord], None]] | None = None,
+    callbacks: list[CallbackLike] | None = None,
     command: list[str] | None = None,
 ) -> Path:
     """Run ``cfg`` and write its run folder; returns the folder's path.
 
-    With ``executor.kind: ray`` the round loop runs inside a driver actor (pinned to this
-    node, so the run folder is written here) and ``callbacks`` receive its rounds as they end.
-    Rows are appended every round; on failure the manifest records the error and every
-    finished round stays readable with :func:`engine.results.load_run`.
+    ``callbacks`` (:mod:`engine.callbacks`) see every finished round and may add metrics or
+    stop the run. With ``executor.kind: ray`` the round loop runs inside a driver actor (pinned
+    to this node, so the run folder is written here) and ``callbacks`` run in this process on
+    the rounds it relays. Rows are appended every round; on failure the manifest records the
+    error and every finished round stays readable with :func:`engine.results.load_run`.
     """
     path = Path(run_dir) if run_dir is not None else make_run_dir(cfg)
     command = command if command is not None else sys.argv
@@ -83,7 +100,7 @@ def run_experiment(
 def execute_run(
     cfg: ExperimentConfig,
     path: Path,
-    callbacks: list[Callable[[RoundRecord], None]] | None,
+    callbacks: list[CallbackLike] | None,
     command: list[str],
     executor=None,
 ) -> Path:
@@ -107,34 +124,27 @@ def execute_run(
     }
     writer.write_json("manifest.json", manifest)
     wall0 = time.perf_counter()
-
-    def record(rec: RoundRecord) -> None:
-        writer.append("rounds", [rec.row])
-        writer.append("clients", rec.client_rows)
-        for name, rows in rec.extra_tables.items():
-            writer.append(name, rows)
-
+    recorder = RunRecorder(writer)
     try:
         executor = executor if executor is not None else make_executor(cfg)
-        sim = Simulation(cfg, executor, callbacks=[record, *(callbacks or [])])
+        sim = Simulation(cfg, executor)
         writer.write_table("profiles", sim.profiles.to_frame())
         sim.start()
         manifest["executor"] = sim.executor.describe()
         manifest["loop_pid"] = os.getpid()  # the driver actor's process under the Ray executor
         manifest["num_clients"] = sim.data.num_clients
-        sim.run()
-        manifest["status"] = "finished"
+        run = RunContext(cfg, path, first_round=sim.next_round, simulation=sim, info=manifest)
+        manifest["status"] = sim.run(around_recorder(callbacks, recorder), run)
+        if sim.stop is not None:
+            manifest["error"] = sim.stop.message
         manifest["sim_time_s"] = sim.sim_time_s
     except BaseException as err:  # record, then re-raise: nothing finished is lost
-        from engine.driver_actor import RunStopped
-
-        stopped = isinstance(err, (KeyboardInterrupt, RunStopped))
-        manifest["status"] = "interrupted" if stopped else "failed"
+        manifest["status"] = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
         manifest["error"] = "".join(traceback.format_exception_only(type(err), err)).strip()
         raise
     finally:
         manifest["finished"] = dt.datetime.now(dt.timezone.utc).isoformat()
         manifest["wall_s"] = time.perf_counter() - wall0
-        writer.finalize()
+        writer.finalize()  # idempotent: also covers a failure before the loop started
         writer.write_json("manifest.json", manifest)
     return path

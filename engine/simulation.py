@@ -1,13 +1,14 @@
-"""The round loop: select, broadcast, run clients, time, aggregate, evaluate, record.
+"""The round loop: select, broadcast, run clients, time, aggregate, evaluate.
 
 :class:`Simulation` is executor-agnostic (in-process or Ray actors) and knows nothing of files
-or terminals: recording and progress are callbacks that receive each finished round.
+or terminals: recording, progress, Tune reporting and checkpoints are callbacks
+(:mod:`engine.callbacks`) that receive each finished round and may stop the loop.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -15,6 +16,7 @@ import torch
 from algorithms import ALGORITHMS
 from algorithms.base import ClientResult, ServerContext
 from algorithms.training import evaluate
+from engine.callbacks import CallbackLike, CallbackList, RunContext, Stop
 from engine.config import ExperimentConfig
 from engine.executor import Executor, InProcessExecutor
 from engine.partition import FederatedData
@@ -34,8 +36,9 @@ class RoundRecord:
     client_rows: list[dict[str, Any]]  # the clients.parquet rows
     extra_tables: dict[str, Any] = field(default_factory=dict)  # method traces by table name
 
-
-Callback = Callable[[RoundRecord], None]
+    def add_metrics(self, metrics: dict[str, Any]) -> None:
+        """Add columns to this round's rounds.parquet row (from a callback)."""
+        self.row.update(metrics)
 
 
 def num_selected(cfg: ExperimentConfig, num_clients: int) -> int:
@@ -110,12 +113,10 @@ class Simulation:
         self,
         cfg: ExperimentConfig,
         executor: Executor | None = None,
-        callbacks: list[Callback] | None = None,
         data: FederatedData | None = None,
     ):
         self.cfg = cfg
         self.executor = executor or InProcessExecutor()
-        self.callbacks = list(callbacks or [])
         self.data = data if data is not None else build_data(cfg)
         n = self.data.num_clients
         self.profiles = assign_profiles(cfg.clients.profiles, n, seed=cfg.seed)
@@ -142,6 +143,8 @@ class Simulation:
         )
         self.server = spec.server(cfg.algorithm, self.models, cfg.seed, context=context)
         self.sim_time_s = 0.0
+        self.next_round = 0  # the first round run() will run (a resumed run starts later)
+        self.stop: Stop | None = None  # why the last run() ended early, if it did
         self._started = False
 
     # ------------------------------------------------------------------ set-up
@@ -161,15 +164,41 @@ class Simulation:
             self._started = True
 
     # ------------------------------------------------------------------ the loop
-    def run(self) -> list[dict[str, Any]]:
+    def run(
+        self, callbacks: list[CallbackLike] | CallbackList | None = None, run: RunContext | None = None
+    ) -> str:
+        """Run rounds ``next_round .. cfg.rounds - 1``; returns the final status.
+
+        ``finished`` when every round ran, else the status of the :class:`Stop` a callback
+        returned (kept in ``self.stop``). If a round raises, ``on_run_end`` sees ``failed``
+        (``interrupted`` for Ctrl+C) and the exception propagates.
+        """
+        cbs = callbacks if isinstance(callbacks, CallbackList) else CallbackList(callbacks)
+        run = run or RunContext(self.cfg, None, first_round=self.next_round, simulation=self)
         self.start()
-        rows = []
+        status = "failed"
         try:
-            for r in range(self.cfg.rounds):
-                rows.append(self.run_round(r).row)
+            cbs.run_begin(run)
+            status = "finished"
+            while self.next_round < self.cfg.rounds:
+                record = self.run_round(self.next_round)
+                self.next_round += 1
+                self.stop = cbs.round_end(run, record)
+                if self.stop is not None:
+                    status = self.stop.status
+                    break
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
+        except BaseException:
+            status = "failed"
+            raise
         finally:
-            self.executor.close()
-        return rows
+            try:
+                self.executor.close()
+            finally:
+                cbs.run_end(run, status)
+        return status
 
     def run_round(self, r: int) -> RoundRecord:
         cfg, policy = self.cfg, self.cfg.clock
@@ -236,10 +265,7 @@ class Simulation:
         if policy.mode == "realtime":
             time.sleep(policy.realtime_sleep_s(round_s))
         row["wall_s"] = time.perf_counter() - wall0
-        record = RoundRecord(r, row, client_rows, self.server.drain_tables())
-        for cb in self.callbacks:
-            cb(record)
-        return record
+        return RoundRecord(r, row, client_rows, self.server.drain_tables())
 
     # ------------------------------------------------------------------ evaluation
     def _global_test(self) -> tuple[torch.Tensor, torch.Tensor]:

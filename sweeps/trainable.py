@@ -25,6 +25,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from engine.callbacks import RunCallback
 from engine.config import load_config
 from engine.ray_executor import RayExecutor
 from sweeps.space import plain
@@ -89,6 +90,33 @@ def error_text(err: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(err), err)).strip()
 
 
+class TuneReporter(RunCallback):
+    """Reports every round's row to Tune; the last round only once the run folder is complete
+    (:meth:`flush`), so a scheduler decision on it cannot cut the run's finalisation short."""
+
+    def __init__(self, last_round: int):
+        self.last_round = last_round
+        self.rounds_done = 0
+        self.deferred: list[dict[str, Any]] = []
+
+    def on_round_end(self, run, record) -> None:
+        from ray import tune
+
+        self.rounds_done = record.round + 1
+        metrics = round_metrics(record.row)
+        if record.round >= self.last_round:
+            self.deferred.append(metrics)
+        else:
+            tune.report(metrics)
+
+    def flush(self) -> None:
+        from ray import tune
+
+        for metrics in self.deferred:
+            tune.report(metrics)
+        self.deferred = []
+
+
 def hetsim_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
     """Tune function trainable (bound to the resolved sweep with ``tune.with_parameters``)."""
     import ray
@@ -112,30 +140,19 @@ def hetsim_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
     }
     _write_info(run_dir, info)
 
-    last_round = math.inf
-    deferred: list[dict[str, Any]] = []
-    done = {"rounds": 0}
-
-    def report(rec) -> None:
-        done["rounds"] = rec.round + 1
-        metrics = round_metrics(rec.row)
-        if rec.round >= last_round:
-            deferred.append(metrics)  # reported once the run folder is complete
-        else:
-            tune.report(metrics)
-
+    reporter = TuneReporter(last_round=math.inf)
     command = [*(resolved.command or ["hetsim", "sweep"]), f"trial={trial_id}"]
     try:
         cfg = load_config(resolved.trial_raw(params))
-        last_round = cfg.rounds - 1
+        reporter.last_round = cfg.rounds - 1
         placement_group = ray.util.get_current_placement_group()
         if cfg.executor.kind == "ray" and placement_group is not None:
             executor = RayExecutor(cfg, placement_group=placement_group)
-            execute_run(cfg, run_dir, [report], command, executor=executor)
+            execute_run(cfg, run_dir, [reporter], command, executor=executor)
         else:  # in-process (or, outside a placement group, the engine's own driver actor)
-            run_experiment(cfg, run_dir, [report], command)
+            run_experiment(cfg, run_dir, [reporter], command)
     except SystemExit:  # Tune stopped the trial (scheduler decision or sweep interrupted)
-        msg = f"stopped by Tune after {done['rounds']} round(s)"
+        msg = f"stopped by Tune after {reporter.rounds_done} round(s)"
         _mark_manifest(run_dir, "stopped", msg)
         _write_info(run_dir, {**info, "status": "stopped", "error": msg})
         raise
@@ -143,5 +160,4 @@ def hetsim_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
         _write_info(run_dir, {**info, "status": "error", "error": error_text(err)})
         raise
     _write_info(run_dir, {**info, "status": "finished"})
-    for metrics in deferred:
-        tune.report(metrics)
+    reporter.flush()

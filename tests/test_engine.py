@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from engine.cli import main
+from hetsim.cli import main
 from engine.config import load_config
 from engine.results import CLIENT_COLUMNS, PROFILE_COLUMNS, ROUND_COLUMNS, WALL_COLUMNS, load_run
 from engine.run import run_experiment

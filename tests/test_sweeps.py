@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from algorithms import ALGORITHMS
-from engine.cli import main
+from hetsim.cli import main
 from engine.config import load_config
 from engine.results import ROUND_COLUMNS, WALL_COLUMNS, load_run
 from engine.run import run_experiment
@@ -378,7 +378,7 @@ def test_sweep_on_a_multi_node_cluster_via_address(tmp_path):
         spec_file.write_text(yaml.safe_dump(spec()))
         t0 = time.perf_counter()
         proc = subprocess.run(
-            [sys.executable, "-m", "engine.cli", "sweep", str(spec_file), "--storage",
+            [sys.executable, "-m", "hetsim", "sweep", str(spec_file), "--storage",
              str(tmp_path / "sw"), "--address", cluster.address, "-q"],
             capture_output=True, text=True, timeout=240,
             env={**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"},

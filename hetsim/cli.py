@@ -1,10 +1,12 @@
-"""The ``hetsim`` command line."""
+"""The ``hetsim`` command line: the layer above ``engine`` and ``sweeps`` (neither imports it)."""
 from __future__ import annotations
 
 import argparse
 import math
 import sys
 from pathlib import Path
+
+from engine.callbacks import RunCallback  # light: no torch, no Ray
 
 EPILOG = """examples:
   hetsim run                                   # the built-in default experiment
@@ -81,16 +83,21 @@ def cmd_validate(args) -> int:
     return 0
 
 
-class ProgressBar:
-    """One tqdm bar over rounds, showing the latest accuracies and simulated time."""
+class ProgressBar(RunCallback):
+    """A run callback: one tqdm bar over rounds, showing the latest accuracies and simulated time."""
 
     def __init__(self, total: int):
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=total, unit="round", dynamic_ncols=True, file=sys.stderr)
+        self.total = total
+        self.bar = None
         self.postfix: dict[str, str] = {}
 
-    def __call__(self, rec) -> None:
+    def on_run_begin(self, run) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=self.total, initial=run.first_round, unit="round",
+                        dynamic_ncols=True, file=sys.stderr)
+
+    def on_round_end(self, run, rec) -> None:
         row = rec.row
         for key, label in (("global_acc", "acc"), ("pers_acc", "pers")):
             if not math.isnan(row.get(key, float("nan"))):
@@ -99,8 +106,9 @@ class ProgressBar:
         self.bar.set_postfix(self.postfix, refresh=False)
         self.bar.update(1)
 
-    def close(self) -> None:
-        self.bar.close()
+    def on_run_end(self, run, status) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def cmd_run(args) -> int:
@@ -108,11 +116,7 @@ def cmd_run(args) -> int:
 
     cfg = _load(args)
     bar = None if args.quiet else ProgressBar(cfg.rounds)
-    try:
-        path = run_experiment(cfg, run_dir=args.out, callbacks=[bar] if bar else [], command=sys.argv)
-    finally:
-        if bar:
-            bar.close()
+    path = run_experiment(cfg, run_dir=args.out, callbacks=[bar] if bar else [], command=sys.argv)
     print(summary_table(path))
     print(f"\nresults: {path}")
     return 0

@@ -1,0 +1,137 @@
+"""Round-loop callbacks: the one seam for everything that is not the round itself.
+
+The round loop (:class:`engine.simulation.Simulation`) only selects, runs, times, aggregates and
+evaluates. Writing Parquet, the progress bar, Tune reporting and checkpoints are callbacks with
+three hooks, modelled on pfl-research's ``TrainingProcessCallback``:
+
+* ``on_run_begin(run)``: once, before the first round this process runs (``run.first_round``
+  is 0, or the round a resumed run continues from);
+* ``on_round_end(run, record)``: after every round, in list order. A callback whose class
+  sets ``adds_metrics = True`` may add columns to the round's row with
+  ``record.add_metrics``; :func:`engine.run.execute_run` runs such callbacks *before* the
+  Parquet recorder (so the columns are written) and every other callback *after* it (so what
+  it observes, reports to Tune or checkpoints is already on disk). Any callback may ask the
+  loop to stop after this round by returning ``True`` or a :class:`Stop`;
+* ``on_run_end(run, status)``: once, with the run's final status (``finished``, ``stopped``,
+  ``interrupted``, ``failed``, ...), also when the loop raised.
+
+A plain function ``f(record)`` is accepted wherever a callback is and is called as
+``on_round_end``. Under the Ray executor the loop runs in a driver actor; callbacks passed by
+the caller run in the caller's process on relayed records, with ``run.simulation`` = ``None``
+(the round is already written there, so metrics they add are not recorded; a stop request is
+forwarded to the driver actor and takes effect after the round in flight).
+
+Not here: the Parquet writer itself (:mod:`engine.results`) and checkpoint files
+(:mod:`engine.checkpoint`); this module only defines the hooks and the dispatch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Union
+
+if TYPE_CHECKING:
+    from engine.config import ExperimentConfig
+    from engine.simulation import RoundRecord, Simulation
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Returned by ``on_round_end`` to end the run after this round.
+
+    ``status`` becomes the run's status in ``manifest.json`` (``stopped`` for a plain request,
+    ``diverged`` for the divergence policy, ...); ``message`` is recorded as its reason.
+    """
+
+    message: str
+    status: str = "stopped"
+
+
+@dataclass
+class RunContext:
+    """What a callback knows about the run it is attached to."""
+
+    cfg: "ExperimentConfig"
+    path: Path | None  # the run folder (None for a bare Simulation without one)
+    first_round: int = 0  # 0, or the round a resumed run continues from
+    simulation: "Simulation | None" = None  # None where the callback runs outside the loop's process
+    info: dict[str, Any] = field(default_factory=dict)  # free-form, e.g. the manifest being written
+
+
+class RunCallback:
+    """Base class: override the hooks you need; the defaults do nothing."""
+
+    adds_metrics = False  # True: runs before the Parquet recorder (see the module docstring)
+
+    def on_run_begin(self, run: RunContext) -> None:
+        pass
+
+    def on_round_end(self, run: RunContext, record: "RoundRecord") -> Union[bool, Stop, None]:
+        return None
+
+    def on_run_end(self, run: RunContext, status: str) -> None:
+        pass
+
+
+class FunctionCallback(RunCallback):
+    """Adapts a plain ``f(record)`` to the interface (it is called after every round)."""
+
+    def __init__(self, fn: Callable[["RoundRecord"], Any]):
+        self.fn = fn
+
+    def on_round_end(self, run, record):
+        out = self.fn(record)
+        return out if isinstance(out, Stop) or out is True else None
+
+
+CallbackLike = Union[RunCallback, Callable[["RoundRecord"], Any]]
+
+
+def around_recorder(items: Iterable[CallbackLike] | None, recorder: RunCallback) -> list[RunCallback]:
+    """Callbacks that add metrics, then ``recorder``, then the rest (each group in order)."""
+    cbs = as_callbacks(items)
+    return [*(c for c in cbs if c.adds_metrics), recorder, *(c for c in cbs if not c.adds_metrics)]
+
+
+def as_callbacks(items: Iterable[CallbackLike] | None) -> list[RunCallback]:
+    out = []
+    for cb in items or ():
+        if isinstance(cb, RunCallback):
+            out.append(cb)
+        elif callable(cb):
+            out.append(FunctionCallback(cb))
+        else:
+            raise TypeError(f"callback {cb!r} is neither a RunCallback nor callable")
+    return out
+
+
+class CallbackList:
+    """Calls every callback's hook in order; collects stop requests."""
+
+    def __init__(self, callbacks: Iterable[CallbackLike] | None = None):
+        self.callbacks = as_callbacks(callbacks)
+
+    def run_begin(self, run: RunContext) -> None:
+        for cb in self.callbacks:
+            cb.on_run_begin(run)
+
+    def round_end(self, run: RunContext, record: "RoundRecord") -> Stop | None:
+        """Every callback sees the round, even after one asked to stop; the first request wins."""
+        stop: Stop | None = None
+        for cb in self.callbacks:
+            out = cb.on_round_end(run, record)
+            if stop is None and out is not None and out is not False:
+                stop = out if isinstance(out, Stop) else Stop(
+                    f"stopped by {type(cb).__name__} after round {record.round}")
+        return stop
+
+    def run_end(self, run: RunContext, status: str) -> None:
+        """Every callback's ``on_run_end`` runs even if one raises; the first error is re-raised."""
+        first: BaseException | None = None
+        for cb in self.callbacks:
+            try:
+                cb.on_run_end(run, status)
+            except BaseException as err:  # noqa: BLE001 - re-raised below
+                first = first or err
+        if first is not None:
+            raise first

@@ -1,0 +1,1 @@
+"""The command line and reports: the layer above ``engine`` and ``sweeps``."""
