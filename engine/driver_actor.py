@@ -13,6 +13,7 @@ from engine.callbacks import CallbackLike, CallbackList, RunCallback, RunContext
 from engine.config import ExperimentConfig
 from engine.ray_executor import init_ray
 from engine.simulation import RoundRecord
+from engine.trace import mark
 
 POLL_S = 0.5
 STOP_GRACE_S = 120.0  # after Ctrl+C: time for the round in flight to finish and be written
@@ -36,6 +37,7 @@ def _driver_actor_class():
     @ray.remote(num_cpus=0, max_concurrency=2, max_restarts=0)
     class DriverActor:
         def __init__(self):
+            mark("driver actor: up")
             self._relay = _Relay()
 
         def run(self, cfg: ExperimentConfig, path: str, command: list[str]) -> str:
@@ -63,6 +65,7 @@ def run_on_driver_actor(
     run = RunContext(cfg, Path(path), first_round=0, simulation=None)
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     driver = _driver_actor_class().options(scheduling_strategy=here).remote()
+    mark("cli: driver actor requested")
     done = driver.run.remote(cfg, str(Path(path).resolve()), command)
     stop_sent = False
 
@@ -93,6 +96,7 @@ def run_on_driver_actor(
         ray.wait([done], timeout=STOP_GRACE_S)
         raise
     finally:
+        mark("cli: driver done")
         ray.kill(driver)
         cbs.run_end(run, status)
 

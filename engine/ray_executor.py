@@ -19,6 +19,7 @@ import numpy as np
 from engine.config import ExperimentConfig
 from engine.executor import Executor
 from engine.runtime import ClientHost, HostSetup
+from engine.trace import mark
 
 # Measured with ray 2.60: these keep a local Ray quiet and fast to start.
 QUIET_RAY_ENV = {
@@ -43,6 +44,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None):
 
     if ray.is_initialized():
         return ray
+    mark("ray: init begins")
     if address:
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
     else:
@@ -53,6 +55,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None):
             log_to_driver=False,
             _node_ip_address="127.0.0.1",
         )
+    mark("ray: init done")
     return ray
 
 
@@ -91,7 +94,9 @@ def _client_actor_class():
     @ray.remote(max_restarts=0)
     class ClientActor:
         def __init__(self, setup: HostSetup, threads: int):
+            mark("client actor: up")
             self.host = ClientHost(setup, threads=threads)
+            mark("client actor: host ready")
 
         def ready(self) -> int:
             return os.getpid()
@@ -147,11 +152,13 @@ class RayExecutor(Executor):
             ]
         setup_ref = ray.put(setup)
         actor_cls = _client_actor_class()
+        mark("executor: actors requested")
         self.actors = [
             actor_cls.options(num_cpus=ex.cpus_per_actor, **opt).remote(setup_ref, threads)
             for opt in options
         ]
         self._wait_ready()
+        mark("executor: actors ready")
 
     def _wait_ready(self) -> None:
         import ray

@@ -13,6 +13,7 @@ from engine.callbacks import CallbackLike, RunCallback, RunContext, around_recor
 from engine.config import ExperimentConfig, dump_config
 from engine.results import RunWriter, SCHEMA_VERSION
 from engine.simulation import RoundRecord, Simulation
+from engine.trace import mark
 
 
 def versions() -> dict[str, str]:
@@ -108,6 +109,7 @@ def execute_run(
 
     ``executor`` defaults to the one ``cfg.executor`` names (see :func:`make_executor`).
     """
+    mark("run: begins")
     path = Path(path)
     writer = RunWriter(path)
     dump_config(cfg, path / "config.yaml")
@@ -128,8 +130,10 @@ def execute_run(
     try:
         executor = executor if executor is not None else make_executor(cfg)
         sim = Simulation(cfg, executor)
+        mark("run: simulation built")
         writer.write_table("profiles", sim.profiles.to_frame())
         sim.start()
+        mark("run: executor started")
         manifest["executor"] = sim.executor.describe()
         manifest["loop_pid"] = os.getpid()  # the driver actor's process under the Ray executor
         manifest["num_clients"] = sim.data.num_clients
@@ -147,4 +151,5 @@ def execute_run(
         manifest["wall_s"] = time.perf_counter() - wall0
         writer.finalize()  # idempotent: also covers a failure before the loop started
         writer.write_json("manifest.json", manifest)
+        mark("run: folder complete")
     return path

@@ -21,6 +21,7 @@ from engine.config import ExperimentConfig
 from engine.executor import Executor, InProcessExecutor
 from engine.partition import FederatedData
 from engine.runtime import HostSetup, arch_spec, build_arch_model
+from engine.trace import mark
 from hardware_profiles import clock
 from hardware_profiles.sampler import assign_profiles
 
@@ -118,6 +119,7 @@ class Simulation:
         self.cfg = cfg
         self.executor = executor or InProcessExecutor()
         self.data = data if data is not None else build_data(cfg)
+        mark("sim: data built")
         n = self.data.num_clients
         self.profiles = assign_profiles(cfg.clients.profiles, n, seed=cfg.seed)
         self.arch_names, self.client_arch = assign_architectures(cfg, self.profiles)
@@ -179,6 +181,7 @@ class Simulation:
         status = "failed"
         try:
             cbs.run_begin(run)
+            mark("loop: rounds begin")
             status = "finished"
             while self.next_round < self.cfg.rounds:
                 record = self.run_round(self.next_round)
@@ -194,6 +197,7 @@ class Simulation:
             status = "failed"
             raise
         finally:
+            mark("loop: rounds end")
             try:
                 self.executor.close()
             finally:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from engine.callbacks import RunCallback  # light: no torch, no Ray
+from engine.trace import mark
 
 EPILOG = """examples:
   hetsim run                                   # the built-in default experiment
@@ -115,8 +116,10 @@ def cmd_run(args) -> int:
     from engine.run import run_experiment
 
     cfg = _load(args)
+    mark("cli: config loaded")
     bar = None if args.quiet else ProgressBar(cfg.rounds)
     path = run_experiment(cfg, run_dir=args.out, callbacks=[bar] if bar else [], command=sys.argv)
+    mark("cli: run returned")
     print(summary_table(path))
     print(f"\nresults: {path}")
     return 0
@@ -190,6 +193,7 @@ def _human_bytes(n: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    mark("cli: main")
     from engine.config import ConfigError
 
     args = build_parser().parse_args(argv)
