@@ -41,16 +41,14 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Literal, Optional, Union
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field, StrictFloat, StrictInt, field_validator, model_validator
 
 from algorithms.bandits import EpsilonGreedyEMA, Exp3, FixedArm, forced
 from algorithms.base import (
-    AlgorithmParams,
     AlgorithmSpec,
     Broadcast,
     ClientContext,
@@ -61,14 +59,12 @@ from algorithms.base import (
 )
 from algorithms.compressed_fedavg import (
     CompressedFedAvgClient,
-    OpCostParams,
     buffer_upload,
     aggregate_sparse,
     compressed_payload,
     decode_upload,
-    validate_k,
 )
-from algorithms.compressors import STRATEGIES, Strategy
+from algorithms.params import STRATEGIES, AscendParams
 from algorithms.fedavg import state_payload
 from algorithms.training import (
     flat_params,
@@ -92,96 +88,6 @@ DISTILL_SALT = 0xD157  # distillation batches
 # ------------------------------------------------------------------------------------------------
 # hyperparameters
 # ------------------------------------------------------------------------------------------------
-class AscendParams(AlgorithmParams):
-    """ASCEND's options. Every [ours] value of the spec is here, with the spec's default."""
-
-    name: Literal["ascend"] = "ascend"
-    # compression
-    k: Union[StrictInt, StrictFloat] = Field(  # noqa: UP007
-        0.01, description="coordinates sent: int count >= 1, or float ratio of the model size in (0, 1]"
-    )
-    arms: tuple[Strategy, ...] = Field(STRATEGIES, description="the candidate compressors (bandit arms)")
-    error_feedback: bool = Field(True, description="[paper] residual accumulation")
-    clamp_k: bool = Field(False, description="an int k above the model size sends every coordinate")
-    buffers: Literal["dense", "local"] = Field("dense", description="BatchNorm buffers: uploaded dense, or local")
-    op_costs: OpCostParams = Field(default_factory=OpCostParams)
-    # policy
-    policy: Literal["egreedy", "exp3", "fixed"] = Field("egreedy", description="the client's bandit policy")
-    arm: Optional[Strategy] = Field(None, description="the arm of policy 'fixed' (uniform baselines)")  # noqa: UP007
-    warmup: int = Field(2, ge=0, description="round-robin tries of each arm before epsilon-greedy")
-    epsilon: Optional[float] = Field(None, description="fixed epsilon in [0, 1]; None = decaying")  # noqa: UP007
-    eps_c: float = Field(3.0, gt=0, description="decaying epsilon: max(eps_min, min(1, eps_c*|S|/t'))")
-    eps_min: float = Field(0.03, ge=0, le=1, description="floor of the decaying epsilon")
-    ema_lambda: float = Field(0.3, gt=0, le=1, description="EMA step of the chosen arm's value")
-    exp3_gamma: float = Field(0.1, gt=0, le=1, description="EXP3 uniform-mixing rate")
-    learn_from_forced: bool = Field(False, description="feed rewards of forced (post-rollback) rounds to the policy")
-    # reward
-    rho: float = Field(0.6, ge=0, le=1, description="weight of the alignment term dD (1-rho: local dF)")
-    reward_clip: float = Field(1.0, gt=0, description="reward clipped to [-reward_clip, reward_clip]")
-    probe_batches: int = Field(4, ge=1, description="local probe set = probe_batches x train.batch_size samples")
-    # rollback
-    gamma: Optional[float] = Field(0.2, description="rollback when probe loss > (1+gamma) x previous; None = off")  # noqa: UP007
-    rollback_loss: Literal["ce", "kl"] = Field(
-        "ce", description="global probe loss: cross-entropy with public labels, or mean KL(teacher || student)"
-    )
-    forced_rounds: int = Field(3, ge=0, description="rounds of forced Top-K after a rollback")
-    max_consecutive_rollbacks: Optional[int] = Field(  # noqa: UP007
-        3, ge=1, description="after this many rollbacks in a row a finite-loss spike is accepted (the reference "
-        "resets); None = never (can freeze training for good)"
-    )
-    # distillation
-    distill_steps: int = Field(50, ge=0, description="Adam steps per architecture per round")
-    distill_lr: float = Field(1e-3, gt=0, description="Adam learning rate of the distillation")
-    temperature: float = Field(1.0, gt=0, description="distillation temperature tau")
-    distill_batch: int = Field(64, ge=1, description="public samples per distillation step")
-    teacher: Literal["aggregates", "clients"] = Field(
-        "aggregates", description="teacher = mean logits of the per-architecture aggregates, or of every "
-        "client's reconstructed model"
-    )
-    public_probe_size: int = Field(512, ge=1, description="public probe set for D and the rollback loss")
-    d_history: int = Field(8, ge=1, description="rounds of D per architecture kept in the broadcast")
-
-    @field_validator("k", mode="before")
-    @classmethod
-    def _check_k(cls, v):
-        return validate_k(v)
-
-    @field_validator("epsilon")
-    @classmethod
-    def _check_epsilon(cls, v):
-        if v is not None and not (math.isfinite(v) and 0.0 <= v <= 1.0):
-            raise ValueError(f"epsilon={v!r} is not allowed: must be a float in [0, 1] or null (decaying)")
-        return v
-
-    @field_validator("gamma")
-    @classmethod
-    def _check_gamma(cls, v):
-        if v is not None and not (math.isfinite(v) and v >= 0.0):
-            raise ValueError(f"gamma={v!r} is not allowed: must be a float >= 0 or null (no rollback)")
-        return v
-
-    @model_validator(mode="after")
-    def _check_arms(self) -> "AscendParams":
-        allowed = list(STRATEGIES)
-        if not self.arms or len(set(self.arms)) != len(self.arms):
-            raise ValueError(
-                f"arms={list(self.arms)!r} is not allowed: a non-empty list of distinct compressors from {allowed}"
-            )
-        if self.policy == "fixed":
-            if self.arm is None:
-                raise ValueError(f"arm is required with policy 'fixed': one of {list(self.arms)}")
-            if self.arm not in self.arms:
-                raise ValueError(f"arm={self.arm!r} is not allowed: must be one of arms={list(self.arms)}")
-        elif self.arm is not None:
-            raise ValueError(f"arm={self.arm!r} is only used with policy 'fixed' (policy is {self.policy!r})")
-        return self
-
-    @property
-    def tbar_window(self) -> int:
-        """Participations whose T define T̄: the warm-up (``warmup * |arms|``), at least 1."""
-        return max(1, self.warmup * len(self.arms))
-
-
 # ------------------------------------------------------------------------------------------------
 # reward (pure functions)
 # ------------------------------------------------------------------------------------------------

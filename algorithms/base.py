@@ -15,11 +15,13 @@ bytes the simulation claims are the bytes it moves.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:  # annotations only: importing the contract (and the params) needs no torch
+    import torch
 
 FLOAT32_BYTES = 4
 INDEX_BYTES = 4

@@ -29,14 +29,12 @@ are the wire format for compressed deltas and are meant to be reused by other me
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field, StrictFloat, StrictInt, field_validator
 
 from algorithms.base import (
-    AlgorithmParams,
     AlgorithmSpec,
     Broadcast,
     Client,
@@ -45,19 +43,9 @@ from algorithms.base import (
     Payload,
     Server,
 )
-from algorithms.compressors import (
-    PERIODICK_OPS_PER_INDEX,
-    RANDOMK_OPS_PER_INDEX,
-    TOPK_OPS_PER_ELEMENT,
-    TOPK_OPS_PER_SELECTED_LOG,
-    Compressed,
-    ErrorFeedback,
-    OpCosts,
-    Strategy,
-    compress,
-    scatter_add_,
-)
+from algorithms.compressors import Compressed, ErrorFeedback, compress, scatter_add_
 from algorithms.fedavg import state_payload
+from algorithms.params import CompressedFedAvgParams, OpCostParams, validate_k  # noqa: F401 (re-exported)
 from algorithms.training import (
     flat_buffers,
     flat_params,
@@ -69,68 +57,6 @@ from algorithms.training import (
 )
 
 PAYLOAD_KEYS = ("values", "indices", "seed", "offset")
-
-
-def validate_k(k: Any) -> int | float:
-    """Shared rule for a K option: int count >= 1, or float ratio in (0, 1]."""
-    if isinstance(k, str):  # YAML 1.1 reads "1e-2" as a string; CLI overrides may too
-        text = k.strip()
-        try:
-            k = int(text)
-        except ValueError:
-            try:
-                k = float(text)
-            except ValueError:
-                raise ValueError(
-                    f"k={k!r} is not allowed: must be an int count >= 1 or a float ratio in (0, 1]"
-                ) from None
-    if isinstance(k, np.integer):
-        k = int(k)
-    elif isinstance(k, np.floating):
-        k = float(k)
-    if isinstance(k, bool):
-        raise ValueError(f"k={k!r} is not allowed: must be an int count >= 1 or a float ratio in (0, 1]")
-    if isinstance(k, int):
-        if k < 1:
-            raise ValueError(f"k={k} is not allowed: an int k is a count and must be >= 1")
-        return k
-    if isinstance(k, float):
-        if not 0.0 < k <= 1.0:
-            raise ValueError(
-                f"k={k!r} is not allowed: a float k is a ratio of the model size and must be in (0, 1] "
-                "(write an int for a count)"
-            )
-        return k
-    raise ValueError(f"k={k!r} is not allowed: must be an int count >= 1 or a float ratio in (0, 1]")
-
-
-class OpCostParams(AlgorithmParams):
-    """Op-count constants of the compressors ([ours]; see algorithms/compressors.py)."""
-
-    topk_per_element: float = Field(TOPK_OPS_PER_ELEMENT, ge=0, description="Top-K ops per element of d")
-    topk_per_selected_log: float = Field(TOPK_OPS_PER_SELECTED_LOG, ge=0, description="Top-K ops per K*log2(K)")
-    randomk_per_index: float = Field(RANDOMK_OPS_PER_INDEX, ge=0, description="Random-K ops per index")
-    periodick_per_index: float = Field(PERIODICK_OPS_PER_INDEX, ge=0, description="Periodic-K ops per index")
-
-    def costs(self) -> OpCosts:
-        return OpCosts(**self.model_dump())
-
-
-class CompressedFedAvgParams(AlgorithmParams):
-    name: Literal["fedavg_compressed"] = "fedavg_compressed"
-    compressor: Strategy = Field("topk", description="the compressor every client uses")
-    k: Union[StrictInt, StrictFloat] = Field(  # noqa: UP007
-        0.01, description="coordinates sent: int count >= 1, or float ratio of the model size in (0, 1]"
-    )
-    error_feedback: bool = Field(True, description="accumulate what was not sent into a residual")
-    clamp_k: bool = Field(False, description="an int k above the model size sends every coordinate instead of failing")
-    buffers: Literal["dense", "local"] = Field("dense", description="BatchNorm buffers: uploaded dense, or kept local")
-    op_costs: OpCostParams = Field(default_factory=OpCostParams)
-
-    @field_validator("k", mode="before")
-    @classmethod
-    def _check_k(cls, v):
-        return validate_k(v)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -6,14 +6,11 @@ aggregate it weighted by local sample counts. FedProx adds the proximal term
 """
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
-from pydantic import Field
 
 from algorithms.base import (
     FLOAT32_BYTES,
-    AlgorithmParams,
+    AlgorithmSpec,
     Broadcast,
     Client,
     ClientContext,
@@ -21,16 +18,8 @@ from algorithms.base import (
     Payload,
     Server,
 )
+from algorithms.params import FedAvgParams, FedProxParams
 from algorithms.training import flat_params, flat_state, load_flat_state, local_sgd
-
-
-class FedAvgParams(AlgorithmParams):
-    name: Literal["fedavg"] = "fedavg"
-
-
-class FedProxParams(AlgorithmParams):
-    name: Literal["fedprox"] = "fedprox"
-    mu: float = Field(0.01, ge=0, description="proximal coefficient")
 
 
 def state_payload(vector: torch.Tensor) -> Payload:
@@ -70,3 +59,7 @@ class FedAvgServer(Server):
             averaged = (weights / weights.sum()).to(stacked.dtype) @ stacked
             load_flat_state(model, averaged)
         return {}
+
+
+FEDAVG_SPEC = AlgorithmSpec("fedavg", FedAvgParams, FedAvgClient, FedAvgServer, "FedAvg")
+FEDPROX_SPEC = AlgorithmSpec("fedprox", FedProxParams, FedAvgClient, FedAvgServer, "FedProx (mu)")

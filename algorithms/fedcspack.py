@@ -66,7 +66,6 @@ from typing import Any, Literal, Sequence, Union
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field, field_validator
 
 from algorithms.base import (
     FLOAT32_BYTES,
@@ -82,6 +81,7 @@ from algorithms.base import (
     ServerContext,
 )
 from algorithms.pack_kernel import pack_sums
+from algorithms.params import FedCSPACKParams
 from algorithms.training import flat_params, load_flat_params, local_sgd
 
 # --------------------------------------------------------------------------------------------
@@ -361,50 +361,6 @@ def selection_ops(n: int, pack_size: int, num_sorted: int = 0) -> float:
 
 
 # ------------------------------------------------------------------------------- params ---
-
-_K_HELP = "k must be an int >= 1 (pack count), a float in (0, 1] (fraction of packs) or 'all'"
-
-
-class FedCSPACKParams(AlgorithmParams):
-    name: Literal["fedcspack"] = "fedcspack"
-    pack_size: int = Field(1024, description="values per pack (P)")
-    k: Union[int, float, Literal["all"]] = Field(
-        "all", description="Top-K cap: pack count, fraction of packs in (0, 1], or 'all'")
-    weighting: Literal["cskd", "cs", "kd"] = Field(
-        "cskd", description="mask weight: |cos+KL| (cskd), |cos| (cs) or |KL| (kd)")
-    personalization: Literal["own_mask", "global_mask", "none"] = Field(
-        "own_mask", description="which packs of the global model a returning client takes")
-    sharing: Literal["packs", "full"] = Field(
-        "packs", description="'full': share every pack with weight 1 (FedAvg-like)")
-    record_packs: bool = Field(
-        False, description="write packs.parquet (each client's shared packs and weights) and "
-        "global_mask.parquet (the aggregated mask) for pack-level analysis"
-    )
-
-    @field_validator("pack_size", mode="before")
-    @classmethod
-    def _check_pack_size(cls, v: Any) -> int:
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"pack_size must be an integer >= 1, got {v!r}")
-        return int(v)
-
-    @field_validator("k", mode="before")
-    @classmethod
-    def _check_k(cls, v: Any) -> Any:
-        if isinstance(v, (bool, np.bool_)) or (isinstance(v, str) and v != "all"):
-            raise ValueError(f"{_K_HELP}, got {v!r}")
-        if isinstance(v, (int, np.integer)):
-            if v < 1:
-                raise ValueError(f"{_K_HELP}, got {v!r}")
-            return int(v)
-        if isinstance(v, (float, np.floating)):
-            if not 0.0 < v <= 1.0:
-                raise ValueError(f"{_K_HELP}, got {v!r}")
-            return float(v)
-        if v == "all":
-            return v
-        raise ValueError(f"{_K_HELP}, got {v!r}")
-
 
 # ------------------------------------------------------------------------ client/server ---
 

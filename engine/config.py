@@ -14,7 +14,8 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from algorithms import ALGORITHMS
+from algorithms.params import ALGORITHM_PARAMS
+from engine.model_names import MODEL_NAMES
 from hardware_profiles.clock import RoundPolicy
 from hardware_profiles.sampler import ProfileSpec
 
@@ -56,10 +57,8 @@ class PartitionConfig(Section):
 
 
 def _check_model_name(v: str) -> str:
-    from engine.models import MODELS
-
-    if v not in MODELS:
-        raise ValueError(f"unknown model {v!r}; allowed: {', '.join(sorted(MODELS))}")
+    if v not in MODEL_NAMES:
+        raise ValueError(f"unknown model {v!r}; allowed: {', '.join(sorted(MODEL_NAMES))}")
     return v
 
 
@@ -155,7 +154,7 @@ class RayConfig(Section):
 
 
 def _algorithm_union():
-    params = tuple(spec.params for spec in ALGORITHMS.values())
+    params = tuple(ALGORITHM_PARAMS.values())
     return Annotated[Union[params], Field(discriminator="name")]  # noqa: UP007
 
 
@@ -166,7 +165,7 @@ class ExperimentConfig(Section):
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     clients: ClientsConfig = Field(default_factory=ClientsConfig)
-    algorithm: _algorithm_union() = Field(default_factory=lambda: ALGORITHMS["fedavg"].params())
+    algorithm: _algorithm_union() = Field(default_factory=lambda: ALGORITHM_PARAMS["fedavg"]())
     train: TrainConfig = Field(default_factory=TrainConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     clock: RoundPolicy = Field(default_factory=RoundPolicy)
@@ -214,7 +213,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | dict[str, Any]) 
 def _format_errors(err: ValidationError, raw: dict[str, Any]) -> str:
     lines = []
     for e in err.errors():
-        loc = [str(p) for p in e["loc"] if not (isinstance(p, str) and p in ALGORITHMS)]
+        loc = [str(p) for p in e["loc"] if not (isinstance(p, str) and p in ALGORITHM_PARAMS)]
         field = ".".join(loc) or "<root>"
         msg = e["msg"]
         if e["type"] == "extra_forbidden":

@@ -194,9 +194,9 @@ def _human_bytes(n: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     mark("cli: main")
-    from engine.config import ConfigError
-
     args = build_parser().parse_args(argv)
+    from engine.config import ConfigError  # after parsing: `--help` imports nothing more
+
     try:
         return args.func(args)
     except ConfigError as err:
