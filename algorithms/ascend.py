@@ -171,6 +171,7 @@ class AscendClient(CompressedFedAvgClient):
     is rolled back) and ``round_info`` (receive -> fit)."""
 
     params: AscendParams
+    needs_profile = True  # the reward's T is the client's simulated time
 
     def new_policy(self):
         p = self.params

@@ -68,7 +68,8 @@ class ClientContext:
     train: TrainSettings
     flops_per_sample: float  # training (forward + backward) FLOPs of one sample
     # the client's hardware profile (hardware_profiles.HardwareProfile) so that methods whose
-    # decisions depend on simulated time (ASCEND's reward) compute it exactly as the engine does
+    # decisions depend on simulated time (ASCEND's reward) compute it exactly as the engine does;
+    # filled only for methods whose Client sets ``needs_profile = True``
     profile: Any = None
 
 
@@ -93,6 +94,10 @@ class AlgorithmParams(BaseModel):
 
 class Client:
     """Client half of a method. One instance serves every client its host runs."""
+
+    # True: the engine fills ``ctx.profile`` (a HardwareProfile built per client and round);
+    # methods that do not read it leave it None and skip that cost.
+    needs_profile = False
 
     def __init__(self, params: AlgorithmParams):
         self.params = params

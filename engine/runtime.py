@@ -78,6 +78,18 @@ def client_rng(seed: int, round: int, client_id: int) -> np.random.Generator:
     return np.random.default_rng([seed, round, client_id])
 
 
+def seed_torch(seed: int) -> None:
+    """``torch.manual_seed`` for the devices in use, without its per-call cost.
+
+    ``torch.manual_seed`` also queues a seed for CUDA (and XPU, MTIA) when they are not
+    initialised, recording a stack trace each time (0.1-0.3 ms, ~1% of a light client). The CPU
+    generator gets the same seed here; CUDA's only once this process uses CUDA.
+    """
+    torch.default_generator.manual_seed(seed)
+    if torch.cuda.is_initialized():
+        torch.cuda.manual_seed_all(seed)
+
+
 class ClientHost:
     def __init__(self, setup: HostSetup, threads: int | None = None):
         if threads:
@@ -143,9 +155,10 @@ class ClientHost:
             rng=client_rng(self.cfg.seed, round, cid),
             train=self.train_settings,
             flops_per_sample=setup.flops_per_sample[arch],
-            profile=setup.profiles.profile(cid) if setup.profiles is not None else None,
+            profile=setup.profiles.profile(cid) if self.client.needs_profile and setup.profiles is not None
+            else None,
         )
-        torch.manual_seed(int(ctx.rng.integers(2**62)))
+        seed_torch(int(ctx.rng.integers(2**62)))
         payload = broadcast[arch]
         self.client.receive(ctx, payload)
         eval_metrics = {}
