@@ -1,0 +1,198 @@
+"""`hetsim report`, `hetsim compare` and `hetsim whatif`: the HTML has every listed figure and no
+external URL, compare's numbers equal pandas computed here, what-if fleets differ only where
+they can."""
+import base64
+import math
+import os
+import shutil
+import subprocess
+from contextlib import contextmanager
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from engine.config import load_config
+from engine.results import load_run
+from engine.run import run_experiment
+from hetsim.cli import main
+from hetsim.report import ASCEND_FIGURES, FEDCSPACK_FIGURES, RUN_FIGURES, build_report
+
+SMALL = [
+    "dataset.name=digits", "model.name=mlp", "clients.num_clients=8", "clients.participation=0.5",
+    "rounds=4",
+]
+
+
+@contextmanager
+def one_torch_thread():
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def small_run(path: Path, *extra: str) -> Path:
+    with one_torch_thread():
+        return run_experiment(load_config(None, [*SMALL, *extra]), path)
+
+
+class PageParser(HTMLParser):
+    """Figure ids (with their image), table ids, omitted-panel notes and every src/href."""
+
+    def __init__(self):
+        super().__init__()
+        self.figures: dict[str, str] = {}
+        self.tables: set[str] = set()
+        self.omitted: set[str] = set()
+        self.links: list[str] = []
+        self._figure = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        for key in ("src", "href"):
+            if key in a:
+                self.links.append(a[key])
+        if tag == "figure":
+            self._figure = a.get("id")
+        elif tag == "img" and self._figure:
+            self.figures[self._figure] = a.get("src", "")
+        elif tag == "table" and a.get("id"):
+            self.tables.add(a["id"])
+        elif tag == "p" and "omitted" in (a.get("class") or ""):
+            self.omitted.add(a.get("data-figure"))
+
+    def handle_endtag(self, tag):
+        if tag == "figure":
+            self._figure = None
+
+
+def parse_page(path: Path) -> PageParser:
+    text = Path(path).read_text(encoding="utf-8")
+    p = PageParser()
+    p.feed(text)
+    # self-contained: no URL to fetch anything from (links, images, scripts, styles)
+    assert not [u for u in p.links if not u.startswith("data:")], p.links
+    assert "http://" not in text and "https://" not in text
+    assert "<script" not in text
+    return p
+
+
+def assert_figures(page: PageParser, html_path: Path, ids) -> None:
+    fig_dir = html_path.with_name(html_path.stem + "_figures")
+    for fig_id in ids:
+        if fig_id.startswith("table-"):
+            assert fig_id in page.tables, fig_id
+            continue
+        assert fig_id in page.figures, f"{fig_id} missing (omitted: {sorted(page.omitted)})"
+        src = page.figures[fig_id]
+        assert src.startswith("data:image/png;base64,")
+        png = base64.b64decode(src.split(",", 1)[1])
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+        assert (fig_dir / f"{fig_id}.png").read_bytes() == png  # the same figure beside the page
+
+
+# ---------------------------------------------------------------- run reports
+
+
+@pytest.fixture(scope="module")
+def fedavg_run(tmp_path_factory):
+    # a deadline, availability and dropout: every outcome kind, sampled bandwidths (binned)
+    return small_run(tmp_path_factory.mktemp("fedavg") / "run",
+                     "clients.profiles={devices: {rpi4: 0.5, laptop_cpu: 0.5}, "
+                     "bandwidth: {distribution: loguniform, low: 5, high: 500}, availability: 0.8, dropout: 0.1}",
+                     "clock.deadline_s=0.06", "clock.over_selection=1.3")
+
+
+def test_run_report_has_every_run_figure_and_no_external_urls(fedavg_run, tmp_path):
+    out = build_report(fedavg_run, tmp_path / "rep" / "fedavg.html")
+    page = parse_page(out)
+    assert_figures(page, out, RUN_FIGURES)
+    assert "table-run-summary" in page.tables
+    # no method panels for FedAvg, and nothing left out for lack of data
+    assert not set(page.figures) & set(ASCEND_FIGURES + FEDCSPACK_FIGURES)
+    assert not page.omitted
+    # the default place: inside the run folder
+    default = build_report(fedavg_run)
+    assert default == fedavg_run / "report.html" and (fedavg_run / "report_figures" / "fig-bytes.png").is_file()
+    # the run has the outcomes the participation figure shows
+    reasons = set(load_run(fedavg_run).clients["drop_reason"])
+    assert {"", "deadline", "unavailable"} <= reasons
+
+
+def test_network_tiers_of_sampled_bandwidths_are_decades_ordered_by_speed(fedavg_run):
+    from hetsim.plots import network_groups
+
+    run = load_run(fedavg_run)
+    groups, order = network_groups(run.clients, run.profiles)
+    mbps = run.clients["client_id"].map(run.profiles.set_index("client_id")["down_mbps"])
+    assert set(order) <= {"<10 Mbps", "10–100 Mbps", "100–1000 Mbps"} and len(order) >= 2
+    assert order == sorted(order, key=lambda g: mbps[groups == g].median())
+    assert (mbps[groups == "10–100 Mbps"].between(10, 100)).all()
+
+
+def test_ascend_report_has_the_method_panels_and_the_rollback_table(tmp_path):
+    # rollback_loss: kl with gamma 0 rolls back often on this tiny setting (the table is drawn);
+    # without forced rounds the accepted rounds still feed rewards to the policy (Q panel)
+    run = small_run(tmp_path / "asc", "rounds=6", "clients.participation=1.0", "partition.public_fraction=0.1",
+                    "clients.profiles={network: {5mbps: 0.5, 500mbps: 0.5}, availability: 1.0, dropout: 0.0}",
+                    "algorithm.name=ascend", "algorithm.k=0.1", "algorithm.distill_steps=5",
+                    "algorithm.warmup=1", "algorithm.gamma=0.0", "algorithm.rollback_loss=kl",
+                    "algorithm.forced_rounds=0")
+    assert load_run(run).table("rollbacks") is not None
+    out = build_report(run, tmp_path / "asc.html")
+    page = parse_page(out)
+    assert_figures(page, out, RUN_FIGURES + ASCEND_FIGURES)
+    assert "table-ascend-rollbacks" in page.tables and not page.omitted
+
+
+def test_fedcspack_report_with_and_without_recorded_packs(tmp_path):
+    fcs = ["clients.profiles={availability: 1.0, dropout: 0.0}", "algorithm.name=fedcspack",
+           "algorithm.pack_size=256"]
+    run = small_run(tmp_path / "fcs", *fcs, "algorithm.record_packs=true")
+    out = build_report(run, tmp_path / "fcs.html")
+    page = parse_page(out)
+    assert_figures(page, out, RUN_FIGURES + FEDCSPACK_FIGURES)
+    assert not page.omitted
+
+    run = small_run(tmp_path / "fcs_nopacks", *fcs)
+    page = parse_page(build_report(run, tmp_path / "fcs2.html"))
+    assert set(FEDCSPACK_FIGURES) - set(page.figures) == {"fig-fedcspack-packs"}
+    assert page.omitted == {"fig-fedcspack-packs"}
+    assert "record_packs: true" in (tmp_path / "fcs2.html").read_text()
+
+
+def test_missing_data_leaves_panels_out_with_a_note(fedavg_run, tmp_path):
+    # a method run whose trace columns are gone (an older run, or a method that logs less)
+    run = tmp_path / "stripped"
+    shutil.copytree(fedavg_run, run)
+    import yaml
+
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg["algorithm"] = {"name": "ascend"}
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    rounds = pd.read_parquet(run / "rounds.parquet")
+    rounds.assign(global_acc=np.nan, pers_acc=np.nan, pers_acc_worst=np.nan).to_parquet(run / "rounds.parquet")
+    page = parse_page(build_report(run, tmp_path / "stripped.html"))
+    assert {"fig-accuracy-round", "fig-accuracy-time", *ASCEND_FIGURES} <= page.omitted
+    assert {"fig-bytes", "fig-participation", "fig-time-device-tier"} <= set(page.figures)
+
+    # a run that crashed before its first round: a page with notes, no error
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    shutil.copy(fedavg_run / "manifest.json", empty / "manifest.json")
+    page = parse_page(build_report(empty))
+    assert set(RUN_FIGURES) <= page.omitted and not page.figures
+
+
+def test_report_cli_errors_name_the_path(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "nope")]) == 2
+    assert "nope is not a folder" in capsys.readouterr().err
+    assert main(["report", str(tmp_path)]) == 2
+    assert "neither a run folder (no manifest.json) nor a sweep folder" in capsys.readouterr().err
