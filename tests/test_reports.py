@@ -196,3 +196,49 @@ def test_report_cli_errors_name_the_path(tmp_path, capsys):
     assert "nope is not a folder" in capsys.readouterr().err
     assert main(["report", str(tmp_path)]) == 2
     assert "neither a run folder (no manifest.json) nor a sweep folder" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- compare
+
+
+def test_compare_two_runs_gives_pandas_numbers_in_text_and_html(fedavg_run, tmp_path, capsys):
+    from hetsim.compare import COMPARE_FIGURES, compare_table, load_entries
+
+    other = small_run(tmp_path / "lr02", "train.lr=0.2", "clients.profiles={network: {5mbps: 1.0}}")
+    entries = load_entries([fedavg_run, other])
+    assert [e.label for e in entries] == ["run", "lr02"]
+    table, target = compare_table(entries, target=0.3)
+    assert target == 0.3
+    for row, path in zip(table.itertuples(), (fedavg_run, other)):
+        r = pd.read_parquet(path / "rounds.parquet")
+        acc = r["global_acc"].dropna()
+        assert row.final_global_acc == acc.iloc[-1] and row.best_global_acc == acc.max()
+        assert row.final_pers_acc == r["pers_acc"].dropna().iloc[-1]
+        assert row.best_pers_acc == r["pers_acc"].max()
+        hit = r.loc[r["global_acc"] >= 0.3]
+        assert len(hit), "the target must be reached for this check to mean something"
+        assert row.time_to_target_s == hit["sim_time_s"].min()
+        assert row.rounds_to_target == hit["round"].min() + 1
+        assert row.sim_time_s == r["sim_time_s"].iloc[-1] and row.rounds == len(r)
+        assert row.bytes_up == r["bytes_up"].sum() and row.bytes_down == r["bytes_down"].sum()
+    # a target nobody reaches
+    table, _ = compare_table(entries, target=1.01)
+    assert table["time_to_target_s"].isna().all()
+    # default target: the best accuracy every run reaches, floored to 0.01
+    _, target = compare_table(entries)
+    bests = [pd.read_parquet(p / "rounds.parquet")["global_acc"].max() for p in (fedavg_run, other)]
+    assert target == math.floor(min(bests) * 100) / 100
+
+    out = tmp_path / "cmp" / "compare.html"
+    assert main(["compare", str(fedavg_run), str(other), "--target", "0.3", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    first = compare_table(entries, target=0.3)[0].iloc[0]
+    assert f"{100 * first.final_global_acc:.2f}%" in text and f"{first.time_to_target_s:.2f}" in text
+    assert "global_acc >= 0.3" in text
+    page = parse_page(out)
+    assert_figures(page, out, COMPARE_FIGURES)
+
+
+def test_compare_cli_errors(tmp_path, capsys):
+    assert main(["compare", str(tmp_path / "missing")]) == 2
+    assert "missing is neither a run folder" in capsys.readouterr().err
