@@ -242,3 +242,153 @@ def test_compare_two_runs_gives_pandas_numbers_in_text_and_html(fedavg_run, tmp_
 def test_compare_cli_errors(tmp_path, capsys):
     assert main(["compare", str(tmp_path / "missing")]) == 2
     assert "missing is neither a run folder" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- sweeps and what-if (Ray Tune)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    from engine.ray_executor import init_ray
+
+    ray = init_ray(num_cpus=2)
+    yield ray
+    ray.shutdown()
+
+
+SWEEP_BASE = {
+    "seed": 0, "rounds": 3, "dataset": {"name": "digits"}, "model": {"name": "mlp"},
+    "clients": {"num_clients": 8, "participation": 0.5, "profiles": {}}, "algorithm": {"name": "fedprox"},
+}
+
+
+@pytest.mark.ray
+def test_sweep_report_has_a_figure_per_hyperparameter_the_best_table_and_curves(tmp_path, local_ray):
+    from hetsim.report import SWEEP_FIGURES, sweep_param_figure_id
+    from sweeps import run_sweep
+
+    sweep = run_sweep({"name": "rep", "base": SWEEP_BASE, "num_samples": 2,
+                       "space": {"train.lr": {"loguniform": [0.01, 0.3]}, "algorithm.mu": {"grid": [0.0, 0.1]}}},
+                      storage=tmp_path / "sw", quiet=True)
+    assert (sweep.trials["status"] == "finished").all() and len(sweep.trials) == 4
+    out = tmp_path / "sweep_report.html"
+    assert main(["report", str(sweep.path), "-o", str(out)]) == 0
+    page = parse_page(out)
+    ids = [*SWEEP_FIGURES, sweep_param_figure_id("lr"), sweep_param_figure_id("mu")]
+    assert ids[-2:] == ["fig-sweep-param-lr", "fig-sweep-param-mu"]
+    assert_figures(page, out, ids)
+    assert not page.omitted
+    # the best-configurations table lists the trials best first
+    text = out.read_text()
+    table = text[text.index('id="table-sweep-best"'):]
+    order = sorted(sweep.trials["trial_id"], key=table.index)
+    assert order == sweep.best(10)["trial_id"].tolist()
+
+
+ACC_COLUMNS = ["global_acc", "global_loss", "pers_acc", "pers_acc_weighted", "pers_acc_worst",
+               "pers_acc_std", "pers_loss", "train_loss", "bytes_up", "bytes_down", "num_arrived"]
+FAST = {"devices": {"laptop_cpu": 1.0}, "network": {"500mbps": 1.0}, "availability": 1.0, "dropout": 0.0}
+SLOW = {"devices": {"rpi4": 0.5, "laptop_cpu": 0.5}, "network": {"5mbps": 0.5, "500mbps": 0.5},
+        "availability": 1.0, "dropout": 0.0}
+
+
+def write_yaml(path: Path, obj) -> Path:
+    import yaml
+
+    path.write_text(yaml.safe_dump(obj, sort_keys=False))
+    return path
+
+
+def fleet_rounds(sweep) -> dict[str, pd.DataFrame]:
+    r = sweep.rounds
+    return {f: g.sort_values("round").reset_index(drop=True) for f, g in r.groupby("fleet")}
+
+
+@pytest.mark.ray
+def test_whatif_without_deadline_moves_only_time(tmp_path, local_ray, capsys):
+    import sweeps
+    from hetsim.compare import COMPARE_FIGURES
+
+    exp = write_yaml(tmp_path / "exp.yaml", SWEEP_BASE | {"algorithm": {"name": "fedavg"}})
+    write_yaml(tmp_path / "fast.yaml", FAST)
+    write_yaml(tmp_path / "slow.yaml", {"clients": {"profiles": SLOW}})  # the wrapped form
+    storage = tmp_path / "wi"
+    assert main(["whatif", "-c", str(exp), "--fleet", f"fast={tmp_path / 'fast.yaml'}",
+                 "--fleet", f"slow={tmp_path / 'slow.yaml'}", "--storage", str(storage), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "slow vs fast: the same accuracy, the same arrivals" in out
+
+    s = sweeps.load_sweep(storage)
+    assert sorted(s.trials["fleet"]) == ["fast", "slow"] and list(s.param_columns.values()) == ["fleet"]
+    assert "fleet" in s.rounds.columns
+    by = fleet_rounds(s)
+    fast, slow = by["fast"], by["slow"]
+    pd.testing.assert_frame_equal(fast[ACC_COLUMNS], slow[ACC_COLUMNS])  # same draws, same models
+    assert (slow["sim_round_s"] > fast["sim_round_s"]).all()  # only time moves
+    assert slow["sim_time_s"].iloc[-1] > 5 * fast["sim_time_s"].iloc[-1]
+    # each trial ran its own fleet: the profiles differ, the selections do not
+    runs = {row.fleet: s.run(row.trial_id) for row in s.trials.itertuples()}
+    assert set(runs["fast"].profiles["net_tier"]) == {"500mbps"}
+    assert set(runs["slow"].profiles["net_tier"]) == {"5mbps", "500mbps"}
+    key = ["round", "client_id"]
+    pd.testing.assert_frame_equal(runs["fast"].clients[key], runs["slow"].clients[key])
+    assert not np.allclose(runs["fast"].clients["sim_upload_s"], runs["slow"].clients["sim_upload_s"])
+    # the compare report of the fleets
+    page = parse_page(storage / "compare.html")
+    assert_figures(page, storage / "compare.html", COMPARE_FIGURES)
+    # and the folder is an ordinary sweep folder: `hetsim report` draws it
+    page = parse_page(build_report(storage))
+    assert "fig-sweep-param-fleet" in page.figures
+
+
+@pytest.mark.ray
+def test_whatif_with_a_deadline_changes_who_arrives(tmp_path, local_ray, capsys):
+    import sweeps
+
+    spec = write_yaml(tmp_path / "whatif.yaml", {
+        "name": "deadline",
+        "base": SWEEP_BASE | {"algorithm": {"name": "fedavg"}},
+        "overrides": ["clock.deadline_s=0.1"],  # fast clients take ~0.01 s, slow links ~0.2 s
+        "fleets": [{"name": "fast", "profiles": FAST}, {"name": "slow", "file": "slow.yaml"}],
+        "storage": str(tmp_path / "wi"),
+    })
+    write_yaml(tmp_path / "slow.yaml", SLOW)
+    assert main(["whatif", str(spec), "-q"]) == 0
+    assert "slow vs fast: different accuracy from round 0, different arrivals from round 0" in capsys.readouterr().out
+    s = sweeps.load_sweep(tmp_path / "wi")
+    by = fleet_rounds(s)
+    fast, slow = by["fast"], by["slow"]
+    assert (fast["num_arrived"] == fast["num_selected"]).all()
+    assert (slow["num_arrived"] < slow["num_selected"]).all()
+    assert not np.allclose(fast["global_acc"], slow["global_acc"])
+    runs = {row.fleet: s.run(row.trial_id) for row in s.trials.itertuples()}
+    late = runs["slow"].clients.query("drop_reason == 'deadline'")
+    assert len(late) and (late["sim_total_s"] > 0.1).all()
+    assert set(late["client_id"].map(runs["slow"].profiles.set_index("client_id")["net_tier"])) == {"5mbps"}
+
+
+def test_whatif_inputs_are_checked_before_anything_starts(tmp_path, capsys):
+    exp = write_yaml(tmp_path / "exp.yaml", SWEEP_BASE)
+    ok = write_yaml(tmp_path / "ok.yaml", FAST)
+    cases = [
+        (["--fleet", f"a={ok}"], "1 fleet(s) given; a what-if compares at least 2"),
+        (["--fleet", f"a={ok}", "--fleet", f"b={write_yaml(tmp_path / 'b.yaml', {'network': {'7mbps': 1.0}})}"],
+         "fleets.b: unknown network tier '7mbps'"),
+        (["--fleet", f"a={ok}", "--fleet", f"b={write_yaml(tmp_path / 'c.yaml', {'network': {'5mbps': 2.0}})}"],
+         "fleets.b:"),
+        (["--fleet", f"a={ok}", "--fleet", f"b={write_yaml(tmp_path / 'd.yaml', {'clients': {'num_clients': 3}})}"],
+         "only clients.profiles may change between fleets, found clients.num_clients"),
+        (["--fleet", f"a={ok}", "--fleet", f"b={tmp_path / 'none.yaml'}"], "none.yaml' does not exist"),
+        (["--fleet", f"a={ok}", "--fleet", f"b={ok}", "--set", "clients.profiles.dropout=0.5"],
+         "clients.profiles is what the fleets set"),
+        (["--fleet", f"a={ok}", "--fleet", f"a={ok}"], "fleet 'a' is given twice"),
+        (["--fleet", f"a b={ok}", "--fleet", f"c={ok}"], "fleets.a b: a fleet name is letters"),
+    ]
+    for extra, message in cases:
+        assert main(["whatif", "-c", str(exp), "--storage", str(tmp_path / "never"), *extra]) == 2, message
+        err = capsys.readouterr().err
+        assert message in err, (message, err)
+    bad_spec = write_yaml(tmp_path / "w.yaml", {"fleet": []})
+    assert main(["whatif", str(bad_spec)]) == 2
+    assert "invalid what-if:\n  fleet = []: unknown key; allowed keys: name, base, overrides, fleets" in capsys.readouterr().err
+    assert not (tmp_path / "never").exists()
