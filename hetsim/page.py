@@ -79,7 +79,9 @@ class Page:
         formats = formats or {}
         cols = list(df.columns)
         text_cols = {c for c in cols if df[c].dtype == object or str(df[c].dtype).startswith(("str", "string"))}
-        head = "".join(f'<th class="{"text" if c in text_cols else ""}">{html.escape(str(c))}</th>' for c in cols)
+        # long snake_case headers may break after an underscore: wide tables fit the page
+        head = "".join(f'<th class="{"text" if c in text_cols else ""}">'
+                       f'{html.escape(str(c)).replace("_", "_<wbr>")}</th>' for c in cols)
         rows = []
         for _, row in df.iterrows():
             cells = []

@@ -140,7 +140,7 @@ def load_whatif_file(path: str | Path) -> tuple[WhatIfSpec, dict[str, dict[str, 
 
 def base_experiment(base: str | Path | dict[str, Any] | None, spec_dir: Path | None = None) -> dict[str, Any]:
     if base is None:
-        return copy.deepcopy(DEFAULT_CONFIG)
+        base = DEFAULT_CONFIG  # the built-in default experiment's YAML file
     if isinstance(base, dict):
         return copy.deepcopy(base)
     path = Path(base).expanduser()
