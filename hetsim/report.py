@@ -665,7 +665,7 @@ def _param_figure(page, fig_id, ok, col, key, kind, metric) -> None:
         ax.set_xlim(-0.6, len(cats) - 0.4)
         ax.set_xlabel(col)
     ax.set_ylabel(metric)
-    ax.legend(fontsize=8, loc="best")
+    plots.fig_legend(fig, ax)
     ax.set_title(f"{metric} against {col}", loc="left", fontsize=11)
     page.figure(fig_id, fig, f"one point per trial ({key}); filled: the trial's best value, hollow: "
                 "its last evaluated value")
