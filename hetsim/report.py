@@ -354,12 +354,18 @@ def _q_panels(page, run, net_order, arms, colours) -> None:
     order = [g for g in net_order if (groups == g).any()] or sorted(groups.unique())
     ncols, nrows = plots.grid_shape(len(order))
     fig, axes = plots.figure(ncols=ncols, nrows=nrows, height=3.0, sharey=True)
+    rounds = np.sort(run.rounds["round"].unique())
     for ax, g in zip(axes, order):
         sub = c[groups.values == g]
         for arm in arms:
             if arm not in q_cols:
                 continue
-            m = plots.numeric(sub[q_cols[arm]]).groupby(sub["round"]).mean()
+            # a client's policy state holds between its participations: carry it forward, then
+            # average over the tier's clients that have one
+            state = (sub.assign(q=plots.numeric(sub[q_cols[arm]]))
+                     .pivot_table(index="round", columns="client_id", values="q", aggfunc="last")
+                     .reindex(rounds).ffill())
+            m = state.mean(axis=1)
             ax.plot(m.index, m.values, color=colours[arm], label=arm, marker=plots.marker_for(len(m)),
                     markersize=3)
         ax.set_title(f"{g}", loc="left", fontsize=10)
@@ -370,8 +376,9 @@ def _q_panels(page, run, net_order, arms, colours) -> None:
     plots.fig_legend(fig, axes[0])
     fig.suptitle(f"{ylabel} per arm, mean over the network tier's clients ({policy})",
                  x=0.01, ha="left", fontsize=11)
-    page.figure("fig-ascend-q", fig, "the policy state after each round's choice (docs/ascend.md: "
-                "q_<arm> columns)")
+    page.figure("fig-ascend-q", fig, "each client's policy state after its latest choice (q_<arm> "
+                "columns of docs/ascend.md, carried forward between its participations), averaged "
+                "over the tier's clients")
 
 
 def _reward_panels(page, run, arms, colours) -> None:
@@ -396,7 +403,8 @@ def _reward_panels(page, run, arms, colours) -> None:
         ax.scatter(x + rng.uniform(-0.18, 0.18, len(x)), sub["reward"], s=9, alpha=0.45,
                    color=colours[arm], linewidths=0)
         m = sub.groupby(plots.numeric(sub[xcol]))["reward"].mean()
-        ax.plot(m.index, m.values, color=colours[arm], label=f"{arm} (mean)")
+        ax.plot(m.index, m.values, "-o", color=colours[arm], label=f"{arm} (mean)", linewidth=1.2,
+                markersize=3.5, alpha=0.9)
     ax.axhline(0, color="#888", linewidth=0.8)
     plots.round_ticks(ax)
     ax.set_xlabel("round of the rewarded upload" if xcol == "reward_round" else "round")

@@ -215,8 +215,22 @@ def _validate_experiment(raw: dict[str, Any], where: str) -> ExperimentConfig:
         raise SweepSpecError(f"invalid sweep spec:\n  {where}: {_config_problem(err)}") from None
 
 
-def _load_base(spec: SweepSpec, spec_dir: Path | None) -> dict[str, Any]:
-    base = spec.base
+def read_mapping_file(path: Path, what: str) -> dict[str, Any]:
+    """A YAML file that must hold a mapping (a spec); errors name the file."""
+    if not path.is_file():
+        raise SweepSpecError(f"{what} {str(path)!r} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise SweepSpecError(f"{what} {str(path)!r} is not valid YAML: {err}") from None
+    if not isinstance(raw, dict):
+        raise SweepSpecError(f"{what} {str(path)!r} must hold a mapping, got {type(raw).__name__}")
+    return raw
+
+
+def load_base(base: str | Path | dict[str, Any] | None, spec_dir: Path | None,
+              title: str = "invalid sweep spec") -> dict[str, Any]:
+    """The base experiment: a mapping, a YAML path (relative to ``spec_dir``) or None (the default)."""
     if base is None:
         base = DEFAULT_CONFIG
     if isinstance(base, (str, Path)):
@@ -225,12 +239,16 @@ def _load_base(spec: SweepSpec, spec_dir: Path | None) -> dict[str, Any]:
             path = spec_dir / path
         if not path.is_file():
             raise SweepSpecError(
-                f"invalid sweep spec:\n  base = {str(spec.base)!r}: experiment file {str(path)!r} does not exist")
+                f"{title}:\n  base = {str(base)!r}: experiment file {str(path)!r} does not exist")
         raw = yaml.safe_load(path.read_text()) or {}
         if not isinstance(raw, dict):
-            raise SweepSpecError(f"invalid sweep spec:\n  base = {str(path)!r}: must hold a mapping")
+            raise SweepSpecError(f"{title}:\n  base = {str(path)!r}: must hold a mapping")
         return raw
     return copy.deepcopy(base)
+
+
+def _load_base(spec: SweepSpec, spec_dir: Path | None) -> dict[str, Any]:
+    return load_base(spec.base, spec_dir)
 
 
 def _check_distribution(key: str, dist: dict[str, Any]) -> tuple[str, Any]:
@@ -361,14 +379,7 @@ def resolve(
     default_name = None
     if isinstance(source, (str, Path)):
         path = Path(source)
-        if not path.is_file():
-            raise SweepSpecError(f"sweep spec {str(path)!r} does not exist")
-        try:
-            raw = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise SweepSpecError(f"sweep spec {str(path)!r} is not valid YAML: {err}") from None
-        if not isinstance(raw, dict):
-            raise SweepSpecError(f"sweep spec {str(path)!r} must hold a mapping, got {type(raw).__name__}")
+        raw = read_mapping_file(path, "sweep spec")
         spec_dir, default_name = path.resolve().parent, path.stem
     else:
         raw = copy.deepcopy(dict(source))

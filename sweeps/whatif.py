@@ -24,7 +24,6 @@ What can and cannot differ between fleets is in docs/reports.md.
 """
 from __future__ import annotations
 
-import copy
 import re
 from pathlib import Path
 from typing import Any
@@ -32,8 +31,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from engine.config import DEFAULT_CONFIG, ConfigError, apply_overrides, load_config
-from sweeps.spec import RaySpec, ResourcesSpec, SweepSpecError, _config_problem, _format_spec_errors
+from engine.config import ConfigError, apply_overrides, load_config
+from sweeps.spec import (RaySpec, ResourcesSpec, SweepSpecError, _config_problem, _format_spec_errors,
+                         load_base, read_mapping_file)
 
 FLEET_COLUMN = "fleet"
 PROFILES_KEY = "clients.profiles"
@@ -120,14 +120,7 @@ def _fleets(spec: WhatIfSpec, spec_dir: Path | None) -> dict[str, dict[str, Any]
 def load_whatif_file(path: str | Path) -> tuple[WhatIfSpec, dict[str, dict[str, Any]], Path]:
     """Read a what-if YAML: (spec, fleets by name, the file's folder)."""
     path = Path(path)
-    if not path.is_file():
-        raise SweepSpecError(f"what-if file {str(path)!r} does not exist")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise SweepSpecError(f"what-if file {str(path)!r} is not valid YAML: {err}") from None
-    if not isinstance(raw, dict):
-        raise SweepSpecError(f"what-if file {str(path)!r} must hold a mapping")
+    raw = read_mapping_file(path, "what-if file")
     try:
         spec = WhatIfSpec.model_validate(raw)
     except ValidationError as err:
@@ -139,19 +132,8 @@ def load_whatif_file(path: str | Path) -> tuple[WhatIfSpec, dict[str, dict[str, 
 
 
 def base_experiment(base: str | Path | dict[str, Any] | None, spec_dir: Path | None = None) -> dict[str, Any]:
-    if base is None:
-        base = DEFAULT_CONFIG  # the built-in default experiment's YAML file
-    if isinstance(base, dict):
-        return copy.deepcopy(base)
-    path = Path(base).expanduser()
-    if spec_dir is not None and not path.is_absolute():
-        path = spec_dir / path
-    if not path.is_file():
-        raise _error("base", f"experiment file {str(path)!r} does not exist")
-    raw = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(raw, dict):
-        raise _error("base", f"{str(path)!r} must hold a mapping")
-    return raw
+    """The experiment every fleet runs: a mapping, a YAML path or None (the built-in default)."""
+    return load_base(base, spec_dir, "invalid what-if")
 
 
 def check_fleets(base_raw: dict[str, Any], fleets: dict[str, dict[str, Any]]) -> None:

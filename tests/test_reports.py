@@ -3,7 +3,6 @@ external URL, compare's numbers equal pandas computed here, what-if fleets diffe
 they can."""
 import base64
 import math
-import os
 import shutil
 import subprocess
 from contextlib import contextmanager
@@ -442,3 +441,16 @@ def test_reports_render_in_a_headless_browser(fedavg_run, small_sweep, tmp_path)
         # tables alone barely have (measured: 0.3-11% of the window vs 0.003%)
         with_figures, without = coloured_share(tmp_path / f"{name}.png"), coloured_share(tmp_path / f"{name}_blank.png")
         assert with_figures > 0.001 and with_figures > 10 * without, (name, with_figures, without)
+
+
+def test_whatif_spec_is_a_sweep_over_named_fleets_of_the_default_experiment():
+    from sweeps import resolve
+    from sweeps.whatif import base_experiment, whatif_sweep_spec
+
+    spec = whatif_sweep_spec(base_experiment(None), {"a": FAST, "b": SLOW}, name="x", overrides=["rounds=2"])
+    assert spec["base"]["dataset"]["name"] == "mnist5k" and spec["base"]["rounds"] == 2  # engine/configs/default.yaml
+    assert spec["space"] == {"clients.profiles": {"named": {"a": FAST, "b": SLOW}}}
+    r = resolve(spec)
+    assert r.num_trials == 2 and r.param_columns == {"clients.profiles": "fleet"}
+    assert r.trial_raw({"clients.profiles": "b"})["clients"]["profiles"] == SLOW
+    assert r.trial_raw({"clients.profiles": "b"})["seed"] == r.trial_raw({"clients.profiles": "a"})["seed"]

@@ -122,6 +122,8 @@ def test_spec_resolution_counts_trials_names_columns_and_reads_yaml_floats(tmp_p
 def test_example_specs_validate():
     r = resolve(EXAMPLES / "fedavg_lr.yaml")
     assert r.num_trials == 6 and set(r.param_columns.values()) == {"lr", "participation"}
+    r = resolve(EXAMPLES / "fedprox_lr_mu.yaml")
+    assert r.num_trials == 6 and r.param_columns == {"train.lr": "lr", "algorithm.mu": "mu"}
     if "ascend" in ALGORITHMS:
         r = resolve(EXAMPLES / "ascend_eps_gamma.yaml")
         assert r.num_trials == 18
