@@ -45,6 +45,7 @@ class Page:
             self.parts.append(f'<p class="sub">{html.escape(subtitle)}</p>')
         self.figures: dict[str, bytes] = {}  # id -> PNG
         self.omitted: dict[str, str] = {}  # id -> why
+        self.open_rows = 0
 
     def section(self, title: str) -> None:
         self.parts.append(f"<h2>{html.escape(title)}</h2>")
@@ -52,6 +53,7 @@ class Page:
     def row(self, start: bool = True) -> None:
         """Start (or end) a row of two figures side by side."""
         self.parts.append('<div class="row">' if start else "</div>")
+        self.open_rows += 1 if start else -1
 
     def text(self, text: str) -> None:
         self.parts.append(f"<p>{html.escape(text)}</p>")
@@ -67,6 +69,23 @@ class Page:
         self.parts.append(
             f'<figure id="{fig_id}"><img alt="{html.escape(fig_id)}" '
             f'src="data:image/png;base64,{data}">{cap}</figure>')
+
+    def guarded(self, fig_ids, draw, *args) -> None:
+        """``draw(self, *args)``; if it fails on unexpected data, the figures it did not draw
+        become notes naming the error and the rest of the page goes on."""
+        import sys
+
+        rows = self.open_rows
+        try:
+            draw(self, *args)
+        except Exception as err:  # a report shows what it can; the error is named on the page
+            while self.open_rows > rows:
+                self.row(False)
+            for fig_id in fig_ids:
+                if fig_id not in self.figures and fig_id not in self.omitted:
+                    self.omit(fig_id, f"{fig_id}: could not be drawn from this data "
+                              f"({type(err).__name__}: {err})")
+            print(f"hetsim: {', '.join(fig_ids)}: {type(err).__name__}: {err}", file=sys.stderr)
 
     def omit(self, fig_id: str, why: str) -> None:
         """A panel that cannot be drawn from this data: a note instead of the figure."""

@@ -104,18 +104,18 @@ def run_page(path: Path) -> Page:
         return page
 
     page.section("Accuracy")
-    accuracy_figures(page, run)
+    page.guarded(("fig-accuracy-round", "fig-accuracy-time"), accuracy_figures, run)
     page.section("Where the simulated time goes")
-    time_figures(page, run)
+    page.guarded(("fig-time-device-tier", "fig-time-network-tier"), time_figures, run)
     page.section("Traffic and participation")
-    bytes_figure(page, run)
-    participation_figure(page, run)
+    page.guarded(("fig-bytes",), bytes_figure, run)
+    page.guarded(("fig-participation",), participation_figure, run)
     if "arm" in run.clients.columns or algo == "ascend":
         page.section("ASCEND: compressor choice")
-        ascend_figures(page, run)
+        page.guarded(ASCEND_FIGURES, ascend_figures, run)
     if "packs_shared" in run.clients.columns or algo == "fedcspack":
         page.section("FedCSPACK: shared packs")
-        fedcspack_figures(page, run)
+        page.guarded(FEDCSPACK_FIGURES, fedcspack_figures, run)
     import yaml
 
     page.preformatted("resolved config (config.yaml)", yaml.safe_dump(cfg, sort_keys=False))
@@ -314,10 +314,11 @@ def ascend_figures(page: Page, run) -> None:
     arch, arch_order = plots.arch_groups(chose)
     for fig_id, groups, order, what in (("fig-ascend-arms-network", net, net_order, "network tier"),
                                         ("fig-ascend-arms-arch", arch, arch_order, "architecture")):
-        _arm_share_panels(page, fig_id, chose, run.rounds, groups, order, arms, colours, what)
-    _q_panels(page, run, net_order, arms, colours)
-    _reward_panels(page, run, arms, colours)
-    _rollback_panel(page, run)
+        page.guarded((fig_id,), _arm_share_panels, fig_id, chose, run.rounds, groups, order, arms,
+                     colours, what)
+    page.guarded(("fig-ascend-q",), _q_panels, run, net_order, arms, colours)
+    page.guarded(("fig-ascend-rewards",), _reward_panels, run, arms, colours)
+    page.guarded(("fig-ascend-rollbacks",), _rollback_panel, run)
 
 
 def _arm_share_panels(page, fig_id, chose, rounds, groups, order, arms, colours, what) -> None:
@@ -503,8 +504,8 @@ def fedcspack_figures(page: Page, run) -> None:
     ax.set_title("Share of packs sent per round (arrived clients)", loc="left", fontsize=11)
     page.figure("fig-fedcspack-share", fig, "packs_shared / packs_total per client; the candidates "
                 "are the packs that drifted from the previous global model")
-    _fedcspack_saving(page, run, sent, rounds)
-    _fedcspack_heatmap(page, run)
+    page.guarded(("fig-fedcspack-saving",), _fedcspack_saving, run, sent, rounds)
+    page.guarded(("fig-fedcspack-packs",), _fedcspack_heatmap, run)
 
 
 def _fedcspack_saving(page, run, sent, rounds) -> None:
@@ -555,8 +556,9 @@ def _fedcspack_heatmap(page, run) -> None:
     im = None
     for ax, arch in zip(axes, archs):
         sub = packs[packs["arch"] == arch]
-        total = int(plots.numeric(c.loc[arr_arch.index, "packs_total"]).max()) if "packs_total" in c else 0
-        n_packs = max(total, int(sub["pack"].max()) + 1)
+        totals = plots.numeric(arrived.loc[arr_arch.values == arch, "packs_total"]) if "packs_total" in arrived \
+            else pd.Series(dtype=float)
+        n_packs = max(int(np.nan_to_num(totals.max(), nan=0)), int(sub["pack"].max()) + 1)
         counts = sub.groupby(["pack", "round"]).size().unstack(fill_value=0)
         counts = counts.reindex(index=range(n_packs), columns=rounds, fill_value=0)
         denom = np.array([n_arrived.get((arch, r), 0) for r in rounds], dtype=float)
@@ -630,10 +632,10 @@ def sweep_page(path: Path) -> Page:
             page.omit(fig_id, f"{fig_id}: no finished trial to plot")
             continue
         kind = next(iter((s.spec.get("space") or {}).get(key, {"grid": []})))
-        _param_figure(page, fig_id, ok, col, key, kind, metric)
+        page.guarded((fig_id,), _param_figure, fig_id, ok, col, key, kind, metric)
     page.row(False)
     page.section("Learning curves of the best trials")
-    _sweep_curves(page, s, ok, metric)
+    page.guarded(("fig-sweep-curves",), _sweep_curves, s, ok, metric)
     errors = t[t["status"] == "error"] if len(t) else t
     if len(errors):
         page.section("Errors")

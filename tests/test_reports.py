@@ -190,6 +190,24 @@ def test_missing_data_leaves_panels_out_with_a_note(fedavg_run, tmp_path):
     assert set(RUN_FIGURES) <= page.omitted and not page.figures
 
 
+def test_a_panel_that_fails_becomes_a_note_and_the_page_goes_on(fedavg_run, tmp_path, monkeypatch, capsys):
+    import hetsim.report as report
+
+    def broken(page, run):
+        page.row()  # a half-drawn panel: the row it opened is closed again
+        raise ValueError("boom")
+
+    monkeypatch.setattr(report, "accuracy_figures", broken)
+    out = build_report(fedavg_run, tmp_path / "r.html")
+    page = parse_page(out)
+    assert page.omitted == {"fig-accuracy-round", "fig-accuracy-time"}
+    assert set(RUN_FIGURES) - page.omitted <= set(page.figures)
+    text = out.read_text()
+    assert "could not be drawn from this data (ValueError: boom)" in text
+    assert text.count('<div class="row">') == text.count("</div>")
+    assert "ValueError: boom" in capsys.readouterr().err
+
+
 def test_report_cli_errors_name_the_path(tmp_path, capsys):
     assert main(["report", str(tmp_path / "nope")]) == 2
     assert "nope is not a folder" in capsys.readouterr().err
