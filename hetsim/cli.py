@@ -8,6 +8,7 @@ from pathlib import Path
 
 from engine.callbacks import RunCallback  # light: no torch, no Ray
 from engine.trace import mark
+from hetsim import results_cli  # report / compare / whatif: argparse only at import
 
 EPILOG = """examples:
   hetsim run                                   # the built-in default experiment
@@ -16,7 +17,7 @@ EPILOG = """examples:
   hetsim show runs/fedavg-digits-20261129-120000
   hetsim sweep sweeps/examples/fedavg_lr.yaml  # a Ray Tune sweep (docs/sweeps.md)
   hetsim sweep --resume sweeps_out/fedavg_lr   # continue an interrupted sweep
-"""
+""" + results_cli.EPILOG_LINES
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -67,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--storage", metavar="DIR", help="sweep folder (default: spec storage or sweeps_out/<name>)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_sweep)
+
+    results_cli.add_commands(sub)
     return parser
 
 

@@ -127,9 +127,11 @@ def _trial_status(tune_status: str | None, info_status: str | None, rounds_done:
 
 def _planned_rounds(spec: dict[str, Any], params: dict[str, Any]) -> int:
     from engine.config import apply_overrides, load_config
+    from sweeps.spec import expand_params
 
     try:
-        return load_config(apply_overrides(spec.get("base") or {}, dict(params))).rounds
+        return load_config(apply_overrides(spec.get("base") or {},
+                                           expand_params(spec.get("space") or {}, params))).rounds
     except Exception:
         return int(params.get("rounds", (spec.get("base") or {}).get("rounds", 20)))
 

@@ -8,6 +8,8 @@ A spec is one YAML file (or a mapping)::
     space:
       train.lr: {loguniform: [1.0e-3, 1.0e-1]}
       algorithm.mu: {grid: [0.0, 0.01, 0.1]}
+      clients.profiles: {named: {fast: {...}, slow: {...}}}   # a grid over named values
+    columns: {clients.profiles: fleet}   # optional column names (default: the key's last part)
     num_samples: 4                 # samples of the random dimensions (x the grid)
     metric: global_acc             # rank trials by this rounds.parquet column ...
     mode: max                      # ... maximised (or `min`)
@@ -38,7 +40,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from engine.config import DEFAULT_CONFIG, ConfigError, ExperimentConfig, apply_overrides, load_config
 from engine.results import ROUND_COLUMNS
 
-DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "randint")
+DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "randint", "named")
+# Grid-like kinds: every value is a trial (x num_samples). `named` is a grid over named values
+# (mappings, lists, ...): Tune and the tables see the names, the trial applies the value.
+GRID_KINDS = ("grid", "named")
 # Columns a sweep's metric may name: every rounds.parquet column, plus the method's
 # `server_*` metrics and the per-architecture `global_acc_<arch>` of heterogeneous models.
 METRIC_PREFIXES = ("server_", "global_acc_", "global_loss_")
@@ -103,6 +108,9 @@ class SweepSpec(_Model):
     storage: str | None = Field(None, description="output folder; default sweeps_out/<name>")
     search_seed: int | None = Field(0, ge=0, description="seed of the random sampling (None: fresh)")
     ray: RaySpec = Field(default_factory=RaySpec)
+    columns: dict[str, str] = Field(
+        default_factory=dict, description="dotted key -> its column name in the tables (default: "
+        "the key's last component)")
 
     @field_validator("scheduler", mode="before")
     @classmethod
@@ -146,7 +154,7 @@ class ResolvedSweep:
         return self.base_cfg.rounds
 
     def trial_raw(self, params: dict[str, Any]) -> dict[str, Any]:
-        return apply_overrides(self.base_raw, dict(params))
+        return apply_overrides(self.base_raw, expand_params(self.spec.space, params))
 
     def to_dict(self) -> dict[str, Any]:
         spec = self.spec.model_dump(mode="json")
@@ -174,21 +182,22 @@ class ResolvedSweep:
 # ---------------------------------------------------------------- loading and validation
 
 
-def _format_spec_errors(err: ValidationError) -> str:
+def _format_spec_errors(err: ValidationError, root: type[BaseModel] | None = None,
+                        title: str = "invalid sweep spec") -> str:
     lines = []
     for e in err.errors():
         loc = [str(p) for p in e["loc"]]
         field = ".".join(loc) or "<root>"
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
-            parent: Any = SweepSpec
+            parent: Any = root or SweepSpec
             for part in loc[:-1]:
                 info = getattr(parent, "model_fields", {}).get(part)
                 parent = info.annotation if info is not None else None
             allowed = list(getattr(parent, "model_fields", {}) or {})
             msg = "unknown key" + (f"; allowed keys: {', '.join(allowed)}" if allowed else "")
         lines.append(f"  {field} = {e.get('input')!r}: {msg}")
-    return "invalid sweep spec:\n" + "\n".join(lines)
+    return f"{title}:\n" + "\n".join(lines)
 
 
 def _config_problem(err: ConfigError) -> str:
@@ -206,8 +215,22 @@ def _validate_experiment(raw: dict[str, Any], where: str) -> ExperimentConfig:
         raise SweepSpecError(f"invalid sweep spec:\n  {where}: {_config_problem(err)}") from None
 
 
-def _load_base(spec: SweepSpec, spec_dir: Path | None) -> dict[str, Any]:
-    base = spec.base
+def read_mapping_file(path: Path, what: str) -> dict[str, Any]:
+    """A YAML file that must hold a mapping (a spec); errors name the file."""
+    if not path.is_file():
+        raise SweepSpecError(f"{what} {str(path)!r} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise SweepSpecError(f"{what} {str(path)!r} is not valid YAML: {err}") from None
+    if not isinstance(raw, dict):
+        raise SweepSpecError(f"{what} {str(path)!r} must hold a mapping, got {type(raw).__name__}")
+    return raw
+
+
+def load_base(base: str | Path | dict[str, Any] | None, spec_dir: Path | None,
+              title: str = "invalid sweep spec") -> dict[str, Any]:
+    """The base experiment: a mapping, a YAML path (relative to ``spec_dir``) or None (the default)."""
     if base is None:
         base = DEFAULT_CONFIG
     if isinstance(base, (str, Path)):
@@ -216,12 +239,16 @@ def _load_base(spec: SweepSpec, spec_dir: Path | None) -> dict[str, Any]:
             path = spec_dir / path
         if not path.is_file():
             raise SweepSpecError(
-                f"invalid sweep spec:\n  base = {str(spec.base)!r}: experiment file {str(path)!r} does not exist")
+                f"{title}:\n  base = {str(base)!r}: experiment file {str(path)!r} does not exist")
         raw = yaml.safe_load(path.read_text()) or {}
         if not isinstance(raw, dict):
-            raise SweepSpecError(f"invalid sweep spec:\n  base = {str(path)!r}: must hold a mapping")
+            raise SweepSpecError(f"{title}:\n  base = {str(path)!r}: must hold a mapping")
         return raw
     return copy.deepcopy(base)
+
+
+def _load_base(spec: SweepSpec, spec_dir: Path | None) -> dict[str, Any]:
+    return load_base(spec.base, spec_dir)
 
 
 def _check_distribution(key: str, dist: dict[str, Any]) -> tuple[str, Any]:
@@ -231,8 +258,19 @@ def _check_distribution(key: str, dist: dict[str, Any]) -> tuple[str, Any]:
         raise SweepSpecError(
             f"invalid sweep spec:\n  {where} = {dist!r}: must be one of "
             + ", ".join(f"{{{d}: ...}}" for d in DISTRIBUTIONS)
-            + " (grid/choice: a list of values; uniform/loguniform/randint: [low, high])")
+            + " (grid/choice: a list of values; uniform/loguniform/randint: [low, high]; "
+            "named: a mapping name -> value)")
     kind, args = next(iter(dist.items()))
+    if kind == "named":
+        if not isinstance(args, dict) or not args:
+            raise SweepSpecError(
+                f"invalid sweep spec:\n  {where}.named = {args!r}: must be a non-empty mapping name -> value")
+        for name in args:
+            if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", name):
+                raise SweepSpecError(
+                    f"invalid sweep spec:\n  {where}.named: name {name!r} must be a string of letters, "
+                    "digits, . _ + - (it becomes a value in the tables)")
+        return kind, dict(args)
     if kind in ("grid", "choice"):
         if not isinstance(args, list) or not args:
             raise SweepSpecError(
@@ -261,6 +299,8 @@ def _probe_values(kind: str, args: list[Any]) -> list[Any]:
     """The values substituted into the base to validate a dimension."""
     if kind in ("grid", "choice"):
         return args
+    if kind == "named":
+        return list(args.values())
     if kind == "randint":
         return [args[0], args[1] - 1]
     return args
@@ -276,14 +316,30 @@ def _algorithm_hint(key: str, cfg: ExperimentConfig) -> str:
             + (f"keys: {', '.join(keys)})" if keys else "no parameters)"))
 
 
-def param_column_names(keys: list[str]) -> dict[str, str]:
-    """Dotted key -> column: its last component when unique and not a reserved column."""
+def param_column_names(keys: list[str], chosen: dict[str, str] | None = None) -> dict[str, str]:
+    """Dotted key -> column: ``chosen[key]``, else its last component when unique and not a
+    reserved column, else the dotted key."""
+    chosen = chosen or {}
     reserved = set(TRIAL_COLUMNS) | set(ROUND_COLUMNS)
-    last = [k.split(".")[-1] for k in keys]
+    last = [chosen.get(k, k.split(".")[-1]) for k in keys]
     out = {}
     for key, short in zip(keys, last):
         clash = last.count(short) > 1 or short in reserved or short.startswith(("final_", "best_"))
+        if key in chosen and clash:
+            raise SweepSpecError(
+                f"invalid sweep spec:\n  columns.{key} = {short!r}: clashes with another column "
+                f"(a trials.parquet / rounds.parquet column or another hyperparameter)")
         out[key] = key if clash else short
+    return out
+
+
+def expand_params(space: dict[str, dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
+    """A trial's ``{dotted key: value}`` with the names of ``named`` dimensions replaced by their values."""
+    out = dict(params)
+    for key, dist in space.items():
+        (kind, args), = dist.items()
+        if kind == "named" and key in out:
+            out[key] = copy.deepcopy(args[out[key]])
     return out
 
 
@@ -307,7 +363,7 @@ def _resources_check(spec: SweepSpec, cfg: ExperimentConfig) -> None:
 def count_trials(space: dict[str, tuple[str, Any]], num_samples: int) -> int:
     grid = 1
     for kind, args in space.values():
-        if kind == "grid":
+        if kind in GRID_KINDS:
             grid *= len(args)
     return grid * num_samples
 
@@ -323,14 +379,7 @@ def resolve(
     default_name = None
     if isinstance(source, (str, Path)):
         path = Path(source)
-        if not path.is_file():
-            raise SweepSpecError(f"sweep spec {str(path)!r} does not exist")
-        try:
-            raw = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise SweepSpecError(f"sweep spec {str(path)!r} is not valid YAML: {err}") from None
-        if not isinstance(raw, dict):
-            raise SweepSpecError(f"sweep spec {str(path)!r} must hold a mapping, got {type(raw).__name__}")
+        raw = read_mapping_file(path, "sweep spec")
         spec_dir, default_name = path.resolve().parent, path.stem
     else:
         raw = copy.deepcopy(dict(source))
@@ -374,10 +423,10 @@ def resolve(
         dims[key] = (kind, args)
     spec.space = {k: {kind: args} for k, (kind, args) in dims.items()}
     # Grid values are validated together too (fields can constrain each other) when few.
-    grid_keys = [k for k, (kind, _) in dims.items() if kind == "grid"]
+    grid_keys = [k for k, (kind, _) in dims.items() if kind in GRID_KINDS]
     combos = math.prod(len(dims[k][1]) for k in grid_keys)
     if len(grid_keys) > 1 and combos <= 256:
-        for values in itertools.product(*(dims[k][1] for k in grid_keys)):
+        for values in itertools.product(*(_probe_values(*dims[k]) for k in grid_keys)):
             combo = dict(zip(grid_keys, values))
             try:
                 load_config(apply_overrides(base_raw, combo))
@@ -386,6 +435,11 @@ def resolve(
                     f"invalid sweep spec:\n  space: the grid point {combo!r} is rejected by the "
                     f"experiment config: {_config_problem(err)}") from None
 
+    for key in spec.columns:
+        if key not in dims:
+            raise SweepSpecError(
+                f"invalid sweep spec:\n  columns.{key}: not a key of space; allowed: {', '.join(dims)}")
+    param_columns = param_column_names(list(dims), spec.columns)
     check_metric(spec.metric, "metric")
     if spec.scheduler.metric is not None:
         check_metric(spec.scheduler.metric, "scheduler.metric")
@@ -404,6 +458,6 @@ def resolve(
     storage_path = storage_path.expanduser().resolve()
     spec.storage = str(storage_path)
     return ResolvedSweep(
-        spec, base_raw, storage_path, param_column_names(list(dims)), base_cfg,
+        spec, base_raw, storage_path, param_columns, base_cfg,
         count_trials(dims, spec.num_samples), command,
     )

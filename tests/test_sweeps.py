@@ -122,6 +122,8 @@ def test_spec_resolution_counts_trials_names_columns_and_reads_yaml_floats(tmp_p
 def test_example_specs_validate():
     r = resolve(EXAMPLES / "fedavg_lr.yaml")
     assert r.num_trials == 6 and set(r.param_columns.values()) == {"lr", "participation"}
+    r = resolve(EXAMPLES / "fedprox_lr_mu.yaml")
+    assert r.num_trials == 6 and r.param_columns == {"train.lr": "lr", "algorithm.mu": "mu"}
     if "ascend" in ALGORITHMS:
         r = resolve(EXAMPLES / "ascend_eps_gamma.yaml")
         assert r.num_trials == 18
@@ -393,3 +395,29 @@ def test_sweep_on_a_multi_node_cluster_via_address(tmp_path):
         print(f"cluster sweep: 4 trials in {elapsed:.1f} s")
     finally:
         cluster.shutdown()
+
+
+def test_named_dimension_and_column_names(tmp_path):
+    """`named`: a grid over named values (Tune and the tables see the names, the trial applies
+    the values); `columns` renames a hyperparameter column. What-if fleets are built on both."""
+    fleets = {"fast": {"network": {"500mbps": 1.0}}, "slow": {"network": {"5mbps": 1.0}}}
+    r = resolve(spec(space={"clients.profiles": {"named": fleets}, "train.lr": {"grid": [0.05, 0.1]}},
+                     columns={"clients.profiles": "fleet"}))
+    assert r.param_columns == {"clients.profiles": "fleet", "train.lr": "lr"}
+    assert r.num_trials == 4
+    raw = r.trial_raw({"clients.profiles": "slow", "train.lr": 0.1})
+    assert raw["clients"]["profiles"] == fleets["slow"] and raw["train"]["lr"] == 0.1
+    assert load_config(raw).clients.profiles.network == {"5mbps": 1.0}
+    from sweeps.space import tune_param_space
+
+    assert tune_param_space(r.spec.space)["clients.profiles"] == {"grid_search": ["fast", "slow"]}
+    for bad, pattern in [
+        ({"space": {"clients.profiles": {"named": {}}}}, r"named = \{\}: must be a non-empty mapping"),
+        ({"space": {"clients.profiles": {"named": {"a b": {}}}}}, r"name 'a b' must be a string of letters"),
+        ({"space": {"clients.profiles": {"named": {"x": {"availability": 2.0}}}}},
+         r"value \{'availability': 2\.0\} is rejected by the experiment config"),
+        ({"columns": {"train.momentum": "m"}}, r"columns\.train\.momentum: not a key of space"),
+        ({"columns": {"train.lr": "round"}}, r"columns\.train\.lr = 'round': clashes with another column"),
+    ]:
+        with pytest.raises(SweepSpecError, match=pattern):
+            resolve(spec(**bad))
