@@ -34,7 +34,7 @@ class FedProxParams(AlgorithmParams):
 
 
 def state_payload(vector: torch.Tensor) -> Payload:
-    array = vector.numpy().astype("float32", copy=True)
+    array = vector.detach().cpu().numpy().astype("float32", copy=True)  # leaves the device
     return Payload(arrays={"state": array}, nbytes=FLOAT32_BYTES * array.size)
 
 

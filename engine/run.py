@@ -88,6 +88,9 @@ def run_experiment(
     the rounds it relays. Rows are appended every round; on failure the manifest records the
     error and every finished round stays readable with :func:`engine.results.load_run`.
     """
+    from engine.device import check_device_request
+
+    check_device_request(cfg)  # `device: cuda` without CUDA: refused before anything is written
     path = Path(run_dir) if run_dir is not None else make_run_dir(cfg)
     command = command if command is not None else sys.argv
     if cfg.executor.kind == "ray":
@@ -108,6 +111,9 @@ def execute_run(
 
     ``executor`` defaults to the one ``cfg.executor`` names (see :func:`make_executor`).
     """
+    from engine.device import check_device_request
+
+    check_device_request(cfg)
     path = Path(path)
     writer = RunWriter(path)
     dump_config(cfg, path / "config.yaml")

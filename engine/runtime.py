@@ -79,23 +79,31 @@ def client_rng(seed: int, round: int, client_id: int) -> np.random.Generator:
 
 
 class ClientHost:
-    def __init__(self, setup: HostSetup, threads: int | None = None):
+    def __init__(self, setup: HostSetup, threads: int | None = None, device: torch.device | None = None):
+        """``device``: where the clients train; default: ``executor.device`` resolved in this
+        process (:func:`engine.device.resolve_device`)."""
+        from engine.device import prepare_device, resolve_device
+
         if threads:
             torch.set_num_threads(threads)
         self.setup = setup
         cfg = setup.cfg
         self.cfg = cfg
+        self.device = device if device is not None else resolve_device(
+            cfg.executor.device, where="this client host")
+        prepare_device(self.device, cfg.executor.cuda_deterministic)
         self.client = ALGORITHMS[cfg.algorithm.name].client(cfg.algorithm)
         data = setup.data
         with warnings.catch_warnings():
             # arrays from Ray's object store are read-only; we never write to them
             warnings.simplefilter("ignore", UserWarning)
-            self.x = torch.from_numpy(data.x)
-            self.y = torch.from_numpy(data.y)
+            # moved to the device once per host, not per round (on the CPU: no copy)
+            self.x = torch.from_numpy(data.x).to(self.device)
+            self.y = torch.from_numpy(data.y).to(self.device)
         self.workspace: dict[str, torch.nn.Module] = {}
         self.pristine: dict[str, dict[str, torch.Tensor]] = {}
         for arch in set(setup.arch_names[c] for c in np.unique(setup.client_arch)):
-            model = build_arch_model(cfg, arch, data.input_shape, data.num_classes)
+            model = build_arch_model(cfg, arch, data.input_shape, data.num_classes).to(self.device)
             self.workspace[arch] = model
             self.pristine[arch] = {k: v.clone() for k, v in model.state_dict().items()}
         self.states: dict[int, dict[str, Any]] = {}
@@ -130,7 +138,7 @@ class ClientHost:
         arch = setup.arch_names[setup.client_arch[cid]]
         model = self.workspace[arch]
         model.load_state_dict(self.pristine[arch])
-        train_idx = torch.from_numpy(data.train_indices(cid))
+        train_idx = torch.from_numpy(data.train_indices(cid)).to(self.device)
         state = self.states.get(cid, {})
         ctx = ClientContext(
             client_id=cid,
@@ -150,7 +158,7 @@ class ClientHost:
         self.client.receive(ctx, payload)
         eval_metrics = {}
         if evaluate_client and self.cfg.evaluation.personalized:
-            test_idx = torch.from_numpy(data.test_indices(cid))
+            test_idx = torch.from_numpy(data.test_indices(cid)).to(self.device)
             loss_sum, correct, n = evaluate(
                 model, self.x[test_idx], self.y[test_idx], self.cfg.evaluation.batch_size
             )
