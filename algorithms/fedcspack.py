@@ -31,7 +31,8 @@ Design choices (where the spec leaves room)
   only. Only the last pack is affected, and only when ``P`` does not divide ``n``.
 * **Numerics of ``pack_scores``.** Per-pack sums (dot, squared norms, softmax partition sums)
   are computed in float32 in one fused pass over the ``(J, P)`` view (:func:`pack_sums`), then
-  combined in float64.
+  combined in float64. For tensors on a GPU the same sums come from torch ops in float64
+  on that device (:mod:`algorithms.pack_stats_torch`); the compiled kernel is the CPU path.
   ``beta`` uses the algebraically identical form
   ``KL(p_G || p_L) = sum_k p_G,k (G_k - L_k) + ln(S_L / S_G)`` with ``S = sum_k exp(x_k)``: two
   exponentials per value and no log-probability tensors. When a pack's partition sums leave
@@ -81,7 +82,7 @@ from algorithms.base import (
     Server,
     ServerContext,
 )
-from algorithms.pack_kernel import pack_sums
+from algorithms.pack_stats_torch import pack_sums_on_device
 from algorithms.training import flat_params, load_flat_params, local_sgd
 
 # --------------------------------------------------------------------------------------------
@@ -160,7 +161,7 @@ def _row_stats(local: torch.Tensor, glob: torch.Tensor) -> tuple[torch.Tensor, .
     The six per-row sums come from one fused, vectorised pass (:func:`pack_sums`); only the
     R-sized combination is done here, in float64.
     """
-    dot, nl2, ng2, sg, sl, pd = pack_sums(local, glob).double()
+    dot, nl2, ng2, sg, sl, pd = pack_sums_on_device(local, glob).double()  # GPU: torch, float64
     beta = pd / sg + torch.log(sl / sg)
     ok = (
         (sg >= _SAFE_SUM_MIN) & (sg <= _SAFE_SUM_MAX)
