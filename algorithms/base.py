@@ -68,6 +68,10 @@ class ClientContext:
     # the client's hardware profile (hardware_profiles.HardwareProfile) so that methods whose
     # decisions depend on simulated time (ASCEND's reward) compute it exactly as the engine does
     profile: Any = None
+    # executor.batch_clients: this client's local training, already done together with the
+    # other clients of its architecture (algorithms.batched_training.TrainedUpdate); local_sgd
+    # applies it instead of training
+    pretrained: Any = None
 
 
 @dataclass
@@ -102,6 +106,14 @@ class Client:
     def fit(self, ctx: ClientContext, broadcast: Payload) -> ClientResult:
         """Train locally starting from ``ctx.model`` and build the upload."""
         raise NotImplementedError
+
+    def prox_mu(self) -> float:
+        """The FedProx coefficient ``fit`` passes to ``local_sgd`` (centre: the received model).
+
+        Batched training (``executor.batch_clients``) trains before ``fit`` runs, so it asks here;
+        ``local_sgd`` checks that ``fit`` then asks for the same.
+        """
+        return 0.0
 
     def on_dropped(self, state: dict[str, Any], round: int) -> None:
         """The upload of ``round`` never arrived (deadline, over-selection).

@@ -42,8 +42,11 @@ class FedAvgClient(Client):
     def receive(self, ctx: ClientContext, broadcast: Payload) -> None:
         load_flat_state(ctx.model, broadcast.arrays["state"])
 
+    def prox_mu(self) -> float:
+        return getattr(self.params, "mu", 0.0)
+
     def fit(self, ctx: ClientContext, broadcast: Payload) -> ClientResult:
-        mu = getattr(self.params, "mu", 0.0)
+        mu = self.prox_mu()
         center = flat_params(ctx.model) if mu > 0 else None
         loss, seen = local_sgd(ctx, prox_center=center, prox_mu=mu)
         return ClientResult(

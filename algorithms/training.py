@@ -82,7 +82,11 @@ def local_sgd(
     Batches come from ``ctx.rng`` so training is identical on every executor.
     With ``prox_center`` the FedProx term ``mu/2 ||w - center||^2`` is added.
     Returns (mean training loss, samples processed).
+    With ``ctx.pretrained`` (``executor.batch_clients``) the training was already done for many
+    clients at once (:mod:`algorithms.batched_training`): its result is loaded instead.
     """
+    if ctx.pretrained is not None:
+        return ctx.pretrained.apply(ctx, prox_center, prox_mu)
     model, s = ctx.model, ctx.train
     model.train()
     opt = torch.optim.SGD(
