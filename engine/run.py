@@ -136,7 +136,7 @@ def execute_run(
         sim = Simulation(cfg, executor)
         writer.write_table("profiles", sim.profiles.to_frame())
         sim.start()
-        manifest["executor"] = sim.executor.describe()
+        manifest["executor"] = {**sim.executor.describe(), "eval_device": sim.eval_device.type}
         manifest["loop_pid"] = os.getpid()  # the driver actor's process under the Ray executor
         manifest["num_clients"] = sim.data.num_clients
         run = RunContext(cfg, path, first_round=sim.next_round, simulation=sim, info=manifest)

@@ -146,9 +146,10 @@ class Simulation:
         # The server aggregates on the CPU, where the uploads arrive (numpy) and a weighted sum
         # of a few vectors costs less than moving them; only global evaluation uses a GPU, when
         # this process holds one (in-process executor, or a driver actor with driver_gpus).
-        from engine.device import resolve_device
+        from engine.device import prepare_device, resolve_device
 
         self.eval_device = resolve_device("cpu" if cfg.executor.device == "cpu" else "auto")
+        prepare_device(self.eval_device, cfg.executor.cuda_deterministic)
         self._eval_models: dict[str, torch.nn.Module] = {}
         self.sim_time_s = 0.0
         self.next_round = 0  # the first round run() will run (a resumed run starts later)

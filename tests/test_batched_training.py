@@ -58,7 +58,7 @@ def test_each_client_gets_its_sequential_local_sgd(momentum, weight_decay, mu, e
     starts = perturbed_starts(model, len(SIZES))
     settings = TrainSettings(local_epochs=epochs, batch_size=8, lr=0.05, momentum=momentum,
                              weight_decay=weight_decay)
-    jobs, sequential, rng_after = [], [], []
+    jobs, sequential, rng_after, reference = [], [], [], []
     for c, (start, train_ids) in enumerate(zip(starts, ids)):
         seq_model = copy.deepcopy(start)
         ctx = ClientContext(client_id=c, round=0, arch="", model=seq_model, state={},
@@ -67,6 +67,12 @@ def test_each_client_gets_its_sequential_local_sgd(momentum, weight_decay, mu, e
         centre = flat_params(seq_model) if mu > 0 else None
         loss, seen = local_sgd(ctx, prox_center=centre, prox_mu=mu)
         sequential.append((seq_model, loss, seen))
+        ref_model = copy.deepcopy(start).double()  # the float64 reference of the same training
+        ref_ctx = ClientContext(client_id=c, round=0, arch="", model=ref_model, state={},
+                                train_x=x[train_ids].double(), train_y=y[train_ids],
+                                rng=np.random.default_rng(c), train=settings, flops_per_sample=1.0)
+        local_sgd(ref_ctx, prox_center=flat_params(ref_model).double() if mu > 0 else None, prox_mu=mu)
+        reference.append(torch.cat([p.detach().reshape(-1) for p in ref_model.parameters()]))
         rng_after.append(ctx.rng.bit_generator.state)
         rng = np.random.default_rng(c)
         batches = draw_batches(rng, train_ids, settings.batch_size, epochs)
@@ -82,6 +88,9 @@ def test_each_client_gets_its_sequential_local_sgd(momentum, weight_decay, mu, e
         ws = flat_params(seq_model).double()
         wb = torch.cat([upd.params[n].reshape(-1) for n, _ in seq_model.named_parameters()]).double()
         assert float((wb - ws).norm() / (ws - w0).norm()) <= 1e-5, c
+        # ... which is float32 rounding: batched is about as far from float64 as sequential is
+        wr = reference[c]
+        assert float((wb - wr).norm()) <= 10 * max(float((ws - wr).norm()), 1e-7 * float((wr - w0).norm())), c
         assert upd.loss == pytest.approx(loss, rel=1e-6, abs=1e-7)
         for n, b in seq_model.named_buffers():
             if b.is_floating_point():
@@ -176,6 +185,14 @@ def test_batched_convolutions_match_within_the_stated_tolerance(tmp_path):
     assert seq.clients["bytes_up"].fillna(-1).tolist() == bat.clients["bytes_up"].fillna(-1).tolist()
     for col in ("global_acc", "global_loss", "train_loss", "pers_acc"):
         np.testing.assert_allclose(bat.rounds[col], seq.rounds[col], rtol=1e-4, atol=1e-5, err_msg=col)
+
+
+def test_batched_runs_are_deterministic(tmp_path):
+    runs = [load_run(run_experiment(load_config(None, [*BASE, "executor.batch_clients=true",
+                                                        "train.momentum=0.9"]), tmp_path / str(i)))
+            for i in range(2)]
+    pd.testing.assert_frame_equal(without_wall(runs[0].clients), without_wall(runs[1].clients))
+    pd.testing.assert_frame_equal(without_wall(runs[0].rounds), without_wall(runs[1].rounds))
 
 
 def test_a_method_drawing_randomness_before_training_cannot_be_batched(tmp_path, monkeypatch):

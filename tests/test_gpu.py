@@ -137,8 +137,8 @@ def test_four_half_gpu_actors_share_two_declared_gpus_on_the_cpu(tmp_path, fake_
     # each actor holds one GPU id from Ray, two actors per GPU
     assert sorted(ids[0] for ids in ex["gpu_ids"]) == ["0", "0", "1", "1"]
     assert all(len(ids) == 1 for ids in ex["gpu_ids"])
-    if NO_CUDA:  # declared GPUs only: auto must not touch CUDA
-        assert ex["device"] == "cpu"
+    if NO_CUDA:  # declared GPUs only: auto must not touch CUDA (nor does the driver's evaluation)
+        assert ex["device"] == "cpu" and ex["eval_device"] == "cpu"
     assert run.manifest["status"] == "finished" and len(run.rounds) == 1
     # every GPU share was given back
     assert fake_gpu_ray.available_resources().get("GPU") == 2
