@@ -13,7 +13,8 @@ plus noise, so a model can learn it), 20 clients, IID, ``--samples`` per client 
     peak GPU memory of the round loop. On the CPU only the small CNN (``--cpu-resnet`` adds
     ResNet-18, slow). Also the agreement of batched and sequential training: each client's
     first local training from one start, batched and sequential in float32 and sequential in
-    float64 (the reference), as relative differences of the updates (median / max over clients).
+    float64 (the reference), as relative differences of the updates (median / max over clients);
+    and batched in float64 against the reference (the algorithm itself: ~1e-15 when exact).
 (b) CPU vs GPU: a short FedAvg run (small CNN, 10 of 20 clients per round, global evaluation every
     round) on the CPU and on the GPU: accuracy/loss per round and their largest difference;
     the GPU run repeated (deterministic algorithms on): bit-identical or not; the same run batched.
@@ -137,10 +138,15 @@ def agreement(model: str, device: str, data, lr: float = 0.05) -> dict:
                              draw_batches(np.random.default_rng(c), ids, 32, 1)))
     updates = train_batched(copy.deepcopy(start), jobs, x, y, lr=lr)
     bat = [flat(u.params[n] for n, _ in start.named_parameters()) for u in updates]
+    jobs64 = [BatchJob({n: p.double() for n, p in j.params.items()},
+                       {n: b.double() if b.is_floating_point() else b for n, b in j.buffers.items()},
+                       j.batches) for j in jobs]
+    bat64 = [flat(u.params[n] for n, _ in start.named_parameters())
+             for u in train_batched(copy.deepcopy(start).double(), jobs64, x.double(), y, lr=lr)]
     w0 = flat(start.parameters())
     out = {"model": model, "device": device}
     for name, a, b in (("batched_vs_sequential", bat, seq), ("sequential_vs_float64", seq, ref),
-                       ("batched_vs_float64", bat, ref)):
+                       ("batched_vs_float64", bat, ref), ("batched_float64_vs_float64", bat64, ref)):
         rel = [float((u - v).norm() / (r - w0).norm()) for u, v, r in zip(a, b, ref)]
         out[name] = {"median": float(np.median(rel)), "max": float(np.max(rel))}
     return out

@@ -82,6 +82,16 @@ def test_each_client_gets_its_sequential_local_sgd(momentum, weight_decay, mu, e
     updates = train_batched(copy.deepcopy(model), jobs, x, y, lr=settings.lr, momentum=momentum,
                             weight_decay=weight_decay, prox_mu=mu)
     assert len(updates) == len(SIZES)
+    # in float64 the batched algorithm *is* the sequential one: equal to ~1e-15
+    jobs64 = [BatchJob({n: p.double() for n, p in j.params.items()},
+                       {n: b.double() if b.is_floating_point() else b for n, b in j.buffers.items()},
+                       j.batches) for j in jobs]
+    updates64 = train_batched(copy.deepcopy(model).double(), jobs64, x.double(), y, lr=settings.lr,
+                              momentum=momentum, weight_decay=weight_decay, prox_mu=mu)
+    for c, (upd, ref) in enumerate(zip(updates64, reference)):
+        w0 = flat_params(starts[c]).double()
+        w = torch.cat([upd.params[n].reshape(-1) for n, _ in model.named_parameters()])
+        assert float((w - ref).norm() / (ref - w0).norm()) <= 1e-12, c
     for c, (upd, (seq_model, loss, seen)) in enumerate(zip(updates, sequential)):
         assert upd.seen == seen == epochs * SIZES[c]  # every sample, whatever the client's size
         w0 = flat_params(starts[c]).double()
