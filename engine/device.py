@@ -19,6 +19,7 @@ This module has no Ray import at module level; it only asks Ray when the process
 from __future__ import annotations
 
 import os
+import sys
 from typing import Literal
 
 import torch
@@ -42,11 +43,11 @@ def cuda_available() -> bool:
 
 def ray_gpu_ids() -> list | None:
     """GPU ids Ray assigned to this process if it is a Ray worker (actor or task), else None."""
-    try:
-        import ray
-        from ray._private.worker import WORKER_MODE, global_worker
-    except ImportError:  # pragma: no cover - ray is a dependency
+    ray = sys.modules.get("ray")
+    if ray is None:  # a Ray worker has imported ray; anything else need not pay for the import
         return None
+    from ray._private.worker import WORKER_MODE, global_worker
+
     if not ray.is_initialized() or global_worker.mode != WORKER_MODE:
         return None
     return [str(g) for g in ray.get_gpu_ids()]
