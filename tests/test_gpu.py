@@ -154,10 +154,15 @@ def test_four_half_gpu_actors_share_two_declared_gpus_on_the_cpu(tmp_path, fake_
 
 
 @pytest.mark.ray
-def test_a_fifth_half_gpu_actor_is_refused_up_front(tmp_path, fake_gpu_ray):
+def test_a_fifth_half_gpu_actor_is_refused_up_front(fake_gpu_ray):
+    from engine.ray_executor import RayExecutor
+    from engine.simulation import Simulation
+
+    executor = RayExecutor(gpu_actors(5))
+    sim = Simulation(executor.cfg, executor)
     with pytest.raises(ExecutorError, match=r"num_actors=5 x gpus_per_actor=0\.5 GPUs = 2\.5 GPUs, but only 4"):
-        run_experiment(gpu_actors(5), tmp_path / "five")
-    assert load_run(tmp_path / "five").manifest["status"] == "failed"
+        sim.start()
+    assert executor.actors == []  # refused before any actor was created
 
 
 @pytest.mark.ray
