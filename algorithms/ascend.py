@@ -189,7 +189,7 @@ class AscendClient(CompressedFedAvgClient):
         n = len(ctx.train_y)
         m = min(n, self.params.probe_batches * ctx.train.batch_size)
         rng = np.random.default_rng([PROBE_SALT, ctx.client_id, n])
-        return torch.from_numpy(np.sort(rng.permutation(n)[:m]))
+        return torch.from_numpy(np.sort(rng.permutation(n)[:m])).to(ctx.train_x.device)
 
     @torch.no_grad()
     def probe_loss(self, ctx: ClientContext) -> tuple[float, int]:

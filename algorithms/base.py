@@ -71,6 +71,10 @@ class ClientContext:
     # decisions depend on simulated time (ASCEND's reward) compute it exactly as the engine does;
     # filled only for methods whose Client sets ``needs_profile = True``
     profile: Any = None
+    # executor.batch_clients: this client's local training, already done together with the
+    # other clients of its architecture (algorithms.batched_training.TrainedUpdate); local_sgd
+    # applies it instead of training
+    pretrained: Any = None
 
 
 @dataclass
@@ -109,6 +113,14 @@ class Client:
     def fit(self, ctx: ClientContext, broadcast: Payload) -> ClientResult:
         """Train locally starting from ``ctx.model`` and build the upload."""
         raise NotImplementedError
+
+    def prox_mu(self) -> float:
+        """The FedProx coefficient ``fit`` passes to ``local_sgd`` (centre: the received model).
+
+        Batched training (``executor.batch_clients``) trains before ``fit`` runs, so it asks here;
+        ``local_sgd`` checks that ``fit`` then asks for the same.
+        """
+        return 0.0
 
     def on_dropped(self, state: dict[str, Any], round: int) -> None:
         """The upload of ``round`` never arrived (deadline, over-selection).

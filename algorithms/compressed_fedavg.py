@@ -93,7 +93,7 @@ def buffer_upload(model: torch.nn.Module, mode: str, state: dict) -> dict[str, n
     bufs = flat_buffers(model)
     if not bufs.numel():
         return None
-    array = bufs.numpy().astype(np.float32, copy=True)
+    array = bufs.cpu().numpy().astype(np.float32, copy=True)
     if mode == "dense":
         return {"buffers": array}
     state["buffers"] = array
@@ -129,7 +129,7 @@ class CompressedFedAvgClient(Client):
         c = compress(strategy, a, p.k, seed=seed, round=ctx.round, costs=self.costs, clamp=p.clamp_k)
         if ef:
             e = ErrorFeedback.update_residual(a, c)
-            ctx.state["residual"] = e.numpy().astype(np.float32, copy=False)
+            ctx.state["residual"] = e.cpu().numpy().astype(np.float32, copy=False)  # host memory
             # what was sent, for on_dropped; overwritten every round (K values, not d)
             ctx.state["sent"] = {"round": ctx.round, "compressor": c.strategy, "numel": c.numel,
                                  "arrays": c.to_arrays()}

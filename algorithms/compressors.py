@@ -197,10 +197,10 @@ class Compressed:
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         """The numpy arrays that travel; their total size is ``nbytes``."""
-        values = self.values.detach().numpy().astype(np.float32, copy=True)
+        values = self.values.detach().cpu().numpy().astype(np.float32, copy=True)  # off the device
         s = self.strategy
         if s == "topk":
-            return {"values": values, "indices": self.index_tensor().numpy().astype(np.int32)}
+            return {"values": values, "indices": self.index_tensor().cpu().numpy().astype(np.int32)}
         if s == "randomk":
             return {"values": values, "seed": np.array([self.meta["seed"]], dtype=np.uint64)}
         if s == "periodick":
@@ -293,7 +293,7 @@ def randomk(
     seed = int(seed)
     if not 0 <= seed < 2**64:
         raise ValueError(f"seed={seed} is not allowed: must be in [0, 2**64)")
-    idx = randomk_indices(d, kk, seed)
+    idx = randomk_indices(d, kk, seed).to(a.device)  # drawn on the CPU: the same on every device
     c = Compressed(
         indices=None,
         values=a[idx],
@@ -351,8 +351,8 @@ def decompress(c: Compressed, d: int | None = None) -> torch.Tensor:
     d = c.numel if d is None else int(d)
     if d != c.numel:
         raise ValueError(f"payload is for a vector of length {c.numel}, not d={d}")
-    out = torch.zeros(d, dtype=torch.float32)
-    out[c.index_tensor()] = c.values
+    out = torch.zeros(d, dtype=torch.float32, device=c.values.device)
+    out[c.index_tensor().to(out.device)] = c.values
     return out
 
 
@@ -360,8 +360,8 @@ def scatter_add_(out: torch.Tensor, c: Compressed, weight: float = 1.0) -> torch
     """``out += weight * decompress(c)`` without building the dense vector (in place)."""
     if out.numel() != c.numel:
         raise ValueError(f"payload is for a vector of length {c.numel}, not {out.numel()}")
-    v = c.values.to(out.dtype)
-    out.index_add_(0, c.index_tensor(), v if weight == 1.0 else v * weight)
+    v = c.values.to(out.device, out.dtype)
+    out.index_add_(0, c.index_tensor().to(out.device), v if weight == 1.0 else v * weight)
     return out
 
 
@@ -380,7 +380,7 @@ class ErrorFeedback:
         delta = _flat(delta)
         if residual is None:
             return delta.clone()
-        residual = _flat(residual)
+        residual = _flat(residual).to(delta.device)
         if residual.numel() != delta.numel():
             raise ValueError(f"residual has {residual.numel()} elements but the delta {delta.numel()}")
         return residual + delta
@@ -390,7 +390,7 @@ class ErrorFeedback:
         a = _flat(a)
         if a.numel() != c.numel:
             raise ValueError(f"payload is for a vector of length {c.numel}, not {a.numel()}")
-        idx = c.index_tensor()
+        idx = c.index_tensor().to(a.device)
         e = a.clone()
         e[idx] = a[idx] - c.values
         return e

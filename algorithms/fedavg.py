@@ -23,7 +23,7 @@ from algorithms.training import flat_params, flat_state, load_flat_state, local_
 
 
 def state_payload(vector: torch.Tensor) -> Payload:
-    array = vector.numpy().astype("float32", copy=True)
+    array = vector.detach().cpu().numpy().astype("float32", copy=True)  # leaves the device
     return Payload(arrays={"state": array}, nbytes=FLOAT32_BYTES * array.size)
 
 
@@ -31,8 +31,11 @@ class FedAvgClient(Client):
     def receive(self, ctx: ClientContext, broadcast: Payload) -> None:
         load_flat_state(ctx.model, broadcast.arrays["state"])
 
+    def prox_mu(self) -> float:
+        return getattr(self.params, "mu", 0.0)
+
     def fit(self, ctx: ClientContext, broadcast: Payload) -> ClientResult:
-        mu = getattr(self.params, "mu", 0.0)
+        mu = self.prox_mu()
         center = flat_params(ctx.model) if mu > 0 else None
         loss, seen = local_sgd(ctx, prox_center=center, prox_mu=mu)
         return ClientResult(

@@ -31,7 +31,8 @@ Design choices (where the spec leaves room)
   only. Only the last pack is affected, and only when ``P`` does not divide ``n``.
 * **Numerics of ``pack_scores``.** Per-pack sums (dot, squared norms, softmax partition sums)
   are computed in float32 in one fused pass over the ``(J, P)`` view (:func:`pack_sums`), then
-  combined in float64.
+  combined in float64. For tensors on a GPU the same sums come from torch ops in float64
+  on that device (:mod:`algorithms.pack_stats_torch`); the compiled kernel is the CPU path.
   ``beta`` uses the algebraically identical form
   ``KL(p_G || p_L) = sum_k p_G,k (G_k - L_k) + ln(S_L / S_G)`` with ``S = sum_k exp(x_k)``: two
   exponentials per value and no log-probability tensors. When a pack's partition sums leave
@@ -80,7 +81,7 @@ from algorithms.base import (
     Server,
     ServerContext,
 )
-from algorithms.pack_kernel import pack_sums
+from algorithms.pack_stats_torch import pack_sums_on_device
 from algorithms.params import FedCSPACKParams
 from algorithms.training import flat_params, load_flat_params, local_sgd
 
@@ -160,7 +161,7 @@ def _row_stats(local: torch.Tensor, glob: torch.Tensor) -> tuple[torch.Tensor, .
     The six per-row sums come from one fused, vectorised pass (:func:`pack_sums`); only the
     R-sized combination is done here, in float64.
     """
-    dot, nl2, ng2, sg, sl, pd = pack_sums(local, glob).double()
+    dot, nl2, ng2, sg, sl, pd = pack_sums_on_device(local, glob).double()  # GPU: torch, float64
     beta = pd / sg + torch.log(sl / sg)
     ok = (
         (sg >= _SAFE_SUM_MIN) & (sg <= _SAFE_SUM_MAX)
@@ -414,38 +415,41 @@ class FedCSPACKClient(Client):
     def fit(self, ctx: ClientContext, broadcast: Payload) -> ClientResult:
         p = self.params
         loss, seen = local_sgd(ctx)
-        local = flat_params(ctx.model)
-        prev = _as_flat32(broadcast.arrays["params"])  # W_prev: the pre-round global model
+        local = flat_params(ctx.model)  # on the model's device: the scores are computed there
+        prev = _as_flat32(broadcast.arrays["params"]).to(local.device)  # W_prev: pre-round global
         n = local.numel()
         j = num_packs(n, p.pack_size)
         theta_a, theta, beta = pack_scores(local, prev, p.pack_size)
         below = int((theta < theta_a).sum())
         if p.sharing == "full":
-            idx, w = torch.arange(j), torch.ones(j)
+            idx, w = torch.arange(j, device=local.device), torch.ones(j, device=local.device)
             ops = 0.0  # no selection work (the scores above only feed the trace)
         else:
             idx, w = select_packs(theta, theta_a, beta, p.k, p.weighting)
             cap = pack_budget(p.k, j)
             ops = selection_ops(n, p.pack_size, below if cap is not None and cap < below else 0)
         delta = pad_to_packs(local - prev, p.pack_size)[idx]
+        idx, w = idx.cpu(), w.cpu()  # the upload leaves the device: numpy, the same bytes
         upload = Payload(
             arrays={
                 "idx": idx.numpy().astype(np.int32),
                 "w": w.numpy().astype(np.float32),
-                "delta": delta.numpy().astype(np.float32, copy=False),
+                "delta": delta.cpu().numpy().astype(np.float32, copy=False),
             },
             nbytes=upload_nbytes(idx.numel(), j, p.pack_size),
         )
-        # persistent per-client state: overwritten every participation, never accumulated
+        # persistent per-client state: overwritten every participation, never accumulated;
+        # kept in host memory, so device memory does not grow with the number of clients
         if p.personalization == "none":
             ctx.state.pop(_PERSONAL, None)
         else:
-            ctx.state[_PERSONAL] = local
+            ctx.state[_PERSONAL] = local.cpu()
         if p.personalization == "own_mask":
             ctx.state[_SHARED] = idx.clone()
         else:
             ctx.state.pop(_SHARED, None)
-        ctx.state[_BUFFERS] = {name: b.detach().clone() for name, b in ctx.model.named_buffers()}
+        ctx.state[_BUFFERS] = {name: b.detach().to("cpu", copy=True)
+                               for name, b in ctx.model.named_buffers()}
         w_mean, w_min, w_max = _nan_stats(w)
         metrics: dict[str, Any] = {
             "train_loss": loss,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from algorithms.params import ALGORITHM_PARAMS
 from engine.model_names import MODEL_NAMES
@@ -146,11 +146,37 @@ class ExecutorConfig(Section):
     )
     startup_timeout_s: float = Field(180.0, gt=0, description="give up if actors are not up by then")
     inject_failure: FailureInjection | None = None
+    # GPUs (docs/gpu.md)
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "cpu", description="where clients train: cpu, cuda, or auto (CUDA when this host holds a GPU)")
+    gpus_per_actor: float = Field(0.0, ge=0, description="GPU share of each client actor (0.25: four per GPU)")
+    driver_gpus: float = Field(0.0, ge=0, description="GPU share of the driver actor (global evaluation)")
+    batch_clients: bool = Field(
+        False, description="train the selected clients of one architecture together (torch.func)")
+    cuda_deterministic: bool = Field(True, description="torch.use_deterministic_algorithms on CUDA")
+
+    @field_validator("gpus_per_actor", "driver_gpus")
+    @classmethod
+    def _ray_gpu_amount(cls, v: float) -> float:
+        if v > 1 and not float(v).is_integer():
+            raise ValueError("Ray accepts a fraction of one GPU (<= 1) or a whole number of GPUs")
+        return v
+
+    @model_validator(mode="after")
+    def _gpus_match_device(self) -> "ExecutorConfig":
+        if self.kind == "ray" and self.device == "cuda" and self.gpus_per_actor == 0:
+            raise ValueError("executor.device = 'cuda' with executor.kind = 'ray' needs "
+                             "executor.gpus_per_actor > 0: a client actor without a GPU share has no GPU")
+        if self.device == "cpu" and (self.gpus_per_actor > 0 or self.driver_gpus > 0):
+            raise ValueError("executor.gpus_per_actor / driver_gpus reserve GPUs that executor.device "
+                             "= 'cpu' never uses; set device: auto or cuda, or the GPUs to 0")
+        return self
 
 
 class RayConfig(Section):
     address: str | None = Field(None, description="existing cluster address; None starts a local Ray")
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a local Ray")
+    num_gpus: int | None = Field(None, ge=0, description="GPUs of a local Ray (default: detected)")
 
 
 def _algorithm_union():

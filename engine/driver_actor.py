@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from engine.callbacks import CallbackLike, CallbackList, RunCallback, RunContext, Stop
-from engine.config import ExperimentConfig
+from engine.config import ConfigError, ExperimentConfig
 from engine.ray_executor import init_ray
 from engine.simulation import RoundRecord
 from engine.trace import mark
@@ -58,13 +58,17 @@ def _driver_actor_class():
 def run_on_driver_actor(
     cfg: ExperimentConfig, path: Path, callbacks: list[CallbackLike], command
 ) -> Path:
-    ray = init_ray(cfg.ray.address, cfg.ray.num_cpus)
+    ray = init_ray(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.num_gpus)
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     cbs = CallbackList(callbacks)
     run = RunContext(cfg, Path(path), first_round=0, simulation=None)
-    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    driver = _driver_actor_class().options(scheduling_strategy=here).remote()
+    node_id = ray.get_runtime_context().get_node_id()
+    here = NodeAffinitySchedulingStrategy(node_id, soft=False)
+    _check_driver_gpus(ray, node_id, cfg.executor.driver_gpus)
+    # no GPU unless asked for (executor.driver_gpus): the server aggregates on the CPU
+    driver = _driver_actor_class().options(
+        scheduling_strategy=here, num_gpus=cfg.executor.driver_gpus).remote()
     mark("cli: driver actor requested")
     done = driver.run.remote(cfg, str(Path(path).resolve()), command)
     stop_sent = False
@@ -86,6 +90,8 @@ def run_on_driver_actor(
         try:
             result = Path(ray.get(done))
         except ray.exceptions.RayTaskError as err:
+            if isinstance(err.cause, ConfigError):  # a user mistake (e.g. device): plain message
+                raise err.cause from None
             raise err.as_instanceof_cause() from None
         status = _manifest_status(result)
         return result
@@ -99,6 +105,21 @@ def run_on_driver_actor(
         mark("cli: driver done")
         ray.kill(driver)
         cbs.run_end(run, status)
+
+
+def _check_driver_gpus(ray, node_id: str, driver_gpus: float) -> None:
+    """The driver actor is pinned to this node: refuse a GPU share this node cannot give
+    (Ray would wait forever)."""
+    if driver_gpus <= 0:
+        return
+    from engine.ray_executor import ExecutorError
+
+    here = next((n for n in ray.nodes() if n["NodeID"] == node_id), {"Resources": {}})
+    have = here["Resources"].get("GPU", 0.0)
+    if have + 1e-9 < driver_gpus:
+        raise ExecutorError(
+            f"executor.driver_gpus={driver_gpus:g}: the driver actor runs on this node, which has "
+            f"{have:g} GPUs; Ray would wait forever. Set driver_gpus: 0 or run from a GPU node.")
 
 
 def _manifest_status(path: Path) -> str:

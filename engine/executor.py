@@ -42,6 +42,8 @@ class InProcessExecutor(Executor):
         import torch
 
         self._caller_threads = torch.get_num_threads()
+        self._caller_deterministic = (torch.are_deterministic_algorithms_enabled(),
+                                      torch.is_deterministic_algorithms_warn_only_enabled())
         self.host = ClientHost(setup, threads=self.threads)
 
     def close(self) -> None:
@@ -50,6 +52,8 @@ class InProcessExecutor(Executor):
         if self._caller_threads is not None:  # the host shares this process: give it back
             torch.set_num_threads(self._caller_threads)
             self._caller_threads = None
+            mode, warn_only = self._caller_deterministic
+            torch.use_deterministic_algorithms(mode, warn_only=warn_only)
 
     def run_round(self, round, client_ids, broadcast, evaluate):
         assert self.host is not None, "start() first"
@@ -59,4 +63,9 @@ class InProcessExecutor(Executor):
         self.host.notify_dropped(round, client_ids)
 
     def describe(self) -> dict:
-        return {"kind": "inprocess", "hosts": 1}
+        from engine.device import describe_device
+
+        out = {"kind": "inprocess", "hosts": 1}
+        if self.host is not None:
+            out.update(describe_device(self.host.device))
+        return out

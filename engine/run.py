@@ -89,6 +89,9 @@ def run_experiment(
     the rounds it relays. Rows are appended every round; on failure the manifest records the
     error and every finished round stays readable with :func:`engine.results.load_run`.
     """
+    from engine.device import check_device_request
+
+    check_device_request(cfg)  # `device: cuda` without CUDA: refused before anything is written
     path = Path(run_dir) if run_dir is not None else make_run_dir(cfg)
     command = command if command is not None else sys.argv
     if cfg.executor.kind == "ray":
@@ -109,7 +112,10 @@ def execute_run(
 
     ``executor`` defaults to the one ``cfg.executor`` names (see :func:`make_executor`).
     """
+    from engine.device import check_device_request
+
     mark("run: begins")
+    check_device_request(cfg)
     path = Path(path)
     writer = RunWriter(path)
     dump_config(cfg, path / "config.yaml")
@@ -134,7 +140,7 @@ def execute_run(
         writer.write_table("profiles", sim.profiles.to_frame())
         sim.start()
         mark("run: executor started")
-        manifest["executor"] = sim.executor.describe()
+        manifest["executor"] = {**sim.executor.describe(), "eval_device": sim.eval_device.type}
         manifest["loop_pid"] = os.getpid()  # the driver actor's process under the Ray executor
         manifest["num_clients"] = sim.data.num_clients
         run = RunContext(cfg, path, first_round=sim.next_round, simulation=sim, info=manifest)

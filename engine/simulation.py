@@ -6,6 +6,7 @@ or terminals: recording, progress, Tune reporting and checkpoints are callbacks
 """
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -144,6 +145,14 @@ class Simulation:
             eval_batch_size=cfg.evaluation.batch_size,
         )
         self.server = spec.server(cfg.algorithm, self.models, cfg.seed, context=context)
+        # The server aggregates on the CPU, where the uploads arrive (numpy) and a weighted sum
+        # of a few vectors costs less than moving them; only global evaluation uses a GPU, when
+        # this process holds one (in-process executor, or a driver actor with driver_gpus).
+        from engine.device import prepare_device, resolve_device
+
+        self.eval_device = resolve_device("cpu" if cfg.executor.device == "cpu" else "auto")
+        prepare_device(self.eval_device, cfg.executor.cuda_deterministic)
+        self._eval_models: dict[str, torch.nn.Module] = {}
         self.sim_time_s = 0.0
         self.next_round = 0  # the first round run() will run (a resumed run starts later)
         self.stop: Stop | None = None  # why the last run() ended early, if it did
@@ -275,8 +284,19 @@ class Simulation:
     def _global_test(self) -> tuple[torch.Tensor, torch.Tensor]:
         if not hasattr(self, "_gtest"):
             idx = self.data.global_test_idx
-            self._gtest = (torch.from_numpy(self.data.x[idx]), torch.from_numpy(self.data.y[idx]))
+            self._gtest = (torch.from_numpy(self.data.x[idx]).to(self.eval_device),
+                           torch.from_numpy(self.data.y[idx]).to(self.eval_device))
         return self._gtest
+
+    def _eval_model(self, arch: str, model: torch.nn.Module) -> torch.nn.Module:
+        """``model`` itself on the CPU; else a copy on the evaluation device, refreshed."""
+        if self.eval_device.type == "cpu":
+            return model
+        mirror = self._eval_models.get(arch)
+        if mirror is None:
+            mirror = self._eval_models[arch] = copy.deepcopy(model).to(self.eval_device)
+        mirror.load_state_dict(model.state_dict())
+        return mirror
 
     def evaluate_global(self) -> dict[str, float]:
         if not self.cfg.evaluation.global_model:
@@ -285,7 +305,8 @@ class Simulation:
         out: dict[str, float] = {}
         accs, losses = [], []
         for arch, model in self.server.global_models().items():
-            loss_sum, correct, n = evaluate(model, x, y, self.cfg.evaluation.batch_size)
+            loss_sum, correct, n = evaluate(self._eval_model(arch, model), x, y,
+                                            self.cfg.evaluation.batch_size)
             accs.append(correct / n)
             losses.append(loss_sum / n)
             if arch:

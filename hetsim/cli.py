@@ -82,7 +82,10 @@ def _load(args):
 def cmd_validate(args) -> int:
     import yaml
 
+    from engine.device import check_device_request
+
     cfg = _load(args)
+    check_device_request(cfg)  # e.g. device: cuda on a machine without CUDA
     print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
     return 0
 

@@ -159,20 +159,43 @@ def _init_ray(resolved: ResolvedSweep):
         os.environ.setdefault(key, value)
     from engine.ray_executor import init_ray
 
-    return init_ray(resolved.spec.ray.address, resolved.spec.ray.num_cpus)
+    return init_ray(resolved.spec.ray.address, resolved.spec.ray.num_cpus, resolved.spec.ray.num_gpus)
 
 
 def _check_fits(ray, resolved: ResolvedSweep) -> None:
     """A trial that cannot fit the cluster would wait forever in Tune: refuse it up front."""
     from sweeps.trainable import trial_resources
 
-    need = sum(b.get("CPU", 0.0) for b in trial_resources(resolved).bundles)
+    bundles = trial_resources(resolved).bundles
+    need = sum(b.get("CPU", 0.0) for b in bundles)
     have = ray.cluster_resources().get("CPU", 0.0)
     if need > have + 1e-9:
         raise SweepSpecError(
             f"invalid sweep spec:\n  resources_per_trial: one trial needs {need:g} CPUs but the Ray "
             f"cluster has {have:g}; lower resources_per_trial.cpus (or executor.num_actors x "
             "executor.cpus_per_actor of the base experiment)")
+    _check_gpus_fit(ray, bundles)
+
+
+def _check_gpus_fit(ray, bundles: list[dict]) -> None:
+    """GPUs as for CPUs: the trial's total, and each bundle's share from one node."""
+    from engine.ray_executor import gpu_capacity
+
+    need = sum(b.get("GPU", 0.0) for b in bundles)
+    if need <= 0:
+        return
+    have = ray.cluster_resources().get("GPU", 0.0)
+    node_gpus = [n["Resources"].get("GPU", 0.0) for n in ray.nodes() if n["Alive"]]
+    shares = [b["GPU"] for b in bundles if b.get("GPU", 0.0) > 0]
+    fits = need <= have + 1e-9 and all(
+        gpu_capacity(g, have, node_gpus) >= shares.count(g) for g in set(shares))
+    if not fits:
+        raise SweepSpecError(
+            f"invalid sweep spec:\n  resources_per_trial: one trial needs {need:g} GPUs (bundles "
+            f"{shares}) but the Ray cluster has {have:g} (per node: "
+            f"{', '.join(f'{g:g}' for g in node_gpus)}); Tune would wait forever. Lower "
+            "resources_per_trial.gpus (or executor.num_actors x executor.gpus_per_actor of the base "
+            "experiment)")
 
 
 def _trainable(resolved: ResolvedSweep):

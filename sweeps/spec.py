@@ -49,7 +49,7 @@ GRID_KINDS = ("grid", "named")
 METRIC_PREFIXES = ("server_", "global_acc_", "global_loss_")
 # Keys the sweep itself owns: where trials write, how they reach Ray, what a trial reserves.
 RESERVED_KEYS = ("output", "ray", "executor.kind", "executor.num_actors",
-                 "executor.cpus_per_actor", "executor.clients_per_actor")
+                 "executor.cpus_per_actor", "executor.gpus_per_actor", "executor.clients_per_actor")
 # trials.parquet columns besides the hyperparameters (a hyperparameter never takes these names)
 TRIAL_COLUMNS = ("trial_id", "status", "error", "rounds_done", "total_sim_time_s",
                  "total_bytes_up", "total_bytes_down", "wall_s", "node_id", "run_dir")
@@ -85,12 +85,15 @@ class SchedulerSpec(_Model):
 class ResourcesSpec(_Model):
     cpus: float | None = Field(
         None, gt=0, description="CPUs of one trial; default 1 (in-process), 0.01 (Ray executor)")
-    gpus: float = Field(0.0, ge=0)
+    gpus: float = Field(
+        0.0, ge=0, description="GPUs of one trial's own process (the Ray executor's client actors "
+        "add executor.gpus_per_actor each)")
 
 
 class RaySpec(_Model):
     address: str | None = Field(None, description="existing cluster; None starts a local Ray")
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a local Ray")
+    num_gpus: int | None = Field(None, ge=0, description="GPUs of a local Ray (default: detected)")
 
 
 class SweepSpec(_Model):
@@ -353,6 +356,11 @@ def check_metric(metric: str, where: str) -> None:
 
 
 def _resources_check(spec: SweepSpec, cfg: ExperimentConfig) -> None:
+    if cfg.executor.kind == "inprocess" and cfg.executor.device == "cuda" and not spec.resources_per_trial.gpus:
+        raise SweepSpecError(
+            "invalid sweep spec:\n  resources_per_trial.gpus = 0: the base experiment trains on "
+            "executor.device = 'cuda' in the trial's own process (in-process executor), which then "
+            "holds no GPU; give each trial a share (e.g. gpus: 0.5) or use device: auto")
     if cfg.executor.kind == "ray" and cfg.executor.num_actors is None:
         raise SweepSpecError(
             "invalid sweep spec:\n  base executor.num_actors = None: a sweep with executor.kind=ray "

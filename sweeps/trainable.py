@@ -9,11 +9,14 @@ folder is complete, so a scheduler decision on it cannot cut the run's finalisat
 Executors inside a trial:
 
 * ``executor.kind: inprocess`` (default): the simulation runs in the trial's own process, which
-  reserves ``resources_per_trial.cpus`` (default 1).
-* ``executor.kind: ray``: the trial reserves a placement group ``[{CPU: c}] + num_actors x
-  [{CPU: executor.cpus_per_actor}]`` (``c`` = ``resources_per_trial.cpus``, default 0.01: the
-  round loop mostly waits). The round loop runs in the trial process and its client actors are
-  placed in bundles 1..num_actors of that group, so concurrent trials never compete for CPUs.
+  reserves ``resources_per_trial.cpus`` (default 1) and ``resources_per_trial.gpus`` (its
+  clients train on that GPU share with ``executor.device: auto`` or ``cuda``).
+* ``executor.kind: ray``: the trial reserves a placement group ``[{CPU: c, GPU: g}] + num_actors
+  x [{CPU: executor.cpus_per_actor, GPU: executor.gpus_per_actor}]`` (``c`` =
+  ``resources_per_trial.cpus``, default 0.01: the round loop mostly waits; ``g`` =
+  ``resources_per_trial.gpus``, for the trial's global evaluation). The round loop runs in the
+  trial process and its client actors are placed in bundles 1..num_actors of that group, so
+  concurrent trials never compete for CPUs or GPUs.
 """
 from __future__ import annotations
 
@@ -50,7 +53,10 @@ def trial_resources(resolved: ResolvedSweep):
         head = {"CPU": res.cpus if res.cpus is not None else RAY_EXECUTOR_TRIAL_CPUS}
         if res.gpus:
             head["GPU"] = res.gpus
-        actors = [{"CPU": cfg.executor.cpus_per_actor} for _ in range(cfg.executor.num_actors or 1)]
+        actor = {"CPU": cfg.executor.cpus_per_actor}
+        if cfg.executor.gpus_per_actor:
+            actor["GPU"] = cfg.executor.gpus_per_actor  # the client actors' shares are the trial's too
+        actors = [dict(actor) for _ in range(cfg.executor.num_actors or 1)]
         return PlacementGroupFactory([head, *actors])
     head = {"CPU": res.cpus if res.cpus is not None else 1.0}
     if res.gpus:
@@ -136,6 +142,7 @@ def hetsim_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
         "params": params,
         "node_id": ray.get_runtime_context().get_node_id(),
         "pid": os.getpid(),
+        "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
         "status": "running",
     }
     _write_info(run_dir, info)
