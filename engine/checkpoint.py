@@ -82,12 +82,16 @@ def checkpoint_name(next_round: int) -> str:
 
 # ------------------------------------------------------------------------------ blobs
 def _write(obj: dict, dest: str | Path | io.BufferedIOBase) -> int:
-    """``torch.save`` to a path (fsynced) or a binary file object; returns the bytes written."""
+    """``torch.save`` to a path or a binary file object; returns the bytes written.
+
+    Not fsynced: a checkpoint survives a crash of the process at any moment (the folder is
+    renamed into place when complete), and fsync would cost most of the write time. After a
+    power loss the newest checkpoint may be incomplete; its file sizes then do not match its
+    ``checkpoint.json`` and resuming falls back to the one before (see ``checkpoint.keep``).
+    """
     if isinstance(dest, (str, Path)):
         with open(dest, "wb") as f:
             torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
         return os.path.getsize(dest)
     start = dest.tell()
     torch.save(obj, dest)
@@ -213,11 +217,8 @@ def _set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
 
 
-def _fsync_json(path: Path, obj: Any) -> None:
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
+def _write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2))
 
 
 def write_checkpoint(
@@ -265,7 +266,7 @@ def write_checkpoint(
             "write_s": None,
         }
         meta["write_s"] = time.perf_counter() - t0
-        _fsync_json(tmp / META, meta)
+        _write_json(tmp / META, meta)
         _replace_dir(tmp, directory)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -285,7 +286,9 @@ def _replace_dir(src: Path, dest: Path) -> None:
         os.replace(src, dest)
 
 
-def read_meta(directory: str | Path) -> dict:
+def read_meta(directory: str | Path, verify: bool = False) -> dict:
+    """A checkpoint's ``checkpoint.json``; ``verify``: also check that every file it lists is
+    there with the size it had when written (an incomplete checkpoint raises)."""
     directory = Path(directory)
     try:
         meta = json.loads((directory / META).read_text())
@@ -293,6 +296,12 @@ def read_meta(directory: str | Path) -> dict:
         raise CheckpointError(f"{directory} is not a readable checkpoint: {err}") from None
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{directory}: unknown checkpoint format {meta.get('format')!r}")
+    if verify:
+        for entry in [meta["server"], *meta["client_states"]]:
+            f = directory / entry["file"]
+            size = f.stat().st_size if f.is_file() else None
+            if size != entry["bytes"]:
+                raise CheckpointError(f"{f} is incomplete ({size} bytes, {entry['bytes']} written)")
     return meta
 
 
@@ -300,7 +309,7 @@ def restore_checkpoint(sim: "Simulation", directory: str | Path) -> dict:
     """Put ``sim`` (built from the same config; started here if it is not) in the state the
     checkpoint in ``directory`` holds: its next round is the checkpoint's. Returns the metadata."""
     directory = Path(directory)
-    meta = read_meta(directory)
+    meta = read_meta(directory, verify=True)
     want = results_fingerprint(sim.cfg)
     if meta["results_fingerprint"] != want:
         raise CheckpointError(
@@ -329,10 +338,10 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest readable checkpoint of a run folder, or None."""
+    """The newest complete checkpoint of a run folder, or None."""
     for _, d in reversed(list_checkpoints(run_dir)):
         try:
-            read_meta(d)
+            read_meta(d, verify=True)
         except CheckpointError:
             continue
         return d
@@ -405,7 +414,7 @@ class CheckpointCallback(RunCallback):
 
     def on_run_end(self, run: RunContext, status: str) -> None:
         sim = self.sim
-        if (status == "finished" or sim is None or sim.in_round or not sim._started
+        if (status == "finished" or sim is None or sim.in_round or not sim.started
                 or sim.next_round >= self.cfg.rounds or sim.next_round == self.last):
             return
         try:

@@ -296,8 +296,6 @@ class RayExecutor(Executor):
                 with open(directory / shard_name(a), "wb") as f:
                     for offset in range(0, info["bytes"], CHUNK_BYTES):
                         f.write(ray.get(actor.read_outbox.remote(offset, CHUNK_BYTES)))
-                    f.flush()
-                    os.fsync(f.fileno())
                 actor.clear_outbox.remote()
             shards.append({"file": shard_name(a), "host": a, "num_hosts": self.num_actors, **info})
         return shards
@@ -333,10 +331,17 @@ class RayExecutor(Executor):
 
         from engine.runtime import ClientFailure
 
-        refs = {a: make(self.actors[a]) for a, make in calls.items()}
+        refs: dict = {}
+        for a, make in calls.items():
+            try:  # pushing a shard in chunks already talks to the actor
+                refs[a] = make(self.actors[a])
+            except ray.exceptions.RayActorError as err:
+                refs[a] = err
         out = {}
         for a, ref in refs.items():
             try:
+                if isinstance(ref, BaseException):
+                    raise ref
                 out[a] = ray.get(ref)
             except ray.exceptions.RayTaskError as err:
                 cause = err.as_instanceof_cause()

@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import os
 import platform
+import shutil
 import signal
 import sys
 import threading
@@ -273,6 +274,9 @@ def execute_run(
         manifest["status"] = "running"
         dump_config(cfg, path / "config.yaml")  # result-neutral fields may have changed
     else:
+        from engine.checkpoint import CHECKPOINTS
+
+        shutil.rmtree(path / CHECKPOINTS, ignore_errors=True)  # an overwritten run's: not ours
         dump_config(cfg, path / "config.yaml")
         manifest = {
             "schema_version": SCHEMA_VERSION,
@@ -326,10 +330,22 @@ def execute_run(
 
 def _restore_for_resume(sim: Simulation, path: Path, writer: RunWriter, manifest: dict, entry: dict) -> None:
     """Load the newest checkpoint into ``sim`` and cut the tables back to it."""
-    from engine.checkpoint import CHECKPOINTS, latest_checkpoint, prune_checkpoints, restore_checkpoint
+    from engine.checkpoint import (
+        CHECKPOINTS, CheckpointError, list_checkpoints, prune_checkpoints, restore_checkpoint,
+    )
 
-    ckpt = latest_checkpoint(path)
-    meta = restore_checkpoint(sim, ckpt) if ckpt is not None else None
+    ckpt, meta = None, None
+    for _, candidate in reversed(list_checkpoints(path)):  # newest first; one that fails to
+        try:                                               # load (cut by a power loss) is skipped
+            meta = restore_checkpoint(sim, candidate)
+            ckpt = candidate
+            break
+        except (CheckpointError, OSError, RuntimeError, ValueError) as err:
+            entry.setdefault("skipped", []).append({"checkpoint": candidate.name, "error": str(err)})
+    if ckpt is None and entry.get("skipped"):
+        raise CheckpointError(
+            f"no checkpoint of {path} could be restored ({entry['skipped']}); remove "
+            f"{path / CHECKPOINTS} to rerun it from round 0")
     entry["from_round"] = sim.next_round
     entry["checkpoint"] = f"{CHECKPOINTS}/{ckpt.name}" if ckpt is not None else None
     entry["rows_dropped"] = writer.rewind(sim.next_round, meta["tables"] if meta else None)

@@ -159,6 +159,10 @@ class Simulation:
             flops_per_sample=self.flops,
         )
 
+    @property
+    def started(self) -> bool:
+        return self._started
+
     def start(self) -> None:
         if not self._started:
             self.executor.start(self.host_setup())

@@ -205,6 +205,11 @@ def summary_table(path: Path) -> str:
         ("simulated time", f"{last['sim_time_s']:.1f} s"),
         ("wall time", f"{run.manifest.get('wall_s', r['wall_s'].sum()):.1f} s"),
     ]
+    if run.manifest.get("resumes"):
+        froms = ", ".join(str(e.get("from_round")) for e in run.manifest["resumes"])
+        lines.append(("resumed", f"{len(run.manifest['resumes'])}x (from round {froms})"))
+    if run.manifest.get("faults"):
+        lines.append(("client hosts replaced", f"{run.manifest['faults']} (faults.parquet)"))
     width = max(len(k) for k, _ in lines)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
 

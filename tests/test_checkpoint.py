@@ -158,6 +158,26 @@ def test_resume_continues_a_stopped_run_with_each_round_once(tmp_path):
         resume_run(path)
 
 
+def test_resume_falls_back_to_an_older_checkpoint_when_the_newest_is_damaged(tmp_path):
+    """As after a power loss (checkpoints are not fsynced): a truncated file, or garbage."""
+    overrides = [*METHODS["fedcspack-own_mask"], "rounds=7", "checkpoint.every=2", "checkpoint.keep=3"]
+    ref = load_run(run_experiment(cfg_of(*overrides), tmp_path / "ref"))
+    path = tmp_path / "r"
+    run_experiment(cfg_of(*overrides), path, callbacks=[lambda rec: rec.round == 5])
+    assert [n for n, _ in list_checkpoints(path)] == [2, 4, 6]
+    shard = path / "checkpoints/round-000006/clients-0000.pt"
+    shard.write_bytes(shard.read_bytes()[:100])  # cut short
+    server = path / "checkpoints/round-000004/server.pt"
+    server.write_bytes(b"\0" * server.stat().st_size)  # right size, garbage inside
+    resume_run(path)
+    run = load_run(path)
+    entry = run.manifest["resumes"][0]
+    assert entry["from_round"] == 2 and entry["checkpoint"] == "checkpoints/round-000002"
+    assert [s["checkpoint"] for s in entry["skipped"]] == ["round-000006", "round-000004"]
+    assert "incomplete" in entry["skipped"][0]["error"]  # caught by the sizes in checkpoint.json
+    assert_same_tables(frames(run), frames(ref))
+
+
 def test_resume_refuses_a_config_that_changes_results(tmp_path):
     path = tmp_path / "r"
     run_experiment(cfg_of("rounds=3"), path, callbacks=[lambda rec: rec.round == 0])

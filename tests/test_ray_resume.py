@@ -93,35 +93,63 @@ def reference(tmp_path, overrides, name="ref"):
 
 
 # ------------------------------------------------------------------------------ kill -9 of hetsim
+def on_this_cluster(ray) -> list[str]:
+    """`hetsim run` joins this test's Ray (as on a cluster, `ray.address`): no Ray start-up per run."""
+    return ["executor.kind=ray", f"ray.address={ray.get_runtime_context().gcs_address}"]
+
+
 @pytest.mark.parametrize("method", sorted(KILL_METHODS))
 def test_sigkill_of_hetsim_run_on_ray_then_resume_equals_an_uninterrupted_run(tmp_path, local_ray, method):
+    """FedAvg's run starts its own local Ray (as `hetsim run` on a laptop), the others join
+    this test's Ray (as on a cluster)."""
     seed = int.from_bytes(os.urandom(4), "little")
     rng = random.Random(seed)
     k, delay = rng.randint(1, 9), rng.uniform(0.0, 0.1)
     why = f"(kill after round {k} + {delay:.3f} s; seed {seed})"
     overrides = [*KILL_METHODS[method], *SLOW_ROUNDS]
+    own_ray = method == "fedavg"
     path = tmp_path / "killed"
-    proc = hetsim_process(path, [*overrides, *RAY])
+    proc = hetsim_process(path, [*overrides, *(RAY if own_ray else on_this_cluster(local_ray))])
     try:
         kill_at_round(proc, path, k, delay=delay)
-        # its own local Ray: GCS, raylet, agents, the driver actor and the client actors
-        ray_processes = {pid: command_line(pid) for pid in descendants(proc.pid)}
+        # with its own Ray: GCS, raylet, agents, the driver actor and the client actors
+        own = {pid: command_line(pid) for pid in descendants(proc.pid)}
     finally:
         proc.kill()
     proc.wait(timeout=60)
-    left = wait_gone(ray_processes)
-    for pid in left:  # never leave processes behind
-        os.kill(pid, signal.SIGKILL)
-    # Ray's dashboard / runtime-env agents notice their raylet is gone only after about a
-    # minute; everything that could touch the run folder must be gone at once
-    working = {pid: ray_processes[pid] for pid in left if "Agent" not in ray_processes[pid]}
-    assert not working, f"processes of the killed run still alive: {working}"
-    assert load_run(path).manifest["status"] == "running", why
+    manifest = load_run(path).manifest
+    assert manifest["status"] == "running", why  # it never got to say otherwise
+    # the job's driver actor and client actors die with it: nothing writes to the folder any more
+    loop = [manifest["loop_pid"], *manifest["executor"]["actor_pids"]]
+    assert not wait_gone(loop), f"actors of the killed run still alive {why}"
+    if own_ray:
+        left = wait_gone(own)
+        for pid in left:  # never leave processes behind
+            os.kill(pid, signal.SIGKILL)
+        # Ray's dashboard / runtime-env agents notice their raylet is gone only after about a
+        # minute (killed above); everything else of that Ray must be gone at once
+        assert not [own[p] for p in left if "Agent" not in own[p]], f"processes left {why}"
     assert main(["run", "--resume", str(path), "-q"]) == 0, why  # on this test's Ray
     resumed = load_run(path)
     assert resumed.manifest["executor"]["kind"] == "ray"
     # the in-process executor is the reference: same seed, same tables
     assert_same_tables(frames(resumed), reference(tmp_path, overrides))
+
+
+def test_ctrl_c_of_hetsim_run_on_ray_checkpoints_after_the_round_and_resumes(tmp_path, local_ray):
+    overrides = [*METHODS["fedcspack-own_mask"], "rounds=40", "checkpoint.every=0"]
+    path = tmp_path / "r"
+    proc = hetsim_process(path, [*overrides, *on_this_cluster(local_ray)])
+    kill_at_round(proc, path, 2, sig=signal.SIGINT)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 130, out
+    assert f"hetsim run --resume {path}" in out
+    run = load_run(path)
+    assert run.manifest["status"] == "interrupted"
+    (n, _), = list_checkpoints(path)  # written by the driver actor before its client actors went
+    assert len(run.rounds) == n
+    resume_run(path)
+    assert_same_tables(frames(load_run(path)), reference(tmp_path, overrides))
 
 
 # ------------------------------------------------------------------------------ a client actor dies

@@ -70,13 +70,17 @@ def test_every_supported_type_round_trips_exactly():
         "int_keys": {3: "three", -1: [1, 2]}, "tuple_keys": {(1, "a"): 1.5},
         "dollar_key": {"$t": 1}, "odict": OrderedDict([("b", 1), ("a", 2)]),
         "nested": [{"x": [torch.ones(2), np.ones(2)]}],
+        # above INLINE_BYTES: stored as tensors in the file rather than inline in the JSON
+        "big_t": torch.randn(3, 500), "big_bf16": torch.randn(2000).bfloat16(),
+        "big_np": np.random.default_rng(0).normal(size=(40, 30)).astype(np.float32),
+        "big_np_struct": np.zeros(300, dtype=[("a", "<i4"), ("b", "<f8")]),
     }
     back = roundtrip(value)
     same(value, back)
     # the generators continue identically
     assert back["gen"].random() == gen.random()
     # restored arrays are writable (clients update residuals in place)
-    assert back["np_f32"].flags.writeable
+    assert back["np_f32"].flags.writeable and back["big_np"].flags.writeable
 
 
 def test_bandit_policies_round_trip_and_continue_identically():
