@@ -156,6 +156,7 @@ class Simulation:
         self.sim_time_s = 0.0
         self.next_round = 0  # the first round run() will run (a resumed run starts later)
         self.stop: Stop | None = None  # why the last run() ended early, if it did
+        self.in_round = False  # True while a round runs (its state is then incomplete)
         self._started = False
 
     # ------------------------------------------------------------------ set-up
@@ -168,6 +169,10 @@ class Simulation:
             client_arch=self.client_arch,
             flops_per_sample=self.flops,
         )
+
+    @property
+    def started(self) -> bool:
+        return self._started
 
     def start(self) -> None:
         if not self._started:
@@ -193,8 +198,10 @@ class Simulation:
             mark("loop: rounds begin")
             status = "finished"
             while self.next_round < self.cfg.rounds:
+                self.in_round = True
                 record = self.run_round(self.next_round)
                 self.next_round += 1
+                self.in_round = False
                 self.stop = cbs.round_end(run, record)
                 if self.stop is not None:
                     status = self.stop.status
@@ -207,10 +214,10 @@ class Simulation:
             raise
         finally:
             mark("loop: rounds end")
-            try:
-                self.executor.close()
-            finally:
+            try:  # before the hosts go: an interrupted run's checkpoint gathers their state
                 cbs.run_end(run, status)
+            finally:
+                self.executor.close()
         return status
 
     def run_round(self, r: int) -> RoundRecord:
@@ -278,7 +285,11 @@ class Simulation:
         if policy.mode == "realtime":
             time.sleep(policy.realtime_sleep_s(round_s))
         row["wall_s"] = time.perf_counter() - wall0
-        return RoundRecord(r, row, client_rows, self.server.drain_tables())
+        tables = self.server.drain_tables()
+        faults = self.executor.drain_faults()
+        if faults:
+            tables["faults"] = faults
+        return RoundRecord(r, row, client_rows, tables)
 
     # ------------------------------------------------------------------ evaluation
     def _global_test(self) -> tuple[torch.Tensor, torch.Tensor]:

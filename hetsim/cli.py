@@ -13,6 +13,7 @@ from hetsim import results_cli  # report / compare / whatif: argparse only at im
 EPILOG = """examples:
   hetsim run                                   # the built-in default experiment
   hetsim run -c exp.yaml --set train.lr=0.01 --set clients.num_clients=50
+  hetsim run --resume runs/fedavg-digits-20261129-120000   # continue an unfinished run
   hetsim validate -c exp.yaml                  # check a config without running it
   hetsim show runs/fedavg-digits-20261129-120000
   hetsim sweep sweeps/examples/fedavg_lr.yaml  # a Ray Tune sweep (docs/sweeps.md)
@@ -45,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("-o", "--out", help="run folder (default: <output.dir>/<algorithm>-<dataset>-<time>)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue an unfinished run from its newest checkpoint; -c/--set may change "
+                   "only fields that cannot change results (docs/checkpoints.md)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("validate", help="validate a config and print it resolved")
@@ -119,12 +123,36 @@ class ProgressBar(RunCallback):
 
 
 def cmd_run(args) -> int:
-    from engine.run import run_experiment
+    from engine.driver_actor import DriverDiedError
+    from engine.ray_executor import ExecutorError
+    from engine.run import RunStateError, make_run_dir, resume_config, resume_run, run_experiment
 
-    cfg = _load(args)
+    if args.resume:
+        if args.out:
+            print("hetsim run: --out does not apply to --resume (the run stays in its folder)", file=sys.stderr)
+            return 2
+        path = Path(args.resume)
+        cfg = resume_config(path, args.config, args.overrides)
+    else:
+        cfg = _load(args)
+        path = Path(args.out) if args.out else make_run_dir(cfg)
     mark("cli: config loaded")
-    bar = None if args.quiet else ProgressBar(cfg.rounds)
-    path = run_experiment(cfg, run_dir=args.out, callbacks=[bar] if bar else [], command=sys.argv)
+    callbacks = [] if args.quiet else [ProgressBar(cfg.rounds)]
+    try:
+        if args.resume:
+            resume_run(path, cfg, callbacks=callbacks, command=sys.argv)
+        else:
+            run_experiment(cfg, run_dir=path, callbacks=callbacks, command=sys.argv)
+    except KeyboardInterrupt:
+        print(f"hetsim: interrupted; finished rounds are saved. Continue with: hetsim run --resume {path}",
+              file=sys.stderr)
+        return 130
+    except RunStateError as err:
+        print(f"hetsim: {err}", file=sys.stderr)
+        return 2
+    except (ExecutorError, DriverDiedError) as err:  # their messages say how to continue
+        print(f"hetsim: {err}", file=sys.stderr)
+        return 1
     mark("cli: run returned")
     print(summary_table(path))
     print(f"\nresults: {path}")
@@ -186,6 +214,11 @@ def summary_table(path: Path) -> str:
         ("simulated time", f"{last['sim_time_s']:.1f} s"),
         ("wall time", f"{run.manifest.get('wall_s', r['wall_s'].sum()):.1f} s"),
     ]
+    if run.manifest.get("resumes"):
+        froms = ", ".join(str(e.get("from_round")) for e in run.manifest["resumes"])
+        lines.append(("resumed", f"{len(run.manifest['resumes'])}x (from round {froms})"))
+    if run.manifest.get("faults"):
+        lines.append(("client hosts replaced", f"{run.manifest['faults']} (faults.parquet)"))
     width = max(len(k) for k, _ in lines)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
 
