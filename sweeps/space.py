@@ -30,6 +30,14 @@ def tune_param_space(space: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def tune_mutations(space: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Population Based Training's ``hyperparam_mutations``: lists (grid/choice values, which
+    PBT shifts to a neighbour) or Tune domains (ranges, which it scales by 0.8/1.2 or resamples)."""
+    domains = tune_param_space({k: v for k, v in space.items() if next(iter(v)) not in ("grid", "choice")})
+    lists = {k: list(next(iter(v.values()))) for k, v in space.items() if next(iter(v)) in ("grid", "choice")}
+    return {k: lists.get(k, domains.get(k)) for k in space}
+
+
 def plain(value: Any) -> Any:
     """A sampled value as a plain Python scalar (Tune may hand out numpy scalars)."""
     item = getattr(value, "item", None)

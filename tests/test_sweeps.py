@@ -74,7 +74,7 @@ def spec(**kw):
          r"scheduler\.metric = 'accuracy': not a rounds\.parquet column; allowed: round, .*global_acc"),
         ({"metric": "acc"}, r"metric = 'acc': not a rounds\.parquet column"),
         ({"mode": "maximize"}, r"mode = 'maximize': Input should be 'max' or 'min'"),
-        ({"scheduler": "hyperband"}, r"scheduler\.name = 'hyperband': Input should be 'fifo' or 'asha'"),
+        ({"scheduler": "hyperband"}, r"scheduler\.name = 'hyperband': Input should be 'fifo', 'asha' or 'pbt'"),
         ({"scheduler": {"name": "asha", "max_t": 5}}, r"scheduler\.max_t = 5: must be <= the experiment's rounds \(2\)"),
         ({"samples": 3}, r"samples = 3: unknown key; allowed keys: name, base, overrides, space, num_samples"),
         ({"num_samples": 0}, r"num_samples = 0: Input should be greater than or equal to 1"),
@@ -107,7 +107,7 @@ def test_spec_resolution_counts_trials_names_columns_and_reads_yaml_floats(tmp_p
     )
     r = resolve(spec_file)
     assert r.name == "my_sweep"
-    assert r.storage == (Path.cwd() / "sweeps_out" / "my_sweep").resolve()
+    assert r.storage == str((Path.cwd() / "sweeps_out" / "my_sweep").resolve())
     assert r.spec.space["train.lr"] == {"loguniform": [0.001, 0.1]}
     assert r.spec.space["algorithm.mu"] == {"grid": [0, 0.01]}
     assert r.num_trials == 2 * 3
