@@ -4,6 +4,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import platform
+import posixpath
 import sys
 import time
 import traceback
@@ -13,6 +14,8 @@ from engine.callbacks import CallbackLike, RunCallback, RunContext, around_recor
 from engine.config import ExperimentConfig, dump_config
 from engine.results import RunWriter, SCHEMA_VERSION
 from engine.simulation import RoundRecord, Simulation
+from engine.storage import (DirectoryMirror, MirrorCallback, StorageError, check_writable, is_uri,
+                            open_storage)
 
 
 def versions() -> dict[str, str]:
@@ -27,8 +30,17 @@ def versions() -> dict[str, str]:
     return out
 
 
-def make_run_dir(cfg: ExperimentConfig) -> Path:
+def make_run_dir(cfg: ExperimentConfig) -> Path | str:
+    """``<output.dir>/<output.name or algorithm-dataset-time>``; a URI when output.dir is one."""
     out = cfg.output
+    if is_uri(out.dir):
+        base = open_storage(out.dir, out.storage_options)
+        name = out.name or f"{cfg.algorithm.name}-{cfg.dataset.name}-{dt.datetime.now():%Y%m%d-%H%M%S}"
+        if base.child(name).exists("manifest.json") and not out.overwrite:
+            raise FileExistsError(
+                f"run folder {base.child(name).uri} already exists; choose another output.name or set "
+                "output.overwrite=true")
+        return base.child(name).uri
     base = Path(out.dir)
     if out.name:
         path = base / out.name
@@ -79,7 +91,7 @@ def run_experiment(
     run_dir: str | Path | None = None,
     callbacks: list[CallbackLike] | None = None,
     command: list[str] | None = None,
-) -> Path:
+) -> Path | str:
     """Run ``cfg`` and write its run folder; returns the folder's path.
 
     ``callbacks`` (:mod:`engine.callbacks`) see every finished round and may add metrics or
@@ -87,14 +99,46 @@ def run_experiment(
     to this node, so the run folder is written here) and ``callbacks`` run in this process on
     the rounds it relays. Rows are appended every round; on failure the manifest records the
     error and every finished round stays readable with :func:`engine.results.load_run`.
+    A URI ``run_dir`` (or ``output.dir``), e.g. ``s3://bucket/runs/x``, is run through a local
+    staging folder (:func:`run_to_storage`) and the URI is returned.
     """
-    path = Path(run_dir) if run_dir is not None else make_run_dir(cfg)
+    target = run_dir if run_dir is not None else make_run_dir(cfg)
     command = command if command is not None else sys.argv
+    if is_uri(target):
+        return run_to_storage(cfg, str(target), callbacks, command)
+    path = Path(target)
     if cfg.executor.kind == "ray":
         from engine.driver_actor import run_on_driver_actor
 
         return run_on_driver_actor(cfg, path, callbacks or [], command)
     return execute_run(cfg, path, callbacks, command)
+
+
+def run_to_storage(cfg: ExperimentConfig, uri: str, callbacks: list[CallbackLike] | None,
+                   command: list[str]) -> str:
+    """Run into a local staging folder and mirror it to ``uri`` (every ``output.upload_every_s``
+    seconds, after checkpoints and when the run ends, also on failure); returns ``uri``.
+
+    The staging folder is removed once the finished run is uploaded; if the last upload fails
+    it is kept and the error names it."""
+    import shutil
+    import tempfile
+
+    remote = open_storage(uri, cfg.output.storage_options)
+    check_writable(remote)
+    staging = Path(tempfile.mkdtemp(prefix="hetsim-run-")) / posixpath.basename(remote.path)
+    mirror = DirectoryMirror(staging, remote)
+    try:
+        run_experiment(cfg, staging, [*(callbacks or []), MirrorCallback(mirror, cfg.output.upload_every_s)],
+                       command)
+    finally:
+        try:
+            mirror.sync()
+        except Exception as err:
+            raise StorageError(f"uploading the run folder to {uri} failed ({err}); the local copy "
+                               f"is in {staging}") from err
+    shutil.rmtree(staging.parent, ignore_errors=True)
+    return uri
 
 
 def execute_run(

@@ -26,6 +26,7 @@ import io
 import json
 import os
 import posixpath
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,8 @@ from typing import Any
 from urllib.parse import parse_qsl, urlparse
 
 import pyarrow.fs as pafs
+
+from engine.callbacks import RunCallback
 
 SECRET_OPTIONS = ("access_key", "secret_key", "session_token")
 MARKER = ".hetsim-storage"  # written by the owner of a local storage: who sees it, shares it
@@ -185,7 +188,8 @@ def _filesystem_for(scheme: str, options: dict[str, Any]) -> pafs.FileSystem:
         if scheme in ("gs", "gcs"):
             return pafs.GcsFileSystem(**options)
     except TypeError as err:  # an option the filesystem does not take
-        raise StorageError(f"storage options {sorted(options)} for {scheme}://: {err}") from None
+        name = "S3FileSystem" if scheme in ("s3", "s3a") else "GcsFileSystem"
+        raise StorageError(f"storage options for {scheme}:// (pyarrow.fs.{name}): {err}") from None
     raise StorageError(f"storage options are only supported for s3:// and gs:// (got {scheme}://)")
 
 
@@ -193,6 +197,28 @@ def _query_options(query: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in parse_qsl(query):
         out[key] = value.lower() in ("1", "true", "yes") if key in _BOOL_OPTIONS else value
+    return out
+
+
+def _aws_environment() -> dict[str, Any]:
+    """The standard AWS variables of this process as S3FileSystem options.
+
+    pyarrow reads them lazily where the filesystem is used, so a filesystem pickled to another
+    node (a Tune trial) would use *that* node's environment; as options they travel with it.
+    Without credentials here, each node keeps its own default chain (e.g. an instance role).
+    """
+    env = os.environ
+    out: dict[str, Any] = {}
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        out["endpoint_override"] = endpoint
+    # without a region pyarrow may ask AWS where the bucket is (no network on clusters with
+    # private S3-compatible servers); us-east-1 is what such servers accept
+    out["region"] = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1"
+    if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
+        out["access_key"], out["secret_key"] = env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]
+        if env.get("AWS_SESSION_TOKEN"):
+            out["session_token"] = env["AWS_SESSION_TOKEN"]
     return out
 
 
@@ -217,11 +243,8 @@ def open_storage(location: str | os.PathLike | Storage, options: dict[str, Any] 
         if not parsed.netloc:
             raise StorageError(f"storage {text!r}: the URI has no bucket ({scheme}://BUCKET/prefix)")
         opts = {**_query_options(parsed.query), **options}
-        if scheme in ("s3", "s3a") and "region" not in opts and not os.environ.get("AWS_DEFAULT_REGION") \
-                and not os.environ.get("AWS_REGION"):
-            # without a region pyarrow may ask AWS where the bucket is (no network on clusters
-            # with private S3-compatible servers); us-east-1 is what such servers accept
-            opts["region"] = "us-east-1"
+        if scheme in ("s3", "s3a"):
+            opts = {**_aws_environment(), **opts}
         fs = _filesystem_for(scheme, opts)
         path = (parsed.netloc + parsed.path).rstrip("/")
         uri = f"{scheme}://{path}"
@@ -306,10 +329,33 @@ class DirectoryMirror:
         for rel in gone:
             self.remote.delete(rel)
             del self._sent[rel]
-        for folder in sorted({posixpath.dirname(rel) for rel in gone if "/" in rel}, key=len, reverse=True):
-            if not (self.local_dir / folder).exists():
-                self.remote.delete(folder)
+        folders = set()
+        for rel in gone:  # every folder above a deleted file that no longer exists locally
+            folder = posixpath.dirname(rel)
+            while folder and not (self.local_dir / folder).exists():
+                folders.add(folder)
+                folder = posixpath.dirname(folder)
+        for folder in sorted(folders, key=len, reverse=True):
+            self.remote.delete(folder)
         return len(changed)
+
+
+class MirrorCallback(RunCallback):
+    """A round-loop callback that syncs a :class:`DirectoryMirror` at most every ``every_s``
+    seconds (0: after every round) and after rounds that wrote a checkpoint."""
+
+    def __init__(self, mirror: DirectoryMirror, every_s: float = 0.0):
+        self.mirror = mirror
+        self.every_s = every_s
+        self._last = time.monotonic()
+        self._checkpoints = 0
+
+    def on_round_end(self, run, record) -> None:
+        checkpoints = self.mirror.local_dir / "checkpoints"
+        count = sum(1 for _ in checkpoints.iterdir()) if checkpoints.is_dir() else 0
+        if time.monotonic() - self._last >= self.every_s or count != self._checkpoints:
+            self.mirror.sync()
+            self._last, self._checkpoints = time.monotonic(), count
 
 
 # ---------------------------------------------------------------- one node's disk, from any node

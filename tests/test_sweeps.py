@@ -1,10 +1,7 @@
 """Ray Tune sweeps: spec validation (no Ray), results equal to direct runs, failures, resume,
-the Ray executor inside trials, the CLI and a multi-node cluster."""
+the Ray executor inside trials and the CLI (multi-node clusters: test_cluster.py)."""
 import os
 import signal
-import subprocess
-import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -362,34 +359,3 @@ def test_ray_executor_trials_run_their_actors_in_the_trial_placement_group(tmp_p
         assert run.manifest["executor"]["placement_group"]
         direct = direct_rounds(tmp_path, {"train.lr": t.lr, "algorithm.mu": 0.01}, t.trial_id)
         assert run.rounds["global_acc"].tolist() == direct["global_acc"].tolist()
-
-
-@pytest.mark.ray
-@pytest.mark.slow
-def test_sweep_on_a_multi_node_cluster_via_address(tmp_path):
-    """A head and a worker node (1 CPU each); the sweep runs from a separate `hetsim` process."""
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    try:
-        cluster.add_node(num_cpus=1)
-        cluster.wait_for_nodes()
-        spec_file = tmp_path / "cluster.yaml"
-        spec_file.write_text(yaml.safe_dump(spec()))
-        t0 = time.perf_counter()
-        proc = subprocess.run(
-            [sys.executable, "-m", "hetsim", "sweep", str(spec_file), "--storage",
-             str(tmp_path / "sw"), "--address", cluster.address, "-q"],
-            capture_output=True, text=True, timeout=240,
-            env={**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"},
-        )
-        elapsed = time.perf_counter() - t0
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        trials = load_sweep(tmp_path / "sw").trials
-        assert (trials["status"] == "finished").all()
-        assert trials["node_id"].nunique() == 2, "trials ran on both nodes"
-        sw = yaml.safe_load((tmp_path / "sw" / "sweep.yaml").read_text())
-        assert sw["spec"]["ray"]["address"] == cluster.address
-        print(f"cluster sweep: 4 trials in {elapsed:.1f} s")
-    finally:
-        cluster.shutdown()
