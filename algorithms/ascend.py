@@ -424,6 +424,8 @@ class AscendServer(Server):
     """One global model per architecture, distillation on the public split, rollback guard."""
 
     params: AscendParams
+    checkpoint_fields = ("teacher_probe", "d_history", "rolled_back", "forced_until", "ref_loss",
+                         "consecutive_rollbacks")
 
     def __init__(
         self,

@@ -123,7 +123,14 @@ class ServerContext:
 
 
 class Server:
-    """Server half of a method. Owns the global model(s)."""
+    """Server half of a method. Owns the global model(s).
+
+    Checkpoints save every global model and the attributes named in ``checkpoint_fields``
+    (a method declares the state its next round depends on, e.g. ``("masks",)``); the values
+    may be anything :mod:`algorithms.state` encodes, and an unsupported one fails loudly.
+    """
+
+    checkpoint_fields: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -146,6 +153,25 @@ class Server:
 
     def global_models(self) -> dict[str, torch.nn.Module]:
         return self.models
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The global models' state dicts and the ``checkpoint_fields`` (references, not copies)."""
+        return {
+            "models": {arch: m.state_dict() for arch, m in self.models.items()},
+            "fields": {name: getattr(self, name) for name in self.checkpoint_fields},
+        }
+
+    def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`checkpoint_state` (on a server built from the same config)."""
+        if sorted(state["models"]) != sorted(self.models):
+            raise ValueError(f"checkpoint has models {sorted(state['models'])}, the server {sorted(self.models)}")
+        missing = sorted(set(self.checkpoint_fields) - set(state["fields"]))
+        if missing:
+            raise ValueError(f"checkpoint lacks the server fields {missing} of {type(self).__name__}")
+        for arch, model in self.models.items():
+            model.load_state_dict(state["models"][arch])
+        for name in self.checkpoint_fields:
+            setattr(self, name, state["fields"][name])
 
     def drain_tables(self) -> dict[str, Any]:
         """Extra trace rows produced since the last call, by table name (e.g. rollbacks).

@@ -514,6 +514,7 @@ class FedCSPACKClient(Client):
 
 class FedCSPACKServer(Server):
     params: FedCSPACKParams
+    checkpoint_fields = ("masks",)
 
     def __init__(
         self,

@@ -153,6 +153,13 @@ class ExecutorConfig(Section):
     inject_failure: FailureInjection | None = None
 
 
+class CheckpointConfig(Section):
+    """Checkpoints in the run folder, for ``hetsim run --resume`` (docs/checkpoints.md)."""
+
+    every: int = Field(10, ge=0, description="write one every N rounds; 0: only when a run is interrupted")
+    keep: int = Field(2, ge=1, description="newest checkpoints kept in <run>/checkpoints")
+
+
 class RayConfig(Section):
     address: str | None = Field(None, description="existing cluster address; None starts a local Ray")
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a local Ray")
@@ -175,6 +182,7 @@ class ExperimentConfig(Section):
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     clock: RoundPolicy = Field(default_factory=RoundPolicy)
     output: OutputConfig = Field(default_factory=OutputConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
 

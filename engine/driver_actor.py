@@ -38,10 +38,10 @@ def _driver_actor_class():
         def __init__(self):
             self._relay = _Relay()
 
-        def run(self, cfg: ExperimentConfig, path: str, command: list[str]) -> str:
+        def run(self, cfg: ExperimentConfig, path: str, command: list[str], resume: bool = False) -> str:
             from engine.run import execute_run
 
-            return str(execute_run(cfg, Path(path), [self._relay], command))
+            return str(execute_run(cfg, Path(path), [self._relay], command, resume=resume))
 
         def stop(self, message: str, status: str) -> None:
             self._relay.stop_request = Stop(message, status)
@@ -53,17 +53,21 @@ def _driver_actor_class():
     return DriverActor
 
 
+class DriverDiedError(RuntimeError):
+    """The driver actor (the round loop) died; the run folder holds every finished round."""
+
+
 def run_on_driver_actor(
-    cfg: ExperimentConfig, path: Path, callbacks: list[CallbackLike], command
+    cfg: ExperimentConfig, path: Path, callbacks: list[CallbackLike], command, resume: bool = False
 ) -> Path:
     ray = init_ray(cfg.ray.address, cfg.ray.num_cpus)
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     cbs = CallbackList(callbacks)
-    run = RunContext(cfg, Path(path), first_round=0, simulation=None)
+    run = RunContext(cfg, Path(path), first_round=_resume_round(path) if resume else 0, simulation=None)
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     driver = _driver_actor_class().options(scheduling_strategy=here).remote()
-    done = driver.run.remote(cfg, str(Path(path).resolve()), command)
+    done = driver.run.remote(cfg, str(Path(path).resolve()), command, resume)
     stop_sent = False
 
     def relay() -> None:
@@ -86,6 +90,8 @@ def run_on_driver_actor(
             raise err.as_instanceof_cause() from None
         status = _manifest_status(result)
         return result
+    except ray.exceptions.RayActorError as err:  # the loop's process is gone (killed, OOM, node lost)
+        raise DriverDiedError(_driver_died(Path(path), err)) from None
     except KeyboardInterrupt:
         # let the driver finish the round in flight, mark the run interrupted and compact it
         status = "interrupted"
@@ -95,6 +101,32 @@ def run_on_driver_actor(
     finally:
         ray.kill(driver)
         cbs.run_end(run, status)
+
+
+def _resume_round(path: Path) -> int:
+    from engine.checkpoint import latest_checkpoint, read_meta
+
+    latest = latest_checkpoint(path)
+    return int(read_meta(latest)["next_round"]) if latest is not None else 0
+
+
+def _driver_died(path: Path, err: BaseException) -> str:
+    """Mark the run failed (the driver could not) and say how to continue it."""
+    from engine.checkpoint import latest_checkpoint
+
+    cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    message = f"the driver actor running the round loop died ({cause})"
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+        manifest.update(status="failed", error=message)
+        tmp = path / "manifest.json.tmp"
+        tmp.write_text(json.dumps(manifest, indent=2, default=str))
+        tmp.replace(path / "manifest.json")
+    except (OSError, ValueError):
+        pass
+    latest = latest_checkpoint(path)
+    where = f"checkpoint {latest.name}" if latest is not None else "round 0 (no checkpoint yet)"
+    return f"{message}; continue from {where} with: hetsim run --resume {path}"
 
 
 def _manifest_status(path: Path) -> str:

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from pathlib import Path
 
 from algorithms.base import Broadcast, ClientResult
 from engine.runtime import ClientHost, HostSetup
 
 
 class Executor(ABC):
+    # set by the run's checkpoint callback: where a replacement client host restores from
+    recovery_checkpoint: Path | None = None
+    run_dir: Path | None = None
+
     @abstractmethod
     def start(self, setup: HostSetup) -> None:
         """Ship the dataset, profiles and method to the client hosts (once)."""
@@ -22,6 +27,19 @@ class Executor(ABC):
     @abstractmethod
     def notify_dropped(self, round: int, client_ids: list[int]) -> None:
         """Tell the hosts which clients' uploads did not arrive in ``round``."""
+
+    @abstractmethod
+    def save_client_states(self, directory: Path) -> list[dict]:
+        """Write every client's state into ``directory`` (one shard per host); returns the
+        shards' descriptions (file, host, num_hosts, clients, bytes)."""
+
+    @abstractmethod
+    def load_client_states(self, directory: Path, shards: list[dict]) -> None:
+        """Give every host the states of its clients from a checkpoint's shards."""
+
+    def drain_faults(self) -> list[dict]:
+        """Incidents (a host died and was replaced) since the last call: faults.parquet rows."""
+        return []
 
     def close(self) -> None:
         """Release hosts and resources."""
@@ -57,6 +75,17 @@ class InProcessExecutor(Executor):
 
     def notify_dropped(self, round, client_ids):
         self.host.notify_dropped(round, client_ids)
+
+    def save_client_states(self, directory):
+        from engine.checkpoint import shard_name
+
+        info = self.host.save_states(Path(directory) / shard_name(0))
+        return [{"file": shard_name(0), "host": 0, "num_hosts": 1, **info}]
+
+    def load_client_states(self, directory, shards):
+        from engine.checkpoint import shards_for
+
+        self.host.load_states([Path(directory) / s["file"] for s in shards_for(shards, 1, 0)], 1, 0)
 
     def describe(self) -> dict:
         return {"kind": "inprocess", "hosts": 1}

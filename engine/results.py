@@ -8,6 +8,8 @@ Layout of one run (schema in ``docs/results.md``)::
     <run>/rounds.parquet     one row per round
     <run>/clients.parquet    one row per round x selected client
     <run>/<extra>.parquet    optional method traces (e.g. FedCSPACK's shared packs)
+    <run>/faults.parquet     client hosts that died and were replaced (Ray executor)
+    <run>/checkpoints/       checkpoints for resuming (engine.checkpoint)
 
 Each round is first written as its own small Parquet part under ``_parts/<table>/``
 (atomically: temp file + rename), so a crash loses at most the round in flight. When the run
@@ -47,6 +49,13 @@ PROFILE_COLUMNS = (
     "client_id", "gflops", "down_mbps", "up_mbps", "latency_s", "memory_gb", "availability",
     "dropout", "tier", "net_tier",
 )
+# Tables that log what happened rather than one row per round: kept whole when a resumed run
+# rewinds its round tables to a checkpoint.
+HISTORY_TABLES = ("profiles", "faults")
+FAULT_COLUMNS = (
+    "round", "actor", "pid", "clients", "clients_restored", "cause", "recovery", "checkpoint",
+    "state_rounds_lost", "seconds_lost",
+)
 # Host wall-clock columns: the only ones that differ between two runs with the same seed.
 WALL_COLUMNS = ("wall_s", "wall_fit_s")
 
@@ -82,6 +91,55 @@ class RunWriter:
         part_dir.mkdir(parents=True, exist_ok=True)
         _write_parquet_atomic(df, part_dir / f"{seq:07d}.parquet")
 
+    def sequence(self) -> dict[str, int]:
+        """Parts written so far per table (checkpoints record it)."""
+        return dict(self._seq)
+
+    def rewind(self, next_round: int, sequence: dict[str, int] | None = None) -> dict[str, int]:
+        """Drop every row of round >= ``next_round`` from every round table (parts and compacted
+        tables) and continue numbering parts after the ones that remain, so a resumed run
+        appends each round exactly once. ``sequence``: the part counts a checkpoint recorded
+        (parts are never numbered below them). Tables in ``HISTORY_TABLES`` are kept whole.
+        Crash-safe: every step can be redone. Returns the rows dropped per table."""
+        dropped: dict[str, int] = {}
+        names = {p.name for p in (self.dir / PARTS).glob("*") if p.is_dir()}
+        names |= {p.stem for p in self.dir.glob("*.parquet")}
+        for name in sorted(names - set(HISTORY_TABLES)):
+            dropped[name] = self._rewind_table(name, next_round)
+            part_dir = self.dir / PARTS / name
+            numbers = [int(p.stem) for p in part_dir.glob("*.parquet") if p.stem.isdigit()]
+            self._seq[name] = max([(sequence or {}).get(name, 0), *(n + 1 for n in numbers)])
+        return dropped
+
+    def _rewind_table(self, name: str, next_round: int) -> int:
+        part_dir = self.dir / PARTS / name
+        compacted = self.dir / f"{name}.parquet"
+        if compacted.exists():  # a finalized run: the compacted table is the truth; it becomes part 0
+            df = pd.read_parquet(compacted)
+            _require_round(df, name)
+            keep = df[df["round"] < next_round]
+            part_dir.mkdir(parents=True, exist_ok=True)
+            tmp = part_dir / "0000000.parquet.tmp"
+            if len(keep):
+                keep.to_parquet(tmp, index=False)
+            for p in part_dir.glob("*.parquet"):
+                p.unlink()
+            if len(keep):
+                os.replace(tmp, part_dir / "0000000.parquet")
+            compacted.unlink()
+            return len(df) - len(keep)
+        dropped = 0
+        for p in sorted(part_dir.glob("*.parquet")):
+            rounds = pd.read_parquet(p, columns=None)
+            _require_round(rounds, name)
+            late = rounds["round"] >= next_round
+            if late.all():
+                p.unlink()
+            elif late.any():
+                _write_parquet_atomic(rounds[~late].reset_index(drop=True), p)
+            dropped += int(late.sum())
+        return dropped
+
     def finalize(self) -> None:
         """Compact every table's parts into ``<table>.parquet`` and remove the parts."""
         parts_root = self.dir / PARTS
@@ -92,6 +150,11 @@ class RunWriter:
             if df is not None:
                 self.write_table(table_dir.name, df)
         shutil.rmtree(parts_root)
+
+
+def _require_round(df: pd.DataFrame, name: str) -> None:
+    if "round" not in df.columns:
+        raise ValueError(f"table {name!r} has no 'round' column: cannot rewind it to a checkpoint")
 
 
 def _read_parts(table_dir: Path) -> pd.DataFrame | None:

@@ -1,17 +1,21 @@
 """Run one experiment into a run folder: the glue between config, simulation and results."""
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import json
 import os
 import platform
 import posixpath
+import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
 
-from engine.callbacks import CallbackLike, RunCallback, RunContext, around_recorder
-from engine.config import ExperimentConfig, dump_config
+from engine.callbacks import CallbackLike, RunCallback, RunContext, Stop, around_recorder
+from engine.config import ExperimentConfig, dump_config, load_config
 from engine.results import RunWriter, SCHEMA_VERSION
 from engine.simulation import RoundRecord, Simulation
 from engine.storage import (DirectoryMirror, MirrorCallback, StorageError, check_writable, is_uri,
@@ -71,7 +75,11 @@ def make_executor(cfg: ExperimentConfig):
 
 
 class RunRecorder(RunCallback):
-    """Appends every round's rows to the run folder's Parquet parts; compacts them at the end."""
+    """Appends every round's rows to the run folder's Parquet parts; compacts them at the end.
+
+    Fault rows (a client host died and was replaced) go to ``faults.parquet`` and are counted
+    in the manifest (``faults``) as soon as they happen.
+    """
 
     def __init__(self, writer: RunWriter):
         self.writer = writer
@@ -81,9 +89,58 @@ class RunRecorder(RunCallback):
         self.writer.append("clients", record.client_rows)
         for name, rows in record.extra_tables.items():
             self.writer.append(name, rows)
+        if record.extra_tables.get("faults"):
+            note_faults(self.writer, run.info, len(record.extra_tables["faults"]))
 
     def on_run_end(self, run: RunContext, status: str) -> None:
         self.writer.finalize()
+
+
+def note_faults(writer: RunWriter, manifest: dict, count: int) -> None:
+    manifest["faults"] = manifest.get("faults", 0) + count
+    writer.write_json("manifest.json", manifest)
+
+
+class _InterruptRequest(RunCallback):
+    """Set by the first SIGINT/SIGTERM: the loop stops after the round in flight (its state is
+    then complete, so the run is checkpointed); a second signal aborts at once."""
+
+    def __init__(self):
+        self.signal_name: str | None = None
+
+    def on_round_end(self, run, record):
+        if self.signal_name is not None:
+            return Stop(f"interrupted ({self.signal_name}) after round {record.round}", "interrupted")
+        return None
+
+
+@contextlib.contextmanager
+def _interrupt_signals(request: _InterruptRequest | None):
+    """Route SIGINT/SIGTERM to ``request`` (None: SIGTERM raises KeyboardInterrupt, as Ctrl+C
+    does). Only in the main thread, and only where the default handlers are installed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        if request is None or request.signal_name is not None:
+            raise KeyboardInterrupt
+        request.signal_name = signal.Signals(signum).name
+        print(f"\nhetsim: {request.signal_name}: stopping after the round in flight "
+              "(again to abort at once)", file=sys.stderr)
+
+    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+    if request is None:
+        defaults.pop(signal.SIGINT)  # Ctrl+C already raises KeyboardInterrupt
+    previous = {}
+    for sig, default in defaults.items():
+        if signal.getsignal(sig) is default:
+            previous[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def run_experiment(
@@ -99,6 +156,9 @@ def run_experiment(
     to this node, so the run folder is written here) and ``callbacks`` run in this process on
     the rounds it relays. Rows are appended every round; on failure the manifest records the
     error and every finished round stays readable with :func:`engine.results.load_run`.
+    Checkpoints (``checkpoint.every``) let :func:`resume_run` continue an unfinished run.
+    Ctrl+C or SIGTERM stops the run after the round in flight, writes a checkpoint and raises
+    ``KeyboardInterrupt``; a second one aborts at once.
     A URI ``run_dir`` (or ``output.dir``), e.g. ``s3://bucket/runs/x``, is run through a local
     staging folder (:func:`run_to_storage`) and the URI is returned.
     """
@@ -106,12 +166,93 @@ def run_experiment(
     command = command if command is not None else sys.argv
     if is_uri(target):
         return run_to_storage(cfg, str(target), callbacks, command)
-    path = Path(target)
+    return _dispatch(cfg, Path(target), callbacks, command, resume=False)
+
+
+def _dispatch(cfg, path, callbacks, command, resume: bool) -> Path:
     if cfg.executor.kind == "ray":
         from engine.driver_actor import run_on_driver_actor
 
-        return run_on_driver_actor(cfg, path, callbacks or [], command)
-    return execute_run(cfg, path, callbacks, command)
+        with _interrupt_signals(None):
+            return run_on_driver_actor(cfg, path, callbacks or [], command, resume=resume)
+    request = _InterruptRequest()
+    with _interrupt_signals(request):
+        out = execute_run(cfg, path, [*(callbacks or []), request], command, resume=resume)
+    if request.signal_name is not None:
+        raise KeyboardInterrupt(f"run stopped by {request.signal_name}")
+    return out
+
+
+def resume_config(
+    run_dir: str | Path,
+    cfg: ExperimentConfig | str | Path | None = None,
+    overrides: list[str] | dict | None = None,
+) -> ExperimentConfig:
+    """The config to resume ``run_dir`` with: its own ``config.yaml``, or ``cfg`` (a config or a
+    YAML path), with ``overrides``; a change that could alter results raises ``ConfigError``."""
+    from engine.checkpoint import check_resumable
+
+    path = Path(run_dir)
+    if not (path / "manifest.json").is_file() or not (path / "config.yaml").is_file():
+        raise FileNotFoundError(f"{path} is not a run folder (no manifest.json / config.yaml)")
+    saved = load_config(path / "config.yaml")
+    if isinstance(cfg, ExperimentConfig):
+        new = load_config(cfg.to_dict(), overrides) if overrides else cfg
+    else:
+        new = load_config(cfg if cfg is not None else path / "config.yaml", overrides)
+    check_resumable(saved, new)
+    return new
+
+
+def resume_run(
+    run_dir: str | Path,
+    cfg: ExperimentConfig | str | Path | None = None,
+    callbacks: list[CallbackLike] | None = None,
+    command: list[str] | None = None,
+    overrides: list[str] | dict | None = None,
+) -> Path:
+    """Continue an unfinished run from its newest checkpoint (from round 0 if it has none).
+
+    Rounds after the checkpoint are recomputed and their rows from the first attempt dropped,
+    so every table holds each round once; ``manifest.json`` lists the resume under
+    ``resumes``. ``cfg``/``overrides`` may change only fields that cannot change results
+    (:data:`engine.checkpoint.RESULT_NEUTRAL_FIELDS`).
+    """
+    path = Path(run_dir)
+    cfg = resume_config(path, cfg, overrides)
+    _check_can_resume(path)
+    command = command if command is not None else sys.argv
+    return _dispatch(cfg, path, callbacks, command, resume=True)
+
+
+class RunStateError(RuntimeError):
+    """A run folder is in a state that does not allow the request (finished, still running)."""
+
+
+def _check_can_resume(path: Path) -> None:
+    manifest = json.loads((path / "manifest.json").read_text())
+    status = manifest.get("status")
+    if status == "finished":
+        raise RunStateError(f"{path} finished all its rounds: nothing to resume")
+    pid = manifest.get("loop_pid")
+    if status == "running" and manifest.get("host") == platform.node() and pid:
+        deadline = time.monotonic() + 10.0  # a killed run's Ray workers take a moment to go
+        while _our_process_alive(int(pid)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _our_process_alive(int(pid)):
+            raise RunStateError(f"{path} is still being run by process {pid} on this host; stop it first")
+
+
+def _our_process_alive(pid: int) -> bool:
+    """A live hetsim run loop (a Python process or a Ray worker) with this pid."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    if stat.rsplit(")", 1)[-1].split()[0] == "Z":  # a zombie has finished
+        return False
+    return b"python" in cmdline or b"ray::" in cmdline or b"hetsim" in cmdline
 
 
 def run_to_storage(cfg: ExperimentConfig, uri: str, callbacks: list[CallbackLike] | None,
@@ -147,38 +288,64 @@ def execute_run(
     callbacks: list[CallbackLike] | None,
     command: list[str],
     executor=None,
+    resume: bool = False,
 ) -> Path:
     """The body of a run, in whichever process hosts the round loop.
 
     ``executor`` defaults to the one ``cfg.executor`` names (see :func:`make_executor`).
+    ``resume``: continue the run in ``path`` from its newest checkpoint (see :func:`resume_run`,
+    which checks the config first).
     """
+    from engine.checkpoint import CheckpointCallback
+
     path = Path(path)
     writer = RunWriter(path)
-    dump_config(cfg, path / "config.yaml")
-    manifest = {
-        "schema_version": SCHEMA_VERSION,
-        "status": "running",
-        "seed": cfg.seed,
-        "algorithm": cfg.algorithm.name,
-        "dataset": cfg.dataset.name,
-        "started": dt.datetime.now(dt.timezone.utc).isoformat(),
-        "command": command,
-        "host": platform.node(),
-        "versions": versions(),
-    }
+    if resume:
+        manifest = json.loads((path / "manifest.json").read_text())
+        resume_entry = {
+            "at": _now(),
+            "previous_status": manifest.get("status"),
+            "previous_error": manifest.get("error"),
+            "command": command,
+            "host": platform.node(),
+        }
+        for key in ("error", "finished"):
+            manifest.pop(key, None)
+        manifest["status"] = "running"
+        dump_config(cfg, path / "config.yaml")  # result-neutral fields may have changed
+    else:
+        dump_config(cfg, path / "config.yaml")
+        manifest = {
+            "schema_version": SCHEMA_VERSION,
+            "status": "running",
+            "seed": cfg.seed,
+            "algorithm": cfg.algorithm.name,
+            "dataset": cfg.dataset.name,
+            "started": _now(),
+            "command": command,
+            "host": platform.node(),
+            "versions": versions(),
+        }
     writer.write_json("manifest.json", manifest)
     wall0 = time.perf_counter()
     recorder = RunRecorder(writer)
+    sim = None
     try:
         executor = executor if executor is not None else make_executor(cfg)
         sim = Simulation(cfg, executor)
-        writer.write_table("profiles", sim.profiles.to_frame())
+        if not resume:
+            writer.write_table("profiles", sim.profiles.to_frame())
         sim.start()
         manifest["executor"] = sim.executor.describe()
         manifest["loop_pid"] = os.getpid()  # the driver actor's process under the Ray executor
         manifest["num_clients"] = sim.data.num_clients
+        if resume:
+            _restore_for_resume(sim, path, writer, manifest, resume_entry)
+        writer.write_json("manifest.json", manifest)
         run = RunContext(cfg, path, first_round=sim.next_round, simulation=sim, info=manifest)
-        manifest["status"] = sim.run(around_recorder(callbacks, recorder), run)
+        cbs = around_recorder(callbacks, recorder)
+        cbs.insert(cbs.index(recorder) + 1, CheckpointCallback(cfg, writer))
+        manifest["status"] = sim.run(cbs, run)
         if sim.stop is not None:
             manifest["error"] = sim.stop.message
         manifest["sim_time_s"] = sim.sim_time_s
@@ -189,6 +356,28 @@ def execute_run(
     finally:
         manifest["finished"] = dt.datetime.now(dt.timezone.utc).isoformat()
         manifest["wall_s"] = time.perf_counter() - wall0
+        late = sim.executor.drain_faults() if sim is not None else []
+        if late:  # a host died after the last round's record (e.g. while checkpointing)
+            writer.append("faults", late)
+            manifest["faults"] = manifest.get("faults", 0) + len(late)
         writer.finalize()  # idempotent: also covers a failure before the loop started
         writer.write_json("manifest.json", manifest)
     return path
+
+
+def _restore_for_resume(sim: Simulation, path: Path, writer: RunWriter, manifest: dict, entry: dict) -> None:
+    """Load the newest checkpoint into ``sim`` and cut the tables back to it."""
+    from engine.checkpoint import CHECKPOINTS, latest_checkpoint, prune_checkpoints, restore_checkpoint
+
+    ckpt = latest_checkpoint(path)
+    meta = restore_checkpoint(sim, ckpt) if ckpt is not None else None
+    entry["from_round"] = sim.next_round
+    entry["checkpoint"] = f"{CHECKPOINTS}/{ckpt.name}" if ckpt is not None else None
+    entry["rows_dropped"] = writer.rewind(sim.next_round, meta["tables"] if meta else None)
+    prune_checkpoints(path, sim.cfg.checkpoint.keep, newer_than=sim.next_round)
+    sim.executor.recovery_checkpoint = ckpt
+    manifest.setdefault("resumes", []).append(entry)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat()

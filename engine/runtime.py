@@ -174,6 +174,21 @@ class ClientHost:
             if state is not None:
                 self.client.on_dropped(state, round)
 
+    def save_states(self, dest) -> dict:
+        """Write every hosted client's state as one checkpoint shard (a path or a file object)."""
+        from engine.checkpoint import save_client_states
+
+        return save_client_states(self.states, dest)
+
+    def load_states(self, sources, num_hosts: int = 1, host: int = 0) -> int:
+        """Replace the hosted clients' states by those in the shards ``sources`` (paths or
+        bytes) of the clients this host serves (``client % num_hosts == host``); clients
+        without a saved state start from their initial (empty) state. Returns how many."""
+        from engine.checkpoint import load_client_states
+
+        self.states = load_client_states(sources, lambda cid: cid % num_hosts == host)
+        return len(self.states)
+
     def client_state(self, cid: int) -> dict[str, Any]:
         return self.states.get(cid, {})
 

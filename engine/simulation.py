@@ -145,6 +145,7 @@ class Simulation:
         self.sim_time_s = 0.0
         self.next_round = 0  # the first round run() will run (a resumed run starts later)
         self.stop: Stop | None = None  # why the last run() ended early, if it did
+        self.in_round = False  # True while a round runs (its state is then incomplete)
         self._started = False
 
     # ------------------------------------------------------------------ set-up
@@ -181,8 +182,10 @@ class Simulation:
             cbs.run_begin(run)
             status = "finished"
             while self.next_round < self.cfg.rounds:
+                self.in_round = True
                 record = self.run_round(self.next_round)
                 self.next_round += 1
+                self.in_round = False
                 self.stop = cbs.round_end(run, record)
                 if self.stop is not None:
                     status = self.stop.status
@@ -194,10 +197,10 @@ class Simulation:
             status = "failed"
             raise
         finally:
-            try:
-                self.executor.close()
-            finally:
+            try:  # before the hosts go: an interrupted run's checkpoint gathers their state
                 cbs.run_end(run, status)
+            finally:
+                self.executor.close()
         return status
 
     def run_round(self, r: int) -> RoundRecord:
@@ -265,7 +268,11 @@ class Simulation:
         if policy.mode == "realtime":
             time.sleep(policy.realtime_sleep_s(round_s))
         row["wall_s"] = time.perf_counter() - wall0
-        return RoundRecord(r, row, client_rows, self.server.drain_tables())
+        tables = self.server.drain_tables()
+        faults = self.executor.drain_faults()
+        if faults:
+            tables["faults"] = faults
+        return RoundRecord(r, row, client_rows, tables)
 
     # ------------------------------------------------------------------ evaluation
     def _global_test(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,6 +11,7 @@ from engine.callbacks import RunCallback  # light: no torch, no Ray
 EPILOG = """examples:
   hetsim run                                   # the built-in default experiment
   hetsim run -c exp.yaml --set train.lr=0.01 --set clients.num_clients=50
+  hetsim run --resume runs/fedavg-digits-20261129-120000   # continue an unfinished run
   hetsim validate -c exp.yaml                  # check a config without running it
   hetsim show runs/fedavg-digits-20261129-120000
   hetsim sweep sweeps/examples/fedavg_lr.yaml  # a Ray Tune sweep (docs/sweeps.md)
@@ -44,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--out", help="run folder, a path or a URI such as s3://bucket/runs/x "
                    "(default: <output.dir>/<algorithm>-<dataset>-<time>)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue an unfinished run from its newest checkpoint; -c/--set may change "
+                   "only fields that cannot change results (docs/checkpoints.md)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("validate", help="validate a config and print it resolved")
@@ -114,11 +118,35 @@ class ProgressBar(RunCallback):
 
 
 def cmd_run(args) -> int:
-    from engine.run import run_experiment
+    from engine.driver_actor import DriverDiedError
+    from engine.ray_executor import ExecutorError
+    from engine.run import RunStateError, make_run_dir, resume_config, resume_run, run_experiment
 
-    cfg = _load(args)
-    bar = None if args.quiet else ProgressBar(cfg.rounds)
-    path = run_experiment(cfg, run_dir=args.out, callbacks=[bar] if bar else [], command=sys.argv)
+    if args.resume:
+        if args.out:
+            print("hetsim run: --out does not apply to --resume (the run stays in its folder)", file=sys.stderr)
+            return 2
+        path = Path(args.resume)
+        cfg = resume_config(path, args.config, args.overrides)
+    else:
+        cfg = _load(args)
+        path = Path(args.out) if args.out else make_run_dir(cfg)
+    callbacks = [] if args.quiet else [ProgressBar(cfg.rounds)]
+    try:
+        if args.resume:
+            resume_run(path, cfg, callbacks=callbacks, command=sys.argv)
+        else:
+            run_experiment(cfg, run_dir=path, callbacks=callbacks, command=sys.argv)
+    except KeyboardInterrupt:
+        print(f"hetsim: interrupted; finished rounds are saved. Continue with: hetsim run --resume {path}",
+              file=sys.stderr)
+        return 130
+    except RunStateError as err:
+        print(f"hetsim: {err}", file=sys.stderr)
+        return 2
+    except (ExecutorError, DriverDiedError) as err:  # their messages say how to continue
+        print(f"hetsim: {err}", file=sys.stderr)
+        return 1
     print(summary_table(path))
     print(f"\nresults: {path}")
     return 0
