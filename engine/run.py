@@ -289,12 +289,14 @@ def execute_run(
     command: list[str],
     executor=None,
     resume: bool = False,
+    allow_config_change: bool = False,
 ) -> Path:
     """The body of a run, in whichever process hosts the round loop.
 
     ``executor`` defaults to the one ``cfg.executor`` names (see :func:`make_executor`).
     ``resume``: continue the run in ``path`` from its newest checkpoint (see :func:`resume_run`,
-    which checks the config first).
+    which checks the config first); ``allow_config_change``: that checkpoint may come from another
+    config (:func:`engine.checkpoint.restore_checkpoint`; Population Based Training).
     """
     from engine.checkpoint import CheckpointCallback
 
@@ -340,7 +342,7 @@ def execute_run(
         manifest["loop_pid"] = os.getpid()  # the driver actor's process under the Ray executor
         manifest["num_clients"] = sim.data.num_clients
         if resume:
-            _restore_for_resume(sim, path, writer, manifest, resume_entry)
+            _restore_for_resume(sim, path, writer, manifest, resume_entry, allow_config_change)
         writer.write_json("manifest.json", manifest)
         run = RunContext(cfg, path, first_round=sim.next_round, simulation=sim, info=manifest)
         cbs = around_recorder(callbacks, recorder)
@@ -365,12 +367,13 @@ def execute_run(
     return path
 
 
-def _restore_for_resume(sim: Simulation, path: Path, writer: RunWriter, manifest: dict, entry: dict) -> None:
+def _restore_for_resume(sim: Simulation, path: Path, writer: RunWriter, manifest: dict, entry: dict,
+                        allow_config_change: bool = False) -> None:
     """Load the newest checkpoint into ``sim`` and cut the tables back to it."""
     from engine.checkpoint import CHECKPOINTS, latest_checkpoint, prune_checkpoints, restore_checkpoint
 
     ckpt = latest_checkpoint(path)
-    meta = restore_checkpoint(sim, ckpt) if ckpt is not None else None
+    meta = restore_checkpoint(sim, ckpt, allow_config_change=allow_config_change) if ckpt is not None else None
     entry["from_round"] = sim.next_round
     entry["checkpoint"] = f"{CHECKPOINTS}/{ckpt.name}" if ckpt is not None else None
     entry["rows_dropped"] = writer.rewind(sim.next_round, meta["tables"] if meta else None)

@@ -253,7 +253,7 @@ def _scheduler(resolved: ResolvedSweep):
     if s.name == "pbt":
         from ray.tune.schedulers import PopulationBasedTraining
 
-        from sweeps.space import tune_mutations
+        from sweeps.space import ClipToSpace, tune_mutations
 
         keys = s.hyperparam_mutations or list(resolved.spec.space)
         return PopulationBasedTraining(
@@ -264,12 +264,13 @@ def _scheduler(resolved: ResolvedSweep):
             hyperparam_mutations=tune_mutations({k: resolved.spec.space[k] for k in keys}),
             quantile_fraction=s.quantile_fraction,
             resample_probability=s.resample_probability,
-            seed=resolved.spec.search_seed,
+            custom_explore_fn=ClipToSpace(resolved.spec.space),
+            synch=s.synch,
         )
     return None
 
 
-CHECKPOINTS_KEPT = 2  # per trial, in <storage>/tune/<trial_id>/checkpoint_*
+CHECKPOINTS_KEPT = 3  # per trial, in <storage>/tune/<trial_id>/checkpoint_* (PBT warns below 3)
 
 
 def _new_tuner(resolved: ResolvedSweep, store: Storage):

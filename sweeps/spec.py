@@ -44,7 +44,7 @@ DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "randint")
 # `server_*` metrics and the per-architecture `global_acc_<arch>` of heterogeneous models.
 METRIC_PREFIXES = ("server_", "global_acc_", "global_loss_")
 # Keys the sweep itself owns: where trials write, how they reach Ray, what a trial reserves.
-RESERVED_KEYS = ("output", "ray", "executor.kind", "executor.num_actors",
+RESERVED_KEYS = ("output", "ray", "checkpoint", "executor.kind", "executor.num_actors",
                  "executor.cpus_per_actor", "executor.clients_per_actor")
 # trials.parquet columns besides the hyperparameters (a hyperparameter never takes these names)
 TRIAL_COLUMNS = ("trial_id", "status", "error", "rounds_done", "total_sim_time_s",
@@ -86,6 +86,7 @@ class SchedulerSpec(_Model):
     quantile_fraction: float = Field(0.25, ge=0, le=0.5,
                                      description="PBT: bottom fraction that copies the top fraction")
     resample_probability: float = Field(0.25, ge=0, le=1)
+    synch: bool = Field(False, description="PBT: pause trials at each interval until all reach it")
 
 
 class ResourcesSpec(_Model):
@@ -168,8 +169,18 @@ class ResolvedSweep:
 
         return open_storage(self.storage, self.spec.storage_options)
 
+    @property
+    def checkpoint_every(self) -> int | None:
+        """Rounds between trial checkpoints: the spec's, PBT's interval, else the experiment's."""
+        s = self.spec
+        if s.checkpoint_every is not None:
+            return s.checkpoint_every
+        return s.scheduler.perturbation_interval if s.scheduler.name == "pbt" else None
+
     def trial_raw(self, params: dict[str, Any]) -> dict[str, Any]:
-        return apply_overrides(self.base_raw, dict(params))
+        raw = apply_overrides(self.base_raw, dict(params))
+        every = self.checkpoint_every
+        return apply_overrides(raw, {"checkpoint.every": every}) if every is not None else raw
 
     def to_dict(self) -> dict[str, Any]:
         spec = self.spec.model_dump(mode="json")
@@ -361,6 +372,12 @@ def _check_schedule(spec: SweepSpec, cfg: ExperimentConfig, dims: dict[str, tupl
                 f"invalid sweep spec:\n  scheduler.perturbation_interval = {s.perturbation_interval}: the "
                 f"experiment evaluates every {every} rounds (evaluation.eval_every); set "
                 f"perturbation_interval >= {every}")
+        every = spec.checkpoint_every
+        if every is not None and s.perturbation_interval % every:
+            raise SweepSpecError(
+                f"invalid sweep spec:\n  checkpoint_every = {every}: PBT copies checkpoints every "
+                f"{s.perturbation_interval} rounds (scheduler.perturbation_interval); checkpoint_every "
+                "must divide it")
         for key in s.hyperparam_mutations or []:
             if key not in dims:
                 raise SweepSpecError(

@@ -14,6 +14,16 @@ otherwise (object storage, or a local path of another node) it is written to the
 working directory and mirrored to storage after every round and when the trial ends, also when
 it fails or is stopped (:class:`engine.storage.DirectoryMirror`).
 
+Checkpoints: at the rounds where the engine writes a checkpoint (``checkpoint.every`` of the
+experiment, or the sweep's ``checkpoint_every``; every ``perturbation_interval`` under PBT) the
+round is reported with ``checkpoint=tune.Checkpoint.from_directory(<that checkpoint>)``, which
+Tune copies to ``<storage>/tune/<trial_id>/checkpoint_*``. A trial that Tune starts with a
+checkpoint (a retry after a failure or a lost node, ``--resume`` of the sweep, or a PBT exploit
+step, whose checkpoint is another trial's) puts it into its run folder and continues from it
+with :func:`engine.run.execute_run` ``(resume=True)``: rounds after it are recomputed and every
+table holds each round once. ``trial.json`` keeps one ``history`` entry per start (attempt,
+node, first round, the trial whose checkpoint it continued, the hyperparameters).
+
 Executors inside a trial:
 
 * ``executor.kind: inprocess`` (default): the simulation runs in the trial's own process, which
@@ -29,6 +39,7 @@ import datetime as dt
 import json
 import math
 import os
+import posixpath
 import shutil
 import traceback
 from pathlib import Path
@@ -106,8 +117,9 @@ class TuneReporter(RunCallback):
     (:meth:`flush`), so a scheduler decision on it cannot cut the run's finalisation short.
 
     ``carry``: metrics also reported as ``last_<m>``, the last non-NaN value so far (rounds
-    without evaluation have NaN; schedulers compare ``last_<m>``). ``mirror`` (if any) is synced
-    before each report, so what Tune has seen is in storage."""
+    without evaluation have NaN; schedulers compare ``last_<m>``). A round after which the
+    engine wrote a checkpoint is reported with it. ``mirror`` (if any) is synced before each
+    report, so what Tune has seen is in storage."""
 
     def __init__(self, last_round: int, carry: tuple[str, ...] = (), mirror: DirectoryMirror | None = None):
         self.last_round = last_round
@@ -132,13 +144,20 @@ class TuneReporter(RunCallback):
             return
         if self.mirror is not None:
             self.mirror.sync()
-        tune.report(metrics)
+        written = run.info.get("checkpoint") or {}  # set by engine.checkpoint.CheckpointCallback
+        if written.get("next_round") == self.rounds_done and run.path is not None:
+            checkpoint = tune.Checkpoint.from_directory(str(Path(run.path) / written["latest"]))
+            tune.report(metrics, checkpoint=checkpoint)
+        else:
+            tune.report(metrics)
 
     def flush(self) -> None:
+        """Report the last round, marked ``done``: the trial has ended, so Tune completes it
+        without asking the scheduler (PBT would otherwise perturb it once more)."""
         from ray import tune
 
-        for metrics in self.deferred:
-            tune.report(metrics)
+        for i, metrics in enumerate(self.deferred):
+            tune.report({**metrics, "done": True} if i == len(self.deferred) - 1 else metrics)
         self.deferred = []
 
 
@@ -180,6 +199,26 @@ class TrialFolder:
             self.remote.delete("")
         self.run_dir.mkdir(parents=True)
 
+    def continue_from(self, checkpoint) -> int | None:
+        """Make Tune's ``checkpoint`` the newest of the run folder (fetched from storage if it
+        is staged here); returns the round it continues from, None if the run folder is gone."""
+        from engine.checkpoint import CHECKPOINTS, checkpoint_name, list_checkpoints, read_meta
+
+        if self.mirror is not None:  # a fresh node, or a stale staging copy: storage has the truth
+            if self.run_dir.exists():
+                shutil.rmtree(self.run_dir)
+            self.remote.download(self.run_dir)
+        if not (self.run_dir / "manifest.json").is_file():
+            return None
+        with checkpoint.as_directory() as src:
+            next_round = int(read_meta(src)["next_round"])
+            for n, d in list_checkpoints(self.run_dir):  # its own later (or same-round) ones
+                if n >= next_round:
+                    shutil.rmtree(d)
+            dest = self.run_dir / CHECKPOINTS / checkpoint_name(next_round)
+            shutil.copytree(src, dest)
+        return next_round
+
     def write_info(self, info: dict[str, Any]) -> None:
         _write_info(self.run_dir, info)
 
@@ -189,6 +228,11 @@ class TrialFolder:
         self.mirror.sync()
         if final:  # storage has it all: the staging copy is not needed any more
             shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+def checkpoint_origin(checkpoint) -> str:
+    """The trial that wrote a Tune checkpoint (``<storage>/tune/<trial_id>/checkpoint_*``)."""
+    return posixpath.basename(posixpath.dirname(checkpoint.path.rstrip("/")))
 
 
 def hetsim_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
@@ -202,12 +246,16 @@ def hetsim_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
     trial_id = tune.get_context().get_trial_id()
     folder = TrialFolder(trial_id)
     previous = folder.previous_info()
-    folder.start_clean()
     params = {k: plain(v) for k, v in params.items()}
+    checkpoint = tune.get_checkpoint()
+    first_round = folder.continue_from(checkpoint) if checkpoint is not None else None
+    origin = checkpoint_origin(checkpoint) if first_round is not None else None
+    if first_round is None:
+        folder.start_clean()
     attempt = int(previous.get("attempts", 0)) + 1
     history = list(previous.get("history", []))
-    history.append({"attempt": attempt, "node_id": folder.node_id, "first_round": 0,
-                    "params": params, "restored_from": None,
+    history.append({"attempt": attempt, "node_id": folder.node_id, "first_round": first_round or 0,
+                    "params": params, "restored_from": origin,
                     "started": dt.datetime.now(dt.timezone.utc).isoformat()})
     info: dict[str, Any] = {
         "trial_id": trial_id,
@@ -216,7 +264,7 @@ def hetsim_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
         "pid": os.getpid(),
         "status": "running",
         "attempts": attempt,
-        "resumed_from_round": None,
+        "resumed_from_round": first_round,
         "history": history,
     }
     folder.write_info(info)
@@ -224,6 +272,7 @@ def hetsim_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
     spec = resolved.spec
     carry = (spec.metric, spec.scheduler.metric or spec.metric)
     reporter = TuneReporter(last_round=math.inf, carry=carry, mirror=folder.mirror)
+    reporter.rounds_done = first_round or 0
     command = [*(resolved.command or ["hetsim", "sweep"]), f"trial={trial_id}"]
 
     def ended(status: str, error: str | None = None) -> None:
@@ -235,12 +284,18 @@ def hetsim_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
         cfg = load_config(resolved.trial_raw(params))
         reporter.last_round = cfg.rounds - 1
         placement_group = ray.util.get_current_placement_group()
+        executor = None
         if cfg.executor.kind == "ray" and placement_group is not None:
             executor = RayExecutor(cfg, placement_group=placement_group)
+        if first_round is not None:
+            # another trial's checkpoint (PBT) was written under other hyperparameters
+            execute_run(cfg, folder.run_dir, [reporter], command, executor=executor, resume=True,
+                        allow_config_change=origin != trial_id)
+        elif executor is not None or cfg.executor.kind != "ray":
             execute_run(cfg, folder.run_dir, [reporter], command, executor=executor)
-        else:  # in-process (or, outside a placement group, the engine's own driver actor)
+        else:  # outside a placement group: the engine's own driver actor
             run_experiment(cfg, folder.run_dir, [reporter], command)
-    except SystemExit:  # Tune stopped the trial (scheduler decision or sweep interrupted)
+    except SystemExit:  # Tune stopped the trial (scheduler decision, PBT exploit, interruption)
         msg = f"stopped by Tune after {reporter.rounds_done} round(s)"
         _mark_manifest(folder.run_dir, "stopped", msg)
         ended("stopped", msg)
