@@ -273,6 +273,13 @@ def test_a_failing_trial_is_recorded_and_the_others_finish(tmp_path, local_ray, 
     # the failed trial's own run folder says so too
     run = load_run(tmp_path / "sw" / failed["run_dir"].iloc[0])
     assert run.manifest["status"] == "failed"
+    # retried, it keeps its identity: still one row per configuration, now with 2 attempts
+    assert main(["sweep", "--resume", str(tmp_path / "sw"), "--retry-errored", "-q"]) == 0
+    for again in (load_sweep(tmp_path / "sw"), load_sweep(tmp_path / "sw", refresh=True)):
+        t = again.trials.set_index("name")
+        assert len(t) == 2 and t.loc["mnist", "trial_id"] == failed["trial_id"].iloc[0]
+        assert t.loc["mnist", "attempts"] == 2 and t.loc["mnist", "status"] == "error"
+        assert t.loc["digits", "attempts"] == 1 and t.loc["digits", "status"] == "finished"
 
 
 @pytest.mark.ray
@@ -291,6 +298,26 @@ def test_asha_stops_worse_trials_early_and_keeps_their_rounds(tmp_path, local_ra
     assert sweep.rounds.groupby("lr").size().to_dict() == t["rounds_done"].to_dict()
     manifest = sweep.run(stopped["trial_id"].iloc[0]).manifest
     assert manifest["status"] == "stopped" and "stopped by Tune after 1 round" in manifest["error"]
+
+
+@pytest.mark.ray
+def test_asha_compares_the_last_evaluated_value_when_rounds_are_not_all_evaluated(tmp_path, local_ray):
+    from sweeps import run_sweep
+
+    base = {**BASE, "rounds": 4, "algorithm": {"name": "fedavg"}, "evaluation": {"eval_every": 2}}
+    asha = {"name": "asha", "grace_period": 1, "reduction_factor": 2}
+    with pytest.raises(SweepSpecError, match=r"scheduler.grace_period = 1: ASHA's first decision comes after "
+                                             r"1 round\(s\) but the experiment evaluates every 2 rounds"):
+        resolve(spec(base=base, space={"train.lr": {"grid": [0.1]}}, scheduler=asha))
+    # decisions after 2 rounds (an evaluated one): the later, worse trials are stopped there
+    sweep = run_sweep(spec(base=base, space={"train.lr": {"grid": [0.2, 0.003, 0.001]}}, max_concurrent_trials=1,
+                           scheduler={**asha, "grace_period": 2}), storage=tmp_path / "sw", quiet=True)
+    t = sweep.trials.set_index("lr")
+    assert t.loc[0.2, "status"] == "finished" and t.loc[0.2, "rounds_done"] == 4
+    stopped = t[t["status"] == "early_stopped"]
+    assert len(stopped) == 2 and (stopped["rounds_done"] == 2).all()
+    # the unevaluated rounds stay NaN in the results
+    assert sweep.rounds.loc[sweep.rounds["round"] % 2 == 0, "global_acc"].isna().all()
 
 
 class InterruptAfterFirstTrial:
