@@ -78,8 +78,34 @@ class SweepCallbacks(Callback):
     def on_trial_error(self, iteration, trials, trial, **info):
         self._each("on_trial_error", iteration=iteration, trials=trials, trial=trial, **info)
 
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        self._each("on_trial_recover", iteration=iteration, trials=trials, trial=trial, **info)
+
     def on_experiment_end(self, trials, **info):
         self._each("on_experiment_end", trials=trials, **info)
+
+
+class FailureNotices:
+    """One line on stderr (also with -q) when a trial fails and Tune retries it (a worker or a
+    whole node lost, an error with ``max_failures`` > 0): what failed and where it continues."""
+
+    def __init__(self, max_failures: int):
+        self.max_failures = max_failures
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        where = "its last checkpoint" if trial.checkpoint is not None else "round 0 (no checkpoint yet)"
+        _say(f"trial {trial.trial_id} failed ({_last_failure(trial)}); retry {trial.num_failures} of "
+             f"{self.max_failures}, from {where}")
+
+
+def _last_failure(trial) -> str:
+    """The first line of the trial's last failure in Tune's error file (e.g. its worker died)."""
+    try:
+        text = Path(trial.error_file).read_text().rsplit("Failure # ", 1)[-1]
+        lines = [line.strip() for line in text.splitlines()[1:] if line.strip()]
+        return lines[0][:200] if lines else "unknown error"
+    except Exception:  # noqa: BLE001 - a notice must never break the sweep
+        return "unknown error"
 
 
 class SweepProgress:
@@ -311,7 +337,7 @@ def _fit(tuner, resolved: ResolvedSweep, store: Storage, quiet: bool, callbacks:
     if not quiet:
         progress = SweepProgress(resolved.num_trials, resolved.spec.metric, resolved.spec.mode,
                                  resolved.name)
-    _ACTIVE[:] = [*([progress] if progress else []), *callbacks]
+    _ACTIVE[:] = [*([progress] if progress else []), FailureNotices(resolved.spec.max_failures), *callbacks]
     try:
         with _quiet_tune():
             grid = tuner.fit()

@@ -195,3 +195,24 @@ class S3Server:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def mount_namespace(pid: int | str = "self") -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return None
+
+
+def kill_worker_node(cluster: PrivateDiskCluster) -> int:
+    """SIGKILL every process of the worker node (all of its mount namespace), as a power loss
+    would; returns how many were killed."""
+    ours = mount_namespace()
+    worker_ns = {mount_namespace(pid) for pid in cluster.node_pids()} - {ours, None}
+    victims = [int(p) for p in os.listdir("/proc") if p.isdigit() and mount_namespace(p) in worker_ns]
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return len(victims)

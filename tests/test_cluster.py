@@ -1,5 +1,6 @@
 """Storage that works on any cluster: pyarrow filesystems, mirrored run folders, a real
 two-node Ray cluster whose worker has its own disk, and an S3-compatible server on loopback."""
+import json
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from cluster_util import PrivateDiskCluster, S3Server, can_unshare_mounts
+from cluster_util import PrivateDiskCluster, S3Server, can_unshare_mounts, kill_worker_node, mount_namespace
 from engine.config import load_config
 from engine.results import WALL_COLUMNS, load_run
 from engine.run import run_experiment
@@ -237,3 +238,54 @@ def test_shared_storage_on_a_cluster_is_written_directly_by_every_node(tmp_path,
     assert "joined the Ray cluster" in proc.stderr and "do not see it" not in proc.stderr
     _check_complete_run_folders(load_sweep(storage), lambda tid: os.listdir(storage / "runs" / tid))
     print(f"shared-disk cluster sweep: 4 trials in {elapsed:.1f} s")
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_trial_on_a_node_that_dies_continues_from_its_checkpoint_on_another_node(tmp_path, private_disk_cluster):
+    """Every process of the worker node is SIGKILLed while a trial runs there (last test of the
+    module: the worker does not come back). The trial restarts on the head node from its last
+    checkpoint and ends with the results of an undisturbed run."""
+    cluster = private_disk_cluster
+    storage = cluster.private_dir / "dies"
+    base = {**BASE, "rounds": 30, "algorithm": {"name": "fedavg"}}
+    spec_file = tmp_path / "dies.yaml"
+    spec_file.write_text(yaml.safe_dump({"name": "dies", "base": base, "space": {"train.lr": {"grid": [0.05, 0.1]}},
+                                         "max_concurrent_trials": 2, "checkpoint_every": 5, "max_failures": 1}))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hetsim", "sweep", str(spec_file), "--storage", str(storage), "--address",
+         cluster.address, "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env)
+    victim, deadline = None, time.monotonic() + 300
+    try:
+        while victim is None and time.monotonic() < deadline and proc.poll() is None:
+            for info_file in storage.glob("runs/*/trial.json"):
+                try:
+                    info = json.loads(info_file.read_text())
+                except ValueError:
+                    continue
+                on_worker = mount_namespace(info["pid"]) not in (mount_namespace(), None)
+                done = len(list(info_file.parent.glob("_parts/rounds/*.parquet")))
+                if on_worker and done >= 7:  # a checkpoint at 5 is in storage, round 7+ is not
+                    victim = (info["trial_id"], done)
+                    assert kill_worker_node(cluster) > 0
+            time.sleep(0.05)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert victim is not None, "a trial ran on the worker node"
+    assert proc.returncode == 0, err[-4000:]
+    assert f"trial {victim[0]} failed (" in err and "retry 1 of 1, from its last checkpoint" in err
+    t = load_sweep(storage).trials.set_index("trial_id")
+    assert (t["status"] == "finished").all() and (t["rounds_done"] == 30).all()
+    row = t.loc[victim[0]]
+    assert row["attempts"] == 2 and row["resumed_from_round"] in (5, 10, 15, 20, 25)
+    assert row["resumed_from_round"] <= victim[1]
+    assert t["node_id"].nunique() == 1, "both trials ended on the head node"
+    run = load_sweep(storage).run(victim[0])
+    assert run.rounds["round"].tolist() == list(range(30))
+    direct = load_run(run_experiment(load_config({**base, "train": {"lr": float(row["lr"])}}), tmp_path / "direct"))
+    pd.testing.assert_frame_equal(run.rounds.drop(columns=list(WALL_COLUMNS), errors="ignore"),
+                                  direct.rounds.drop(columns=list(WALL_COLUMNS), errors="ignore"))
+    print(f"worker node killed after {victim[1]} rounds of trial {victim[0]}; it restarted on the head node "
+          f"from round {row['resumed_from_round']}\n--- what the user saw (stderr):\n{err[-3000:]}")

@@ -56,7 +56,7 @@ class KillTrialWorker:
 
 
 @pytest.mark.ray
-def test_a_killed_trial_continues_from_its_last_checkpoint_with_the_same_results(tmp_path, local_ray):
+def test_a_killed_trial_continues_from_its_last_checkpoint_with_the_same_results(tmp_path, local_ray, capsys):
     from sweeps import run_sweep
 
     killer = KillTrialWorker(at=3)
@@ -64,6 +64,8 @@ def test_a_killed_trial_continues_from_its_last_checkpoint_with_the_same_results
             "checkpoint_every": 2, "max_failures": 1}
     sweep = run_sweep(spec, storage=tmp_path / "sw", quiet=True, callbacks=[killer])
     assert killer.killed, "the trial's worker was killed"
+    err = capsys.readouterr().err
+    assert "failed (" in err and "retry 1 of 1, from its last checkpoint" in err
     t = sweep.trials.iloc[0]
     assert t["status"] == "finished" and t["rounds_done"] == 6
     assert t["attempts"] == 2 and t["resumed_from_round"] == 2  # checkpoint after round 2 of 3 done
