@@ -11,10 +11,12 @@ A spec is one YAML file (or a mapping)::
     num_samples: 4                 # samples of the random dimensions (x the grid)
     metric: global_acc             # rank trials by this rounds.parquet column ...
     mode: max                      # ... maximised (or `min`)
-    scheduler: {name: asha, grace_period: 2, reduction_factor: 2}
+    scheduler: {name: asha, grace_period: 2, reduction_factor: 2}   # or fifo, or {name: pbt, ...}
     max_concurrent_trials: 2
     resources_per_trial: {cpus: 1}
-    storage: sweeps_out/fedprox-lr-mu
+    max_failures: 0                # retries of a failed trial, from its last checkpoint
+    checkpoint_every: null         # default: the experiment's checkpoint.every (PBT: its interval)
+    storage: sweeps_out/fedprox-lr-mu   # or s3://bucket/prefix (storage_options: {...})
     ray: {address: null}
 
 Everything is checked before anything starts. The spec itself is a pydantic model with

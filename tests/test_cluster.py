@@ -18,15 +18,8 @@ from engine.run import run_experiment
 from engine.storage import DirectoryMirror, StorageError, open_storage, redact
 from sweeps import SweepSpecError, load_sweep, resolve
 
-BASE = {
-    "seed": 0,
-    "rounds": 2,
-    "dataset": {"name": "digits"},
-    "model": {"name": "mlp"},
-    "clients": {"num_clients": 10, "participation": 0.5, "profiles": {}},
-    "algorithm": {"name": "fedprox"},
-}
-GRID = {"train.lr": {"grid": [0.05, 0.1]}, "algorithm.mu": {"grid": [0.0, 0.1]}}
+from test_sweeps import BASE, GRID  # noqa: E402 - the same tiny experiment
+
 RUN_FILES = {"config.yaml", "manifest.json", "rounds.parquet", "clients.parquet", "profiles.parquet", "trial.json"}
 
 

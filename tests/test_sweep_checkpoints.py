@@ -14,14 +14,9 @@ from engine.results import WALL_COLUMNS, load_run
 from engine.run import run_experiment
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "sweeps" / "examples"
-BASE = {
-    "seed": 0,
-    "rounds": 6,
-    "dataset": {"name": "digits"},
-    "model": {"name": "mlp"},
-    "clients": {"num_clients": 10, "participation": 0.5, "profiles": {}},
-    "algorithm": {"name": "fedavg"},
-}
+from test_sweeps import BASE as SWEEP_BASE  # noqa: E402
+
+BASE = {**SWEEP_BASE, "rounds": 6, "algorithm": {"name": "fedavg"}}
 
 
 @pytest.fixture(scope="module")
