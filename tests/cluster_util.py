@@ -132,7 +132,7 @@ class PrivateDiskCluster:
                     os.killpg(proc.pid, signal.SIGTERM)
                 except ProcessLookupError:
                     pass
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 10  # a head whose worker died may take long: then SIGKILL
         for proc in self.procs:
             try:
                 proc.wait(timeout=max(1.0, deadline - time.monotonic()))
