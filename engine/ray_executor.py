@@ -61,6 +61,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None):
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
     else:
         ray.init(
+            address="local",  # a new local instance, never a cluster found via /tmp/ray (ray start)
             num_cpus=num_cpus,
             include_dashboard=False,
             logging_level=logging.WARNING,

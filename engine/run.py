@@ -107,9 +107,11 @@ class _InterruptRequest(RunCallback):
 
     def __init__(self):
         self.signal_name: str | None = None
+        self.stopped = False
 
     def on_round_end(self, run, record):
-        if self.signal_name is not None:
+        if self.signal_name is not None and record.round < run.cfg.rounds - 1:  # else: it is done
+            self.stopped = True
             return Stop(f"interrupted ({self.signal_name}) after round {record.round}", "interrupted")
         return None
 
@@ -178,7 +180,7 @@ def _dispatch(cfg, path, callbacks, command, resume: bool) -> Path:
     request = _InterruptRequest()
     with _interrupt_signals(request):
         out = execute_run(cfg, path, [*(callbacks or []), request], command, resume=resume)
-    if request.signal_name is not None:
+    if request.stopped:
         raise KeyboardInterrupt(f"run stopped by {request.signal_name}")
     return out
 
