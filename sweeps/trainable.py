@@ -128,6 +128,11 @@ class TuneReporter(RunCallback):
         self.carry = tuple(dict.fromkeys(carry))
         self.last: dict[str, float] = {}
         self.mirror = mirror
+        self.checkpoint_seen: dict | None = None
+
+    def on_run_begin(self, run) -> None:
+        # a resumed run's manifest still names the checkpoint of an earlier attempt
+        self.checkpoint_seen = run.info.get("checkpoint")
 
     def on_round_end(self, run, record) -> None:
         from ray import tune
@@ -144,8 +149,10 @@ class TuneReporter(RunCallback):
             return
         if self.mirror is not None:
             self.mirror.sync()
-        written = run.info.get("checkpoint") or {}  # set by engine.checkpoint.CheckpointCallback
-        if written.get("next_round") == self.rounds_done and run.path is not None:
+        written = run.info.get("checkpoint")  # a new dict each time CheckpointCallback saves one
+        fresh = written is not None and written is not self.checkpoint_seen
+        self.checkpoint_seen = written
+        if fresh and written.get("next_round") == self.rounds_done and run.path is not None:
             checkpoint = tune.Checkpoint.from_directory(str(Path(run.path) / written["latest"]))
             tune.report(metrics, checkpoint=checkpoint)
         else:

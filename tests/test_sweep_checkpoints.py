@@ -165,3 +165,27 @@ def test_pbt_example_runs_and_its_exploit_steps_are_in_the_results(tmp_path, loc
     # rebuilt from the run folders alone: the same exploit steps
     refreshed = load_sweep(tmp_path / "sw", refresh=True)
     assert refreshed.trials.set_index("trial_id")["exploits"].to_dict() == t["exploits"].to_dict()
+
+
+def test_reporter_attaches_only_checkpoints_written_in_this_run(monkeypatch, tmp_path):
+    """A resumed run's manifest still names the checkpoint of an earlier attempt (e.g. one
+    written when Tune paused the trial); it must not be reported again (it may be pruned)."""
+    from types import SimpleNamespace
+
+    from ray import tune
+
+    from engine.callbacks import RunContext
+    from sweeps.trainable import TuneReporter
+
+    reports = []
+    monkeypatch.setattr(tune, "report", lambda metrics, checkpoint=None: reports.append(checkpoint))
+    stale = {"latest": "checkpoints/round-000004", "next_round": 4}
+    run = RunContext(load_config(BASE), tmp_path, first_round=3, info={"checkpoint": stale})
+    reporter = TuneReporter(last_round=5)
+    reporter.on_run_begin(run)
+    reporter.on_round_end(run, SimpleNamespace(round=3, row={"round": 3}))
+    assert reports == [None]
+    (tmp_path / "checkpoints" / "round-000005").mkdir(parents=True)
+    run.info["checkpoint"] = {"latest": "checkpoints/round-000005", "next_round": 5}  # saved this round
+    reporter.on_round_end(run, SimpleNamespace(round=4, row={"round": 4}))
+    assert reports[1] is not None and reports[1].path.endswith("round-000005")
