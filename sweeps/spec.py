@@ -88,7 +88,8 @@ class SchedulerSpec(_Model):
     quantile_fraction: float = Field(0.25, ge=0, le=0.5,
                                      description="PBT: bottom fraction that copies the top fraction")
     resample_probability: float = Field(0.25, ge=0, le=1)
-    synch: bool = Field(False, description="PBT: pause trials at each interval until all reach it")
+    synch: bool = Field(False, description="PBT: pause trials at each interval until all reach it "
+                        "(checkpoints every round)")
 
 
 class ResourcesSpec(_Model):
@@ -177,7 +178,11 @@ class ResolvedSweep:
         s = self.spec
         if s.checkpoint_every is not None:
             return s.checkpoint_every
-        return s.scheduler.perturbation_interval if s.scheduler.name == "pbt" else None
+        if s.scheduler.name != "pbt":
+            return None
+        # synch PBT pauses a trial at whatever round it waits in, and a paused function trial
+        # restarts from its last checkpoint: with fewer, it would redo rounds and pause again
+        return 1 if s.scheduler.synch else s.scheduler.perturbation_interval
 
     def trial_raw(self, params: dict[str, Any]) -> dict[str, Any]:
         raw = apply_overrides(self.base_raw, dict(params))
@@ -375,6 +380,11 @@ def _check_schedule(spec: SweepSpec, cfg: ExperimentConfig, dims: dict[str, tupl
                 f"experiment evaluates every {every} rounds (evaluation.eval_every); set "
                 f"perturbation_interval >= {every}")
         every = spec.checkpoint_every
+        if every is not None and s.synch and every != 1:
+            raise SweepSpecError(
+                f"invalid sweep spec:\n  checkpoint_every = {every}: synchronous PBT (scheduler.synch) "
+                "pauses trials at any round and they restart from their last checkpoint; it needs "
+                "checkpoint_every: 1 (the default with synch)")
         if every is not None and s.perturbation_interval % every:
             raise SweepSpecError(
                 f"invalid sweep spec:\n  checkpoint_every = {every}: PBT copies checkpoints every "
