@@ -184,6 +184,16 @@ class AscendClient(CompressedFedAvgClient):
             return Exp3(list(p.arms), gamma=p.exp3_gamma)
         return FixedArm(p.arm)
 
+    def sync_policy_params(self, policy) -> None:
+        """The config's exploration settings win over those a restored policy carries (a state
+        restored under new hyperparameters, e.g. Population Based Training changing epsilon);
+        the learned values (Q, counts) stay. A no-op when the config is the one it was built with."""
+        p = self.params
+        if isinstance(policy, EpsilonGreedyEMA):
+            policy.c, policy.eps_min, policy.epsilon_fixed, policy.lam = p.eps_c, p.eps_min, p.epsilon, p.ema_lambda
+        elif isinstance(policy, Exp3):
+            policy.gamma = p.exp3_gamma
+
     def probe_indices(self, ctx: ClientContext) -> torch.Tensor:
         """A fixed subset of the local training data (same every round for this client)."""
         n = len(ctx.train_y)
@@ -206,6 +216,8 @@ class AscendClient(CompressedFedAvgClient):
         if "policy" not in st:
             st["policy"] = self.new_policy()
             st["T_warm"] = []
+        else:
+            self.sync_policy_params(st["policy"])
         restored = math.nan
         undo = st.get("undo")
         if undo is not None and undo["round"] in set(meta.get("rolled_back", ())):

@@ -305,13 +305,17 @@ def read_meta(directory: str | Path, verify: bool = False) -> dict:
     return meta
 
 
-def restore_checkpoint(sim: "Simulation", directory: str | Path) -> dict:
+def restore_checkpoint(sim: "Simulation", directory: str | Path, *, allow_config_change: bool = False) -> dict:
     """Put ``sim`` (built from the same config; started here if it is not) in the state the
-    checkpoint in ``directory`` holds: its next round is the checkpoint's. Returns the metadata."""
+    checkpoint in ``directory`` holds: its next round is the checkpoint's. Returns the metadata.
+
+    ``allow_config_change``: ``sim``'s config may differ from the one that wrote the checkpoint
+    (Population Based Training continues a trial's state with new hyperparameters; methods take
+    hyperparameters from the config, not from the restored state)."""
     directory = Path(directory)
     meta = read_meta(directory, verify=True)
     want = results_fingerprint(sim.cfg)
-    if meta["results_fingerprint"] != want:
+    if meta["results_fingerprint"] != want and not allow_config_change:
         raise CheckpointError(
             f"{directory} was written by a run with another config (fingerprint "
             f"{meta['results_fingerprint']}, this one {want}); results would not continue it"

@@ -124,9 +124,13 @@ class EvaluationConfig(Section):
 
 
 class OutputConfig(Section):
-    dir: str = "runs"
+    dir: str = Field("runs", description="a local folder or a URI such as s3://bucket/runs (engine.storage)")
     name: str | None = Field(None, description="run folder name; default <algorithm>-<dataset>-<time>")
     overwrite: bool = False
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict, description="options of a URI's pyarrow filesystem, e.g. endpoint_override")
+    upload_every_s: float = Field(
+        60.0, ge=0, description="a URI dir: seconds between uploads of the staged run folder (and at the end)")
 
 
 class FailureInjection(Section):
@@ -293,4 +297,8 @@ def load_config(
 
 
 def dump_config(cfg: ExperimentConfig, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    from engine.storage import redact
+
+    raw = cfg.to_dict()
+    raw["output"]["storage_options"] = redact(raw["output"]["storage_options"])  # no credentials
+    Path(path).write_text(yaml.safe_dump(raw, sort_keys=False))

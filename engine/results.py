@@ -22,9 +22,12 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
+
+if TYPE_CHECKING:
+    from engine.storage import Storage
 
 SCHEMA_VERSION = 1
 PARTS = "_parts"
@@ -163,8 +166,25 @@ def _read_parts(table_dir: Path) -> pd.DataFrame | None:
     return pd.concat(frames, ignore_index=True) if frames else None
 
 
-def read_table(run_dir: str | Path, table: str) -> pd.DataFrame | None:
-    """One table of a run, finished (compacted) or still in progress / crashed (parts)."""
+def _as_storage(run_dir) -> "Storage":
+    from engine.storage import Storage, open_storage
+
+    return run_dir if isinstance(run_dir, Storage) else open_storage(run_dir)
+
+
+def read_table(run_dir, table: str) -> pd.DataFrame | None:
+    """One table of a run, finished (compacted) or still in progress / crashed (parts).
+
+    ``run_dir``: a local path, a URI (``s3://...``) or an :class:`engine.storage.Storage`.
+    """
+    if not isinstance(run_dir, (str, Path)) or "://" in str(run_dir):
+        store = _as_storage(run_dir)
+        if store.exists(f"{table}.parquet"):
+            return store.read_parquet(f"{table}.parquet")
+        parts = [p for p in store.list(f"{PARTS}/{table}", dirs=False) if p.endswith(".parquet")]
+        frames = [store.read_parquet(f"{PARTS}/{table}/{p}") for p in parts]
+        frames = [f for f in frames if not f.empty]
+        return pd.concat(frames, ignore_index=True) if frames else None
     run_dir = Path(run_dir)
     final = run_dir / f"{table}.parquet"
     if final.exists():
@@ -177,7 +197,7 @@ def read_table(run_dir: str | Path, table: str) -> pd.DataFrame | None:
 class Run:
     """A run folder loaded into pandas."""
 
-    path: Path
+    path: Path | str  # a URI for runs in object storage
     config: dict[str, Any]
     manifest: dict[str, Any]
     rounds: pd.DataFrame
@@ -188,23 +208,26 @@ class Run:
         return read_table(self.path, name)
 
 
-def load_run(run_dir: str | Path) -> Run:
-    """Load a run folder (finished, running or crashed) into DataFrames."""
+def load_run(run_dir) -> Run:
+    """Load a run folder (finished, running or crashed) into DataFrames.
+
+    ``run_dir``: a local path, a URI (``s3://bucket/runs/x``; see :mod:`engine.storage`) or an
+    :class:`engine.storage.Storage`; ``Run.path`` is a ``Path`` for local folders, else the URI.
+    """
     import yaml
 
-    run_dir = Path(run_dir)
-    if not (run_dir / "manifest.json").exists():
-        raise FileNotFoundError(f"{run_dir} is not a run folder (no manifest.json)")
-    config_path = run_dir / "config.yaml"
-    config = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    rounds = read_table(run_dir, "rounds")
-    clients = read_table(run_dir, "clients")
+    store = _as_storage(run_dir)
+    if not store.exists("manifest.json"):
+        raise FileNotFoundError(f"{store.uri} is not a run folder (no manifest.json)")
+    config = yaml.safe_load(store.read_text("config.yaml")) if store.exists("config.yaml") else {}
+    manifest = store.read_json("manifest.json")
+    rounds = read_table(store, "rounds")
+    clients = read_table(store, "clients")
     return Run(
-        path=run_dir,
+        path=Path(store.path) if not store.is_remote else store.uri,
         config=config,
         manifest=manifest,
         rounds=rounds if rounds is not None else pd.DataFrame(),
         clients=clients if clients is not None else pd.DataFrame(),
-        profiles=read_table(run_dir, "profiles"),
+        profiles=read_table(store, "profiles"),
     )

@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import os
 import platform
+import posixpath
 import shutil
 import signal
 import sys
@@ -18,6 +19,8 @@ from engine.callbacks import CallbackLike, RunCallback, RunContext, Stop, around
 from engine.config import ExperimentConfig, dump_config, load_config
 from engine.results import RunWriter, SCHEMA_VERSION
 from engine.simulation import RoundRecord, Simulation
+from engine.storage import (DirectoryMirror, MirrorCallback, StorageError, check_writable, is_uri,
+                            open_storage)
 from engine.trace import mark
 
 
@@ -33,8 +36,17 @@ def versions() -> dict[str, str]:
     return out
 
 
-def make_run_dir(cfg: ExperimentConfig) -> Path:
+def make_run_dir(cfg: ExperimentConfig) -> Path | str:
+    """``<output.dir>/<output.name or algorithm-dataset-time>``; a URI when output.dir is one."""
     out = cfg.output
+    if is_uri(out.dir):
+        base = open_storage(out.dir, out.storage_options)
+        name = out.name or f"{cfg.algorithm.name}-{cfg.dataset.name}-{dt.datetime.now():%Y%m%d-%H%M%S}"
+        if base.child(name).exists("manifest.json") and not out.overwrite:
+            raise FileExistsError(
+                f"run folder {base.child(name).uri} already exists; choose another output.name or set "
+                "output.overwrite=true")
+        return base.child(name).uri
     base = Path(out.dir)
     if out.name:
         path = base / out.name
@@ -140,7 +152,7 @@ def run_experiment(
     run_dir: str | Path | None = None,
     callbacks: list[CallbackLike] | None = None,
     command: list[str] | None = None,
-) -> Path:
+) -> Path | str:
     """Run ``cfg`` and write its run folder; returns the folder's path.
 
     ``callbacks`` (:mod:`engine.callbacks`) see every finished round and may add metrics or
@@ -151,13 +163,17 @@ def run_experiment(
     Checkpoints (``checkpoint.every``) let :func:`resume_run` continue an unfinished run.
     Ctrl+C or SIGTERM stops the run after the round in flight, writes a checkpoint and raises
     ``KeyboardInterrupt``; a second one aborts at once.
+    A URI ``run_dir`` (or ``output.dir``), e.g. ``s3://bucket/runs/x``, is run through a local
+    staging folder (:func:`run_to_storage`) and the URI is returned.
     """
     from engine.device import check_device_request
 
     check_device_request(cfg)  # `device: cuda` without CUDA: refused before anything is written
-    path = Path(run_dir) if run_dir is not None else make_run_dir(cfg)
+    target = run_dir if run_dir is not None else make_run_dir(cfg)
     command = command if command is not None else sys.argv
-    return _dispatch(cfg, path, callbacks, command, resume=False)
+    if is_uri(target):
+        return run_to_storage(cfg, str(target), callbacks, command)
+    return _dispatch(cfg, Path(target), callbacks, command, resume=False)
 
 
 def _dispatch(cfg, path, callbacks, command, resume: bool) -> Path:
@@ -246,6 +262,33 @@ def _our_process_alive(pid: int) -> bool:
     return b"python" in cmdline or b"ray::" in cmdline or b"hetsim" in cmdline
 
 
+def run_to_storage(cfg: ExperimentConfig, uri: str, callbacks: list[CallbackLike] | None,
+                   command: list[str]) -> str:
+    """Run into a local staging folder and mirror it to ``uri`` (every ``output.upload_every_s``
+    seconds, after checkpoints and when the run ends, also on failure); returns ``uri``.
+
+    The staging folder is removed once the finished run is uploaded; if the last upload fails
+    it is kept and the error names it."""
+    import shutil
+    import tempfile
+
+    remote = open_storage(uri, cfg.output.storage_options)
+    check_writable(remote)
+    staging = Path(tempfile.mkdtemp(prefix="hetsim-run-")) / posixpath.basename(remote.path)
+    mirror = DirectoryMirror(staging, remote)
+    try:
+        run_experiment(cfg, staging, [*(callbacks or []), MirrorCallback(mirror, cfg.output.upload_every_s)],
+                       command)
+    finally:
+        try:
+            mirror.sync()
+        except Exception as err:
+            raise StorageError(f"uploading the run folder to {uri} failed ({err}); the local copy "
+                               f"is in {staging}") from err
+    shutil.rmtree(staging.parent, ignore_errors=True)
+    return uri
+
+
 def execute_run(
     cfg: ExperimentConfig,
     path: Path,
@@ -253,12 +296,14 @@ def execute_run(
     command: list[str],
     executor=None,
     resume: bool = False,
+    allow_config_change: bool = False,
 ) -> Path:
     """The body of a run, in whichever process hosts the round loop.
 
     ``executor`` defaults to the one ``cfg.executor`` names (see :func:`make_executor`).
     ``resume``: continue the run in ``path`` from its newest checkpoint (see :func:`resume_run`,
-    which checks the config first).
+    which checks the config first); ``allow_config_change``: that checkpoint may come from another
+    config (:func:`engine.checkpoint.restore_checkpoint`; Population Based Training).
     """
     from engine.checkpoint import CheckpointCallback
     from engine.device import check_device_request
@@ -312,7 +357,7 @@ def execute_run(
         manifest["loop_pid"] = os.getpid()  # the driver actor's process under the Ray executor
         manifest["num_clients"] = sim.data.num_clients
         if resume:
-            _restore_for_resume(sim, path, writer, manifest, resume_entry)
+            _restore_for_resume(sim, path, writer, manifest, resume_entry, allow_config_change)
         writer.write_json("manifest.json", manifest)
         run = RunContext(cfg, path, first_round=sim.next_round, simulation=sim, info=manifest)
         cbs = around_recorder(callbacks, recorder)
@@ -338,7 +383,8 @@ def execute_run(
     return path
 
 
-def _restore_for_resume(sim: Simulation, path: Path, writer: RunWriter, manifest: dict, entry: dict) -> None:
+def _restore_for_resume(sim: Simulation, path: Path, writer: RunWriter, manifest: dict, entry: dict,
+                        allow_config_change: bool = False) -> None:
     """Load the newest checkpoint into ``sim`` and cut the tables back to it."""
     from engine.checkpoint import (
         CHECKPOINTS, CheckpointError, list_checkpoints, prune_checkpoints, restore_checkpoint,
@@ -347,7 +393,7 @@ def _restore_for_resume(sim: Simulation, path: Path, writer: RunWriter, manifest
     ckpt, meta = None, None
     for _, candidate in reversed(list_checkpoints(path)):  # newest first; one that fails to
         try:                                               # load (cut by a power loss) is skipped
-            meta = restore_checkpoint(sim, candidate)
+            meta = restore_checkpoint(sim, candidate, allow_config_change=allow_config_change)
             ckpt = candidate
             break
         except (CheckpointError, OSError, RuntimeError, ValueError) as err:

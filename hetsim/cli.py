@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run one experiment and write its run folder")
     _add_config_args(p)
-    p.add_argument("-o", "--out", help="run folder (default: <output.dir>/<algorithm>-<dataset>-<time>)")
+    p.add_argument("-o", "--out", help="run folder, a path or a URI such as s3://bucket/runs/x "
+                   "(default: <output.dir>/<algorithm>-<dataset>-<time>)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue an unfinished run from its newest checkpoint; -c/--set may change "
@@ -56,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("show", help="summarise a run folder")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", help="a run folder: a path or a URI (s3://bucket/runs/x)")
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser(
@@ -69,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="PATH", help="continue the interrupted sweep in folder PATH")
     p.add_argument("--retry-errored", action="store_true", help="with --resume: rerun errored trials")
     p.add_argument("--address", help="existing Ray cluster to run on (overrides ray.address)")
-    p.add_argument("--storage", metavar="DIR", help="sweep folder (default: spec storage or sweeps_out/<name>)")
+    p.add_argument("--storage", metavar="DIR", help="sweep folder, a path or a URI such as s3://bucket/sweeps/x "
+                   "(default: spec storage or sweeps_out/<name>)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_sweep)
 
@@ -183,11 +185,11 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_show(args) -> int:
-    print(summary_table(Path(args.run_dir)))
+    print(summary_table(args.run_dir))  # a path or a URI (s3://...)
     return 0
 
 
-def summary_table(path: Path) -> str:
+def summary_table(path: Path | str) -> str:
     from engine.results import load_run
 
     run = load_run(path)
@@ -232,6 +234,9 @@ def _human_bytes(n: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from engine.config import ConfigError
+    from engine.storage import StorageError
+
     mark("cli: main")
     args = build_parser().parse_args(argv)
     from engine.config import ConfigError  # after parsing: `--help` imports nothing more
@@ -241,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"hetsim: {err}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, FileExistsError) as err:
+    except (FileNotFoundError, FileExistsError, StorageError) as err:
         print(f"hetsim: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

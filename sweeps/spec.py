@@ -13,10 +13,12 @@ A spec is one YAML file (or a mapping)::
     num_samples: 4                 # samples of the random dimensions (x the grid)
     metric: global_acc             # rank trials by this rounds.parquet column ...
     mode: max                      # ... maximised (or `min`)
-    scheduler: {name: asha, grace_period: 2, reduction_factor: 2}
+    scheduler: {name: asha, grace_period: 2, reduction_factor: 2}   # or fifo, or {name: pbt, ...}
     max_concurrent_trials: 2
     resources_per_trial: {cpus: 1}
-    storage: sweeps_out/fedprox-lr-mu
+    max_failures: 0                # retries of a failed trial, from its last checkpoint
+    checkpoint_every: null         # default: the experiment's checkpoint.every (PBT: its interval)
+    storage: sweeps_out/fedprox-lr-mu   # or s3://bucket/prefix (storage_options: {...})
     ray: {address: null}
 
 Everything is checked before anything starts. The spec itself is a pydantic model with
@@ -39,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from engine.config import DEFAULT_CONFIG, ConfigError, ExperimentConfig, apply_overrides, load_config
 from engine.results import ROUND_COLUMNS
+from engine.storage import redact
 
 DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "randint", "named")
 # Grid-like kinds: every value is a trial (x num_samples). `named` is a grid over named values
@@ -48,11 +51,12 @@ GRID_KINDS = ("grid", "named")
 # `server_*` metrics and the per-architecture `global_acc_<arch>` of heterogeneous models.
 METRIC_PREFIXES = ("server_", "global_acc_", "global_loss_")
 # Keys the sweep itself owns: where trials write, how they reach Ray, what a trial reserves.
-RESERVED_KEYS = ("output", "ray", "executor.kind", "executor.num_actors",
+RESERVED_KEYS = ("output", "ray", "checkpoint", "executor.kind", "executor.num_actors",
                  "executor.cpus_per_actor", "executor.gpus_per_actor", "executor.clients_per_actor")
 # trials.parquet columns besides the hyperparameters (a hyperparameter never takes these names)
 TRIAL_COLUMNS = ("trial_id", "status", "error", "rounds_done", "total_sim_time_s",
-                 "total_bytes_up", "total_bytes_down", "wall_s", "node_id", "run_dir")
+                 "total_bytes_up", "total_bytes_down", "wall_s", "node_id", "run_dir", "attempts",
+                 "resumed_from_round", "exploits", "restored_from")
 
 # YAML 1.1 (PyYAML) reads `1e-3` as a string; numbers written that way are meant as floats.
 _FLOAT_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
@@ -74,12 +78,23 @@ class _Model(BaseModel):
 
 
 class SchedulerSpec(_Model):
-    name: Literal["fifo", "asha"] = "fifo"
-    metric: str | None = Field(None, description="ASHA's metric; default: the sweep's metric")
+    name: Literal["fifo", "asha", "pbt"] = "fifo"
+    metric: str | None = Field(None, description="the scheduler's metric; default: the sweep's metric")
     mode: Literal["max", "min"] | None = Field(None, description="default: the sweep's mode")
-    grace_period: int = Field(1, ge=1, description="rounds before a trial may be stopped")
+    # ASHA
+    grace_period: int = Field(1, ge=1, description="ASHA: rounds before a trial may be stopped")
     reduction_factor: float = Field(2.0, gt=1)
     max_t: int | None = Field(None, ge=1, description="default: the experiment's rounds")
+    # Population Based Training
+    perturbation_interval: int = Field(
+        2, ge=1, description="PBT: rounds between exploit/explore steps (each one a checkpoint)")
+    hyperparam_mutations: list[str] | None = Field(
+        None, description="PBT: space keys it may change; default: every key of the space")
+    quantile_fraction: float = Field(0.25, ge=0, le=0.5,
+                                     description="PBT: bottom fraction that copies the top fraction")
+    resample_probability: float = Field(0.25, ge=0, le=1)
+    synch: bool = Field(False, description="PBT: pause trials at each interval until all reach it "
+                        "(checkpoints every round)")
 
 
 class ResourcesSpec(_Model):
@@ -108,7 +123,13 @@ class SweepSpec(_Model):
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     max_concurrent_trials: int | None = Field(None, ge=1)
     resources_per_trial: ResourcesSpec = Field(default_factory=ResourcesSpec)
-    storage: str | None = Field(None, description="output folder; default sweeps_out/<name>")
+    storage: str | None = Field(
+        None, description="sweep folder: a path or a URI (s3://bucket/prefix); default sweeps_out/<name>")
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict, description="options of the URI's pyarrow filesystem (endpoint_override, ...)")
+    max_failures: int = Field(0, ge=0, description="retries of a failed trial, from its last checkpoint")
+    checkpoint_every: int | None = Field(
+        None, ge=1, description="rounds between trial checkpoints; default: the experiment's checkpoint.every")
     search_seed: int | None = Field(0, ge=0, description="seed of the random sampling (None: fresh)")
     ray: RaySpec = Field(default_factory=RaySpec)
     columns: dict[str, str] = Field(
@@ -137,12 +158,12 @@ class ResolvedSweep:
     ``to_dict()`` is what ``<storage>/sweep.yaml`` holds and what resume rebuilds from.
     """
 
-    def __init__(self, spec: SweepSpec, base_raw: dict[str, Any], storage: Path,
+    def __init__(self, spec: SweepSpec, base_raw: dict[str, Any], storage: str,
                  param_columns: dict[str, str], base_cfg: ExperimentConfig,
                  num_trials: int | None, command: list[str] | None = None):
         self.spec = spec
         self.base_raw = base_raw  # the base mapping with the spec's overrides applied
-        self.storage = storage
+        self.storage = storage  # an absolute local path or a URI
         self.param_columns = param_columns
         self.base_cfg = base_cfg
         self.num_trials = num_trials
@@ -156,14 +177,36 @@ class ResolvedSweep:
     def rounds(self) -> int:
         return self.base_cfg.rounds
 
+    def open_storage(self):
+        """The sweep folder as :class:`engine.storage.Storage`."""
+        from engine.storage import open_storage
+
+        return open_storage(self.storage, self.spec.storage_options)
+
+    @property
+    def checkpoint_every(self) -> int | None:
+        """Rounds between trial checkpoints: the spec's, PBT's interval, else the experiment's."""
+        s = self.spec
+        if s.checkpoint_every is not None:
+            return s.checkpoint_every
+        if s.scheduler.name != "pbt":
+            return None
+        # synch PBT pauses a trial at whatever round it waits in, and a paused function trial
+        # restarts from its last checkpoint: with fewer, it would redo rounds and pause again
+        return 1 if s.scheduler.synch else s.scheduler.perturbation_interval
+
     def trial_raw(self, params: dict[str, Any]) -> dict[str, Any]:
-        return apply_overrides(self.base_raw, expand_params(self.spec.space, params))
+        raw = apply_overrides(self.base_raw, expand_params(self.spec.space, params))
+        every = self.checkpoint_every
+        return apply_overrides(raw, {"checkpoint.every": every}) if every is not None else raw
 
     def to_dict(self) -> dict[str, Any]:
         spec = self.spec.model_dump(mode="json")
         spec["base"] = self.base_raw
         spec["overrides"] = []  # already applied to `base`
         spec["storage"] = str(self.storage)
+        # credentials stay out of sweep.yaml: resume takes them from the environment again
+        spec["storage_options"] = redact(self.spec.storage_options)
         return {
             "spec": spec,
             "param_columns": self.param_columns,
@@ -172,10 +215,13 @@ class ResolvedSweep:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], storage: Path | None = None) -> "ResolvedSweep":
+    def from_dict(cls, d: dict[str, Any], storage: str | Path | None = None,
+                  storage_options: dict[str, Any] | None = None) -> "ResolvedSweep":
         spec = SweepSpec.model_validate(d["spec"])
-        storage = Path(storage if storage is not None else spec.storage).resolve()
-        spec.storage = str(storage)
+        if storage_options:
+            spec.storage_options = {**spec.storage_options, **storage_options}
+        storage = storage_location(storage if storage is not None else spec.storage)
+        spec.storage = storage
         base_raw = spec.base if isinstance(spec.base, dict) else {}
         base_cfg = _validate_experiment(base_raw, "base")
         return cls(spec, base_raw, storage, dict(d["param_columns"]), base_cfg,
@@ -368,6 +414,53 @@ def _resources_check(spec: SweepSpec, cfg: ExperimentConfig) -> None:
             "+ num_actors bundles of executor.cpus_per_actor CPUs) can be sized before it starts")
 
 
+def storage_location(location: str | Path) -> str:
+    """An absolute local path, or the URI unchanged."""
+    from engine.storage import is_uri
+
+    text = str(location)
+    return text.rstrip("/") if is_uri(text) else str(Path(text).expanduser().resolve())
+
+
+def _check_schedule(spec: SweepSpec, cfg: ExperimentConfig, dims: dict[str, tuple[str, Any]]) -> None:
+    """Schedulers compare the last evaluated value of their metric: each decision point must
+    come after the first evaluated round, and PBT may only change keys of the space."""
+    s = spec.scheduler
+    every = cfg.evaluation.eval_every
+    if s.name == "asha" and every > 1 and s.grace_period < min(every, cfg.rounds):
+        raise SweepSpecError(
+            f"invalid sweep spec:\n  scheduler.grace_period = {s.grace_period}: ASHA's first decision "
+            f"comes after {s.grace_period} round(s) but the experiment evaluates every "
+            f"{every} rounds (evaluation.eval_every), so no trial has a value then; set "
+            f"grace_period >= {min(every, cfg.rounds)} (the scheduler compares the last evaluated value)")
+    if s.name == "pbt":
+        if s.perturbation_interval >= cfg.rounds:
+            raise SweepSpecError(
+                f"invalid sweep spec:\n  scheduler.perturbation_interval = {s.perturbation_interval}: "
+                f"must be < the experiment's rounds ({cfg.rounds}) for PBT to act")
+        if every > 1 and s.perturbation_interval < every:
+            raise SweepSpecError(
+                f"invalid sweep spec:\n  scheduler.perturbation_interval = {s.perturbation_interval}: the "
+                f"experiment evaluates every {every} rounds (evaluation.eval_every); set "
+                f"perturbation_interval >= {every}")
+        every = spec.checkpoint_every
+        if every is not None and s.synch and every != 1:
+            raise SweepSpecError(
+                f"invalid sweep spec:\n  checkpoint_every = {every}: synchronous PBT (scheduler.synch) "
+                "pauses trials at any round and they restart from their last checkpoint; it needs "
+                "checkpoint_every: 1 (the default with synch)")
+        if every is not None and s.perturbation_interval % every:
+            raise SweepSpecError(
+                f"invalid sweep spec:\n  checkpoint_every = {every}: PBT copies checkpoints every "
+                f"{s.perturbation_interval} rounds (scheduler.perturbation_interval); checkpoint_every "
+                "must divide it")
+        for key in s.hyperparam_mutations or []:
+            if key not in dims:
+                raise SweepSpecError(
+                    f"invalid sweep spec:\n  scheduler.hyperparam_mutations: {key!r} is not a key of "
+                    f"the space; allowed: {', '.join(dims)}")
+
+
 def count_trials(space: dict[str, tuple[str, Any]], num_samples: int) -> int:
     grid = 1
     for kind, args in space.values():
@@ -462,9 +555,15 @@ def resolve(
             f"<= max_t ({max_t or base_cfg.rounds} rounds)")
     _resources_check(spec, base_cfg)
 
-    storage_path = Path(storage if storage is not None else (spec.storage or Path("sweeps_out") / spec.name))
-    storage_path = storage_path.expanduser().resolve()
-    spec.storage = str(storage_path)
+    _check_schedule(spec, base_cfg, dims)
+    storage_path = storage_location(storage if storage is not None else (spec.storage or Path("sweeps_out") / spec.name))
+    spec.storage = storage_path
+    try:
+        from engine.storage import open_storage
+
+        open_storage(storage_path, spec.storage_options)
+    except ValueError as err:
+        raise SweepSpecError(f"invalid sweep spec:\n  storage = {storage_path!r}: {err}") from None
     return ResolvedSweep(
         spec, base_raw, storage_path, param_columns, base_cfg,
         count_trials(dims, spec.num_samples), command,
