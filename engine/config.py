@@ -150,8 +150,11 @@ class ExecutorConfig(Section):
 
 
 class RayConfig(Section):
-    address: str | None = Field(None, description="existing cluster address; None starts a local Ray")
+    address: str | None = Field(
+        None, description="null: a private local Ray (loopback, token); 'auto', host:port or "
+        "ray://host:port: join that cluster (docs/security.md)")
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a local Ray")
+    connect_timeout_s: float = Field(30.0, gt=0, description="give up joining ray.address after this")
 
 
 def _algorithm_union():

@@ -56,7 +56,7 @@ def _driver_actor_class():
 def run_on_driver_actor(
     cfg: ExperimentConfig, path: Path, callbacks: list[CallbackLike], command
 ) -> Path:
-    ray = init_ray(cfg.ray.address, cfg.ray.num_cpus)
+    ray = init_ray(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.connect_timeout_s)
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     cbs = CallbackList(callbacks)

@@ -159,7 +159,8 @@ def _init_ray(resolved: ResolvedSweep):
         os.environ.setdefault(key, value)
     from engine.ray_executor import init_ray
 
-    return init_ray(resolved.spec.ray.address, resolved.spec.ray.num_cpus)
+    return init_ray(resolved.spec.ray.address, resolved.spec.ray.num_cpus,
+                    resolved.spec.ray.connect_timeout_s)
 
 
 def _check_fits(ray, resolved: ResolvedSweep) -> None:

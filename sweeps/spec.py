@@ -86,6 +86,7 @@ class ResourcesSpec(_Model):
 class RaySpec(_Model):
     address: str | None = Field(None, description="existing cluster; None starts a local Ray")
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a local Ray")
+    connect_timeout_s: float = Field(30.0, gt=0, description="give up joining the address after this")
 
 
 class SweepSpec(_Model):

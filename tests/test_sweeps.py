@@ -366,9 +366,14 @@ def test_ray_executor_trials_run_their_actors_in_the_trial_placement_group(tmp_p
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_sweep_on_a_multi_node_cluster_via_address(tmp_path):
+def test_sweep_on_a_multi_node_cluster_via_address(tmp_path, monkeypatch):
     """A head and a worker node (1 CPU each); the sweep runs from a separate `hetsim` process."""
     from ray.cluster_utils import Cluster
+
+    from ray._raylet import Config
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # a cluster of our own, without a token
+    Config.initialize("")  # an earlier local Ray of this process left token mode cached
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     try:
