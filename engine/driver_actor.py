@@ -15,7 +15,9 @@ from engine.ray_executor import init_ray
 from engine.simulation import RoundRecord
 
 POLL_S = 0.5
-STOP_GRACE_S = 120.0  # after Ctrl+C: time for the round in flight to finish and be written
+# After Ctrl+C: time for the round in flight to finish and be written; then the driver actor is
+# killed and this process closes the run folder itself (finished rounds are already on disk).
+STOP_GRACE_S = 5.0
 
 
 class _Relay(RunCallback):
@@ -38,10 +40,10 @@ def _driver_actor_class():
         def __init__(self):
             self._relay = _Relay()
 
-        def run(self, cfg: ExperimentConfig, path: str, command: list[str]) -> str:
+        def run(self, cfg: ExperimentConfig, path: str, command: list[str], warnings) -> str:
             from engine.run import execute_run
 
-            return str(execute_run(cfg, Path(path), [self._relay], command))
+            return str(execute_run(cfg, Path(path), [self._relay], command, warnings=warnings))
 
         def stop(self, message: str, status: str) -> None:
             self._relay.stop_request = Stop(message, status)
@@ -54,7 +56,7 @@ def _driver_actor_class():
 
 
 def run_on_driver_actor(
-    cfg: ExperimentConfig, path: Path, callbacks: list[CallbackLike], command
+    cfg: ExperimentConfig, path: Path, callbacks: list[CallbackLike], command, warnings=None
 ) -> Path:
     ray = init_ray(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.connect_timeout_s)
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -63,7 +65,7 @@ def run_on_driver_actor(
     run = RunContext(cfg, Path(path), first_round=0, simulation=None)
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     driver = _driver_actor_class().options(scheduling_strategy=here).remote()
-    done = driver.run.remote(cfg, str(Path(path).resolve()), command)
+    done = driver.run.remote(cfg, str(Path(path).resolve()), command, list(warnings or []))
     stop_sent = False
 
     def relay() -> None:
@@ -87,14 +89,33 @@ def run_on_driver_actor(
         status = _manifest_status(result)
         return result
     except KeyboardInterrupt:
-        # let the driver finish the round in flight, mark the run interrupted and compact it
+        # let the driver finish the round in flight, mark the run interrupted and compact it;
+        # if that takes longer than the grace, stop it and close the folder from here
         status = "interrupted"
         driver.stop.remote("stopped by the caller (Ctrl+C)", "interrupted")
-        ray.wait([done], timeout=STOP_GRACE_S)
+        finished = bool(ray.wait([done], timeout=STOP_GRACE_S)[0])
+        ray.kill(driver)
+        if not finished:
+            close_abandoned_run(Path(path), "interrupted", "stopped by the caller (Ctrl+C) "
+                                "during a round; that round is lost")
         raise
     finally:
         ray.kill(driver)
         cbs.run_end(run, status)
+
+
+def close_abandoned_run(path: Path, status: str, message: str) -> None:
+    """Compact the parts of a run whose loop process was killed and record why it ended."""
+    from engine.results import RunWriter, utc_now
+
+    writer = RunWriter(path)
+    writer.finalize()
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except (OSError, ValueError):
+        manifest = {}
+    manifest.update(status=status, error=message, finished=utc_now())
+    writer.write_json("manifest.json", manifest)
 
 
 def _manifest_status(path: Path) -> str:

@@ -13,3 +13,7 @@ from __future__ import annotations
 
 class UserError(Exception):
     """A mistake in the user's input or environment; its message says how to fix it."""
+
+
+class ConfigError(UserError, ValueError):
+    """An invalid experiment configuration; the message lists every problem found."""

@@ -15,14 +15,18 @@ ends the parts are compacted into one file per table. :func:`load_run` reads eit
 """
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
+import platform
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from engine.errors import UserError
 
 SCHEMA_VERSION = 1
 PARTS = "_parts"
@@ -44,6 +48,9 @@ PROFILE_COLUMNS = (
     "client_id", "gflops", "down_mbps", "up_mbps", "latency_s", "memory_gb", "availability",
     "dropout", "tier", "net_tier",
 )
+HEARTBEAT_S = 30.0  # a running run rewrites manifest.json's heartbeat at least this often
+STALE_AFTER_S = 5 * HEARTBEAT_S  # ... so a run silent for longer is reported as crashed
+
 # Host wall-clock columns: the only ones that differ between two runs with the same seed.
 WALL_COLUMNS = ("wall_s", "wall_fit_s")
 
@@ -91,11 +98,24 @@ class RunWriter:
         shutil.rmtree(parts_root)
 
 
+class RunFolderError(UserError, OSError):
+    """A run folder (or one of its files) is missing or unreadable."""
+
+
+def _read_parquet(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(path)
+    except Exception as err:  # pyarrow raises several types for a truncated or foreign file
+        raise RunFolderError(
+            f"{path} is unreadable ({type(err).__name__}: {str(err).strip()[:200]}); the file is "
+            "truncated or not Parquet (was the run killed while writing it?)") from None
+
+
 def _read_parts(table_dir: Path) -> pd.DataFrame | None:
     files = sorted(table_dir.glob("*.parquet"))
     if not files:
         return None
-    frames = [pd.read_parquet(f) for f in files]
+    frames = [_read_parquet(f) for f in files]
     frames = [f for f in frames if not f.empty]
     return pd.concat(frames, ignore_index=True) if frames else None
 
@@ -105,9 +125,55 @@ def read_table(run_dir: str | Path, table: str) -> pd.DataFrame | None:
     run_dir = Path(run_dir)
     final = run_dir / f"{table}.parquet"
     if final.exists():
-        return pd.read_parquet(final)
+        return _read_parquet(final)
     table_dir = run_dir / PARTS / table
     return _read_parts(table_dir) if table_dir.exists() else None
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux), to tell a reused pid apart."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_identity(pid: int | None = None) -> dict[str, Any]:
+    """What manifest.json records of the process writing a run: pid, its start, the host."""
+    pid = os.getpid() if pid is None else pid
+    return {"pid": pid, "pid_start": _start_ticks(pid), "host": platform.node()}
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat()
+
+
+def _alive(pid: int, start: int | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        return True
+    return start is None or _start_ticks(pid) in (None, start)
+
+
+def run_status(manifest: dict[str, Any]) -> str:
+    """The manifest's status, or ``crashed`` for a run that says ``running`` (or ``starting``)
+    but whose process is gone (same host) or whose heartbeat stopped (any host)."""
+    status = manifest.get("status", "?")
+    if status not in ("running", "starting"):
+        return status
+    pid = manifest.get("pid")
+    if manifest.get("host") == platform.node() and isinstance(pid, int):
+        return status if _alive(pid, manifest.get("pid_start")) else "crashed"
+    beat = manifest.get("heartbeat")
+    if beat:
+        age = (dt.datetime.now(dt.timezone.utc) - dt.datetime.fromisoformat(beat)).total_seconds()
+        if age > STALE_AFTER_S:
+            return "crashed"
+    return status
 
 
 @dataclass
@@ -126,20 +192,33 @@ class Run:
 
 
 def load_run(run_dir: str | Path) -> Run:
-    """Load a run folder (finished, running or crashed) into DataFrames."""
+    """Load a run folder (finished, running or crashed) into DataFrames.
+
+    A missing folder or manifest, or an unreadable file, is a :class:`RunFolderError` naming it.
+    """
     import yaml
 
     run_dir = Path(run_dir)
-    if not (run_dir / "manifest.json").exists():
-        raise FileNotFoundError(f"{run_dir} is not a run folder (no manifest.json)")
-    config_path = run_dir / "config.yaml"
-    config = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
-    manifest = json.loads((run_dir / "manifest.json").read_text())
+    if not run_dir.is_dir():
+        what = "is a file" if run_dir.exists() else "does not exist"
+        raise RunFolderError(f"{run_dir} {what}; give a run folder (it holds manifest.json)")
+    manifest_path = run_dir / "manifest.json"
+    if not manifest_path.exists():
+        raise RunFolderError(f"{run_dir} is not a run folder (no manifest.json)")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        config_path = run_dir / "config.yaml"
+        config = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
+    except (OSError, ValueError, yaml.YAMLError) as err:
+        raise RunFolderError(f"{run_dir}: manifest.json or config.yaml is unreadable "
+                             f"({type(err).__name__}: {err})") from None
+    if not isinstance(manifest, dict):
+        raise RunFolderError(f"{manifest_path} does not hold a manifest (a JSON object)")
     rounds = read_table(run_dir, "rounds")
     clients = read_table(run_dir, "clients")
     return Run(
         path=run_dir,
-        config=config,
+        config=config or {},
         manifest=manifest,
         rounds=rounds if rounds is not None else pd.DataFrame(),
         clients=clients if clients is not None else pd.DataFrame(),

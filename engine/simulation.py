@@ -58,14 +58,14 @@ def select_clients(cfg: ExperimentConfig, num_clients: int, round: int) -> tuple
 
 
 def build_data(cfg: ExperimentConfig) -> FederatedData:
-    from engine.datasets import load_dataset
+    from engine.datasets import load_dataset_cached
     from engine.partition import build_federated_data
 
     ds_cfg, p = cfg.dataset, cfg.partition
     params = dict(ds_cfg.params)
     if ds_cfg.name == "synthetic":
         params.setdefault("num_clients", cfg.clients.num_clients)
-    ds = load_dataset(ds_cfg.name, root=ds_cfg.root, download=ds_cfg.download, seed=cfg.seed, **params)
+    ds = load_dataset_cached(ds_cfg.name, root=ds_cfg.root, download=ds_cfg.download, seed=cfg.seed, **params)
     return build_federated_data(
         ds,
         num_clients=cfg.clients.num_clients,

@@ -32,10 +32,11 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from engine.config import DEFAULT_CONFIG, ConfigError, ExperimentConfig, apply_overrides, load_config
+from engine.config import (DEFAULT_CONFIG, ConfigError, ExperimentConfig, apply_overrides,
+                           expand_path, load_config)
+from engine.yamlio import read_yaml_file
 from engine.results import ROUND_COLUMNS
 
 DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "randint")
@@ -212,13 +213,13 @@ def _load_base(spec: SweepSpec, spec_dir: Path | None) -> dict[str, Any]:
     if base is None:
         base = DEFAULT_CONFIG
     if isinstance(base, (str, Path)):
-        path = Path(base).expanduser()
+        path = Path(expand_path(str(base)))
         if not path.is_absolute() and spec_dir is not None:
             path = spec_dir / path
         if not path.is_file():
             raise SweepSpecError(
                 f"invalid sweep spec:\n  base = {str(spec.base)!r}: experiment file {str(path)!r} does not exist")
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = read_yaml_file(path, "experiment file (sweep base)")
         if not isinstance(raw, dict):
             raise SweepSpecError(f"invalid sweep spec:\n  base = {str(path)!r}: must hold a mapping")
         return raw
@@ -323,13 +324,8 @@ def resolve(
     spec_dir = None
     default_name = None
     if isinstance(source, (str, Path)):
-        path = Path(source)
-        if not path.is_file():
-            raise SweepSpecError(f"sweep spec {str(path)!r} does not exist")
-        try:
-            raw = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise SweepSpecError(f"sweep spec {str(path)!r} is not valid YAML: {err}") from None
+        path = Path(expand_path(str(source)))
+        raw = read_yaml_file(path, "sweep spec")
         if not isinstance(raw, dict):
             raise SweepSpecError(f"sweep spec {str(path)!r} must hold a mapping, got {type(raw).__name__}")
         spec_dir, default_name = path.resolve().parent, path.stem
@@ -402,7 +398,7 @@ def resolve(
     _resources_check(spec, base_cfg)
 
     storage_path = Path(storage if storage is not None else (spec.storage or Path("sweeps_out") / spec.name))
-    storage_path = storage_path.expanduser().resolve()
+    storage_path = Path(expand_path(str(storage_path))).resolve()
     spec.storage = str(storage_path)
     return ResolvedSweep(
         spec, base_raw, storage_path, param_column_names(list(dims)), base_cfg,
