@@ -143,6 +143,9 @@ class TrainConfig(Section):
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
     lr_decay: float = Field(1.0, gt=0, le=1, description="per-round multiplicative decay")
+    on_nonfinite: Literal["stop", "skip_client", "ignore"] = Field(
+        "stop", description="an upload or global model with NaN/inf: end the run as 'diverged', "
+        "drop that client's upload (drop reason 'nonfinite'), or keep it")
 
 
 class EvaluationConfig(Section):

@@ -33,7 +33,7 @@ PARTS = "_parts"
 
 # Columns every run has (methods add their own trace columns; see docs/results.md).
 ROUND_COLUMNS = (
-    "round", "num_selected", "num_run", "num_arrived", "num_unavailable", "num_dropout",
+    "round", "num_selected", "num_run", "num_arrived", "num_unavailable", "num_dropout", "num_nonfinite",
     "sim_round_s", "sim_time_s", "bytes_up", "bytes_down", "train_loss",
     "pers_acc", "pers_acc_weighted", "pers_acc_worst", "pers_acc_std", "pers_loss",
     "global_acc", "global_loss", "wall_s",

@@ -280,8 +280,6 @@ def _fleet_problems(cfg, data, profiles, arch_names, client_arch, flops, warning
         return [f"  clients.profiles: no client can ever arrive ({why}); give some clients "
                 "availability > 0 and dropout < 1, or set clock.apply_availability / "
                 "clock.apply_dropout: false"]
-    if policy.deadline_s is None:
-        return []
     # Lower bound of a client's round: two latencies (download, upload) and, unless compute is
     # measured, its training FLOPs; transfers and compression only add to it.
     fastest = 2 * profiles.latency_s
@@ -289,6 +287,14 @@ def _fleet_problems(cfg, data, profiles, arch_names, client_arch, flops, warning
         per_sample = np.asarray([flops[a] for a in arch_names])[client_arch]
         samples = data.client_num_train() * cfg.train.local_epochs
         fastest = fastest + per_sample * samples / (profiles.gflops * 1e9)
+    if policy.mode == "realtime":
+        least = float(np.min(np.where(can, fastest, np.inf))) * policy.time_scale
+        if least > policy.max_sleep_s:
+            return [f"  clock.time_scale = {policy.time_scale!r}: every round would sleep at least "
+                    f"{least:.3g} s in realtime mode, more than clock.max_sleep_s = "
+                    f"{policy.max_sleep_s:g}; lower time_scale (or raise max_sleep_s)"]
+    if policy.deadline_s is None:
+        return []
     meets = can & (fastest <= policy.deadline_s)
     if not meets.any():
         best = int(np.argmin(np.where(can, fastest, np.inf)))

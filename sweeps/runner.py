@@ -359,7 +359,8 @@ def summary_table(sweep: Sweep, top: int = 10) -> str:
         return f"{sweep.path}: no trials"
     counts = t["status"].value_counts()
     head = "trials: " + ", ".join(f"{counts[s]} {s}" for s in
-                                  ("finished", "early_stopped", "error", "unfinished") if s in counts)
+                                  ("finished", "early_stopped", "diverged", "error", "unfinished")
+                                  if s in counts)
     metric = sweep.metric
     cols = ["trial_id", *sweep.param_columns.values(), "status", "rounds_done",
             f"final_{metric}", f"best_{metric}", "total_sim_time_s"]
@@ -367,9 +368,9 @@ def summary_table(sweep: Sweep, top: int = 10) -> str:
     best = sweep.best(top)[cols]
     lines = [head, f"best {min(top, len(best))} by best_{metric} ({sweep.mode}):",
              best.to_string(index=False, float_format=lambda v: f"{v:.4g}")]
-    errors = t[t["status"] == "error"]
+    errors = t[t["status"].isin(("error", "diverged"))]
     for _, row in errors.head(5).iterrows():
-        lines.append(f"error {row['trial_id']}: {row['error']}")
+        lines.append(f"{row['status']} {row['trial_id']}: {row['error']}")
     if len(errors) > 5:
-        lines.append(f"... {len(errors) - 5} more errors in trials.parquet")
+        lines.append(f"... {len(errors) - 5} more errored or diverged trials in trials.parquet")
     return "\n".join(lines)

@@ -201,9 +201,19 @@ def _config_problem(err: ConfigError) -> str:
     return "; ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
-def _validate_experiment(raw: dict[str, Any], where: str) -> ExperimentConfig:
+def _check_experiment(raw: dict[str, Any], storage: Path | None = None) -> ExperimentConfig:
+    """Schema check; with ``storage`` also the whole validation pass a run makes (data too)."""
+    from engine.validate import validate_experiment
+
+    cfg = load_config(raw)
+    if storage is not None:
+        validate_experiment(cfg, run_dir=storage / "runs")
+    return cfg
+
+
+def _validate_experiment(raw: dict[str, Any], where: str, storage: Path | None = None) -> ExperimentConfig:
     try:
-        return load_config(raw)
+        return _check_experiment(raw, storage)
     except ConfigError as err:
         raise SweepSpecError(f"invalid sweep spec:\n  {where}: {_config_problem(err)}") from None
 
@@ -346,7 +356,9 @@ def resolve(
             base_raw = apply_overrides(base_raw, spec.overrides)
         except ConfigError as err:
             raise SweepSpecError(f"invalid sweep spec:\n  overrides: {err}") from None
-    base_cfg = _validate_experiment(base_raw, "base")
+    storage_path = Path(storage if storage is not None else (spec.storage or Path("sweeps_out") / spec.name))
+    storage_path = Path(expand_path(str(storage_path))).resolve()
+    base_cfg = _validate_experiment(base_raw, "base", storage_path)
 
     if not spec.space:
         raise SweepSpecError("invalid sweep spec:\n  space = {}: give at least one dotted key to sweep")
@@ -362,7 +374,7 @@ def resolve(
         kind, args = _check_distribution(key, dist)
         for value in _probe_values(kind, args):
             try:
-                load_config(apply_overrides(base_raw, {key: value}))
+                _check_experiment(apply_overrides(base_raw, {key: value}), storage_path)
             except ConfigError as err:
                 raise SweepSpecError(
                     f"invalid sweep spec:\n  space.{key}.{kind} = {args!r}: value {value!r} is "
@@ -397,8 +409,6 @@ def resolve(
             f"<= max_t ({max_t or base_cfg.rounds} rounds)")
     _resources_check(spec, base_cfg)
 
-    storage_path = Path(storage if storage is not None else (spec.storage or Path("sweeps_out") / spec.name))
-    storage_path = Path(expand_path(str(storage_path))).resolve()
     spec.storage = str(storage_path)
     return ResolvedSweep(
         spec, base_raw, storage_path, param_column_names(list(dims)), base_cfg,

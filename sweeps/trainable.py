@@ -122,7 +122,8 @@ def hetsim_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
     import ray
     from ray import tune
 
-    from engine.run import execute_run, run_experiment
+    from engine.run import execute_run, run_in_folder
+    from engine.validate import validate_experiment
 
     resolved = ResolvedSweep.from_dict(sweep)
     trial_id = tune.get_context().get_trial_id()
@@ -144,13 +145,14 @@ def hetsim_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
     command = [*(resolved.command or ["hetsim", "sweep"]), f"trial={trial_id}"]
     try:
         cfg = load_config(resolved.trial_raw(params))
+        warnings = validate_experiment(cfg, run_dir)
         reporter.last_round = cfg.rounds - 1
         placement_group = ray.util.get_current_placement_group()
         if cfg.executor.kind == "ray" and placement_group is not None:
             executor = RayExecutor(cfg, placement_group=placement_group)
-            execute_run(cfg, run_dir, [reporter], command, executor=executor)
+            execute_run(cfg, run_dir, [reporter], command, executor=executor, warnings=warnings)
         else:  # in-process (or, outside a placement group, the engine's own driver actor)
-            run_experiment(cfg, run_dir, [reporter], command)
+            run_in_folder(cfg, run_dir, [reporter], command, warnings)
     except SystemExit:  # Tune stopped the trial (scheduler decision or sweep interrupted)
         msg = f"stopped by Tune after {reporter.rounds_done} round(s)"
         _mark_manifest(run_dir, "stopped", msg)
@@ -159,5 +161,9 @@ def hetsim_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
     except BaseException as err:
         _write_info(run_dir, {**info, "status": "error", "error": error_text(err)})
         raise
-    _write_info(run_dir, {**info, "status": "finished"})
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    if manifest.get("status") == "diverged":  # train.on_nonfinite: stop ended it
+        _write_info(run_dir, {**info, "status": "diverged", "error": manifest.get("error", "")})
+    else:
+        _write_info(run_dir, {**info, "status": "finished"})
     reporter.flush()
