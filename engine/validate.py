@@ -71,6 +71,14 @@ def validate_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None
 
 def _static_problems(cfg: ExperimentConfig, run_dir) -> list[str]:
     problems = []
+    if cfg.executor.kind == "ray" and cfg.ray.address is not None:
+        from engine.ray_executor import RayConnectError, check_reachable, resolve_address
+
+        try:  # at most ray.connect_timeout_s; a run would otherwise fail after creating its folder
+            check_reachable(resolve_address(cfg.ray.address), cfg.ray.connect_timeout_s,
+                            cfg.ray.address)
+        except RayConnectError as err:  # its message names ray.address
+            problems.append(f"  {err}")
     if cfg.ray.address is not None and cfg.ray.num_cpus is not None:
         problems.append(f"  ray.num_cpus = {cfg.ray.num_cpus}: sizes a local Ray only, but ray.address "
                         f"= {cfg.ray.address!r} joins a cluster; remove one of them")

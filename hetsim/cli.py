@@ -266,7 +266,7 @@ def _unexpected(err: BaseException, args, argv) -> int:
         log_path = None
     if getattr(args, "debug", False):
         print(text, file=sys.stderr, end="")
-    where = f"the traceback is in {log_path}" if log_path else "the traceback could not be saved"
+    where = f"the traceback is in {log_path.resolve()}" if log_path else "the traceback could not be saved"
     print(f"hetsim: unexpected error ({type(err).__name__}: {str(err).strip()[:300]}). This is a "
           f"bug: {where}" + ("" if getattr(args, "debug", False) else "; --debug prints it"),
           file=sys.stderr)
