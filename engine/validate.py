@@ -295,12 +295,14 @@ def _fleet_problems(cfg, data, profiles, arch_names, client_arch, flops, warning
         per_sample = np.asarray([flops[a] for a in arch_names])[client_arch]
         samples = data.client_num_train() * cfg.train.local_epochs
         fastest = fastest + per_sample * samples / (profiles.gflops * 1e9)
-    if policy.mode == "realtime":
+    if policy.mode == "realtime" and "max_sleep_s" not in policy.model_fields_set:
+        # (a max_sleep_s given on purpose caps the sleeps; the default one must not hide a typo)
         least = float(np.min(np.where(can, fastest, np.inf))) * policy.time_scale
         if least > policy.max_sleep_s:
             return [f"  clock.time_scale = {policy.time_scale!r}: every round would sleep at least "
                     f"{least:.3g} s in realtime mode, more than clock.max_sleep_s = "
-                    f"{policy.max_sleep_s:g}; lower time_scale (or raise max_sleep_s)"]
+                    f"{policy.max_sleep_s:g}; lower time_scale, or set clock.max_sleep_s to cap "
+                    "each round's sleep"]
     if policy.deadline_s is None:
         return []
     meets = can & (fastest <= policy.deadline_s)

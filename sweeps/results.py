@@ -223,10 +223,17 @@ def write(storage: Path, trials: pd.DataFrame, rounds: pd.DataFrame) -> None:
 
 def read_sweep_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
+    from engine.errors import ConfigError
+    from engine.yamlio import read_yaml_file
+
     sweep_file = path / SWEEP_FILE
     if not sweep_file.is_file():
         raise FileNotFoundError(f"{path} is not a sweep folder (no {SWEEP_FILE})")
-    return yaml.safe_load(sweep_file.read_text())
+    data = read_yaml_file(sweep_file, "sweep file")
+    if not isinstance(data, dict) or not {"spec", "param_columns"} <= set(data):
+        raise ConfigError(f"{sweep_file} is not a sweep file written by hetsim (no spec / "
+                          "param_columns); was it edited?")
+    return data
 
 
 def states_from_folders(storage: Path) -> list[TrialState]:
