@@ -9,6 +9,7 @@ also prints it.
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import sys
@@ -153,13 +154,13 @@ def cmd_run(args) -> int:
 def cmd_sweep(args) -> int:
     from sweeps import runner
 
+    from engine.errors import UserError
+
     if bool(args.spec) == bool(args.resume):
-        print("hetsim sweep: give a spec file or --resume PATH (one of them)", file=sys.stderr)
-        return 2
+        raise UserError("sweep: give a spec file or --resume PATH (one of them)")
     if args.resume:
         if args.storage:
-            print("hetsim sweep: --storage does not apply to --resume", file=sys.stderr)
-            return 2
+            raise UserError("sweep: --storage does not apply to --resume")
         sweep = runner.resume_sweep(args.resume, address=args.address, quiet=args.quiet,
                                     retry_errored=args.retry_errored)
     else:
@@ -279,6 +280,12 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as stop:  # argparse: usage message already printed, status 2
         return int(stop.code or 0)
+    # the engine's warnings (logger "hetsim") go to this command's stderr, as bare messages
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger("hetsim")
+    logger.addHandler(handler)
+    logger.propagate = False
     try:
         return args.func(args)
     except KeyboardInterrupt:
@@ -291,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as err:  # noqa: BLE001 - the error boundary
         return _unexpected(err, args, argv)
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = True
 
 
 if __name__ == "__main__":

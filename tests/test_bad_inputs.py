@@ -286,6 +286,11 @@ CASES = [
     ("sweep-space-inf", "sweep", ["s.yaml"],
      {"s.yaml": "base: exp.yaml\nspace: {train.lr: {grid: [.inf]}}\n", "exp.yaml": EXP}, ["train.lr = inf"]),
     ("sweep-resume-missing", "sweep", ["--resume", "nowhere"], {}, ["nowhere", "not a sweep folder"]),
+    ("sweep-resume-bad-sweep-yaml", "sweep", ["--resume", "sw"], {"sw/sweep.yaml": "spec: {a: 1\n"},
+     ["sweep.yaml:2:1", "invalid YAML"]),
+    ("sweep-resume-foreign-sweep-yaml", "sweep", ["--resume", "sw"], {"sw/sweep.yaml": "x: 1\n"},
+     ["sweep.yaml", "not a sweep file written by hetsim"]),
+    ("sweep-spec-and-resume", "sweep", ["s.yaml", "--resume", "sw"], {}, ["give a spec file or --resume"]),
 ]
 assert len(CASES) >= 100, len(CASES)
 
@@ -386,3 +391,25 @@ def test_unexpected_error_before_a_run_folder_goes_to_a_temp_log(tmp_path, monke
     logs = list(tmp_path.glob("hetsim-error-*.log"))
     assert len(logs) == 1 and f"the traceback is in {logs[0]}" in err
     assert "Traceback" not in err and "KeyError" in logs[0].read_text()
+
+
+def test_degenerate_but_runnable_experiments_warn_loudly_and_record_it(tmp_path, monkeypatch, capsys):
+    from engine.config import load_config
+    from engine.simulation import select_clients
+
+    monkeypatch.chdir(tmp_path)
+    few = sets("partition.public_fraction=0.9", "partition.min_samples=1", "clients.num_clients=30",
+               "rounds=1")
+    assert main(["run", "-q", "-o", "r", *BASE, *few]) == 0
+    captured = capsys.readouterr()
+    assert "hetsim: warning: clients hold 3.5 local training samples on average (min 1" in captured.err
+    manifest = json.loads((tmp_path / "r" / "manifest.json").read_text())
+    assert manifest["status"] == "finished" and "3.5 local training samples" in manifest["warnings"][0]
+    assert "warning" in captured.out  # hetsim run's summary (hetsim show) repeats it
+
+    cfg = load_config(None, [*BASE[1::2]])
+    selected, _ = select_clients(cfg, cfg.clients.num_clients, 0)
+    absent = next(c for c in range(cfg.clients.num_clients) if c not in selected)
+    assert main(["validate", *BASE, *sets(f"executor.inject_failure={{round: 0, client: {absent}}}")]) == 0
+    assert (f"hetsim: warning: executor.inject_failure: client {absent} is not selected in round 0"
+            in capsys.readouterr().err)
