@@ -227,6 +227,7 @@ def execute_run(
         "started": utc_now(),
         "command": command,
         **process_identity(),  # the round loop's process: the driver actor's under Ray
+        "loop_pid": os.getpid(),  # (= pid; kept for readers of schema 1)
         "warnings": list(warnings or []),
         "versions": versions(),
     }

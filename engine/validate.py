@@ -21,6 +21,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -259,12 +260,16 @@ def _pool_problems(cfg: ExperimentConfig, n: int) -> list[str]:
         return []
     from engine.ray_executor import PoolSizeError, plan_pool
 
-    cpus = cfg.ray.num_cpus or os.cpu_count() or 1
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():  # the run will use this Ray (init_ray)
+        cpus, source = ray.cluster_resources().get("CPU", 0.0), "the running Ray"
+    else:
+        cpus = cfg.ray.num_cpus or os.cpu_count() or 1
+        source = "ray.num_cpus" if cfg.ray.num_cpus else "this machine's CPU count"
     try:
         plan_pool(n, cpus, ex.cpus_per_actor, ex.num_actors, ex.clients_per_actor)
     except PoolSizeError as err:
-        source = "ray.num_cpus" if cfg.ray.num_cpus else "this machine's CPU count"
-        return [f"  {err} ({cpus} CPUs from {source})"]
+        return [f"  {err} ({cpus:g} CPUs of {source})"]
     return []
 
 

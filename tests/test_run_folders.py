@@ -21,14 +21,14 @@ TINY = ["dataset.name=digits", "model.name=mlp", "rounds=2", "clients.num_client
 
 
 def _claim_after_barrier(barrier, out_dir: str, queue) -> None:
-    cfg = load_config(None, [*TINY, f"output.dir={out_dir}"])
+    cfg = load_config({"output": {"dir": out_dir}})
     barrier.wait()
     path = make_run_dir(cfg)
     queue.put((os.getpid(), str(path), json.loads((path / "manifest.json").read_text())["pid"]))
 
 
 def test_two_processes_released_at_the_same_instant_get_different_folders(tmp_path):
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("fork")  # (spawn would import torch again in each of them)
     for attempt in range(5):  # each attempt: two real processes, one barrier
         out_dir = tmp_path / f"runs{attempt}"
         barrier, queue = ctx.Barrier(2), ctx.Queue()
