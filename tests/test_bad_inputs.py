@@ -6,6 +6,7 @@ the exit-status and traceback boundary (including an unexpected error, which is 
 traceback in a log file, only on the terminal with ``--debug``).
 """
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -413,3 +414,15 @@ def test_degenerate_but_runnable_experiments_warn_loudly_and_record_it(tmp_path,
     assert main(["validate", *BASE, *sets(f"executor.inject_failure={{round: 0, client: {absent}}}")]) == 0
     assert (f"hetsim: warning: executor.inject_failure: client {absent} is not selected in round 0"
             in capsys.readouterr().err)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root may write anywhere")
+def test_output_dir_that_is_not_writable_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "locked").mkdir(mode=0o555)
+    try:
+        assert main(["run", *BASE, *sets("output.dir=locked/runs")]) == 2
+    finally:
+        (tmp_path / "locked").chmod(0o755)
+    err = capsys.readouterr().err
+    assert "output.dir = 'locked/runs'" in err and "not writable" in err
