@@ -22,10 +22,16 @@ a second thread pool here would compete with torch's OpenMP workers, which spin 
 after every torch operation: on 2 cores a 2-thread version took 6.0 ms after a torch op instead
 of 3.3 ms in isolation, no better than this single thread (5.5-6.4 ms, 11.2M values).
 The kernel is compiled once per machine on first use (about 1-2 s; numba's on-disk cache
-keeps it, later processes load it in ~0.3 s), for that CPU's vector width: like torch's, its
-sums are bit-identical run to run on one kind of CPU, but may differ in the last bits on another.
+keeps it, later processes load it in ~0.3 s; on a read-only install without a writable home
+the cache is a private temporary folder, see :func:`_njit_cached`), for that CPU's vector
+width: like torch's, its sums are bit-identical run to run on one kind of CPU, but may differ in
+the last bits on another.
 """
 from __future__ import annotations
+
+import os
+import stat
+import tempfile
 
 import numba
 import numpy as np
@@ -36,6 +42,53 @@ import torch
 _FASTMATH = {"reassoc", "contract", "arcp", "nsz", "afn"}
 
 SUMS = ("dot", "local_sq", "global_sq", "global_exp", "local_exp", "global_exp_diff")
+
+
+def _private_cache_dir() -> str | None:
+    """A cache folder only this user can write: ``<tmp>/hetsim-numba-<uid>`` (reused by later
+    processes) if it is ours and private, else a fresh temporary one; None if none can be made.
+    (Numba's cache files are pickles: a folder another user can write must not be used.)"""
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    path = os.path.join(tempfile.gettempdir(), f"hetsim-numba-{uid}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    info = os.lstat(path)
+    if stat.S_ISDIR(info.st_mode) and (uid is None or info.st_uid == uid) and not info.st_mode & 0o077:
+        return path
+    try:
+        return tempfile.mkdtemp(prefix="hetsim-numba-")
+    except OSError:
+        return None
+
+
+def _njit_cached(**options):
+    """``numba.njit(cache=True)``, also on read-only installs: numba caches next to the source
+    or in the home folder, and refuses to compile (at import) if it can write to neither; then
+    the cache goes to a private temporary folder, or, failing that, there is none (the kernel
+    is compiled in every process, ~1-2 s)."""
+
+    def decorate(fn):
+        try:
+            return numba.njit(cache=True, **options)(fn)
+        except RuntimeError:  # "cannot cache function ...: no locator available"
+            pass
+        cache_dir = _private_cache_dir()
+        if cache_dir is not None:
+            saved = numba.config.CACHE_DIR
+            numba.config.CACHE_DIR = cache_dir  # read when the cache is set up, just below
+            try:
+                return numba.njit(cache=True, **options)(fn)
+            except RuntimeError:
+                pass
+            finally:
+                numba.config.CACHE_DIR = saved
+        return numba.njit(**options)(fn)
+
+    return decorate
 
 
 @numba.njit(fastmath=_FASTMATH, inline="always")
@@ -56,7 +109,7 @@ def exp32(x):
     return p * two_n
 
 
-@numba.njit(fastmath=_FASTMATH, cache=True)
+@_njit_cached(fastmath=_FASTMATH)
 def _pack_sums(local, glob, out):
     for r in range(local.shape[0]):
         dot = np.float32(0.0)
@@ -83,7 +136,7 @@ def _pack_sums(local, glob, out):
         out[5, r] = global_exp_diff
 
 
-@numba.njit(fastmath=_FASTMATH, cache=True)
+@_njit_cached(fastmath=_FASTMATH)
 def _exp32_array(x, out):
     for i in range(x.size):
         out[i] = exp32(x[i])

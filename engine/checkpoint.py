@@ -65,6 +65,9 @@ RESULT_NEUTRAL_FIELDS = (
     "executor.startup_timeout_s",
     "ray.address",
     "ray.num_cpus",
+    "ray.num_gpus",
+    "ray.connect_timeout_s",
+    "clock.max_sleep_s",  # only caps the sleep of realtime mode
 )
 
 

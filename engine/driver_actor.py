@@ -16,7 +16,9 @@ from engine.simulation import RoundRecord
 from engine.trace import mark
 
 POLL_S = 0.5
-STOP_GRACE_S = 120.0  # after Ctrl+C: time for the round in flight to finish and be written
+# After Ctrl+C: time for the round in flight to finish and be written; then the driver actor is
+# killed and this process closes the run folder itself (finished rounds are already on disk).
+STOP_GRACE_S = 5.0
 
 
 class _Relay(RunCallback):
@@ -40,10 +42,12 @@ def _driver_actor_class():
             mark("driver actor: up")
             self._relay = _Relay()
 
-        def run(self, cfg: ExperimentConfig, path: str, command: list[str], resume: bool = False) -> str:
+        def run(self, cfg: ExperimentConfig, path: str, command: list[str], resume: bool = False,
+                warnings=None) -> str:
             from engine.run import execute_run
 
-            return str(execute_run(cfg, Path(path), [self._relay], command, resume=resume))
+            return str(execute_run(cfg, Path(path), [self._relay], command, resume=resume,
+                                   warnings=warnings))
 
         def stop(self, message: str, status: str) -> None:
             self._relay.stop_request = Stop(message, status)
@@ -60,9 +64,11 @@ class DriverDiedError(RuntimeError):
 
 
 def run_on_driver_actor(
-    cfg: ExperimentConfig, path: Path, callbacks: list[CallbackLike], command, resume: bool = False
+    cfg: ExperimentConfig, path: Path, callbacks: list[CallbackLike], command, resume: bool = False,
+    warnings=None,
 ) -> Path:
-    ray = init_ray(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.num_gpus)
+    ray = init_ray(cfg.ray.address, cfg.ray.num_cpus, num_gpus=cfg.ray.num_gpus,
+                   connect_timeout_s=cfg.ray.connect_timeout_s)
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     cbs = CallbackList(callbacks)
@@ -74,7 +80,7 @@ def run_on_driver_actor(
     driver = _driver_actor_class().options(
         scheduling_strategy=here, num_gpus=cfg.executor.driver_gpus).remote()
     mark("cli: driver actor requested")
-    done = driver.run.remote(cfg, str(Path(path).resolve()), command, resume)
+    done = driver.run.remote(cfg, str(Path(path).resolve()), command, resume, list(warnings or []))
     stop_sent = False
 
     def relay() -> None:
@@ -102,10 +108,15 @@ def run_on_driver_actor(
     except ray.exceptions.RayActorError as err:  # the loop's process is gone (killed, OOM, node lost)
         raise DriverDiedError(_driver_died(Path(path), err)) from None
     except KeyboardInterrupt:
-        # let the driver finish the round in flight, mark the run interrupted and compact it
+        # let the driver finish the round in flight, mark the run interrupted and compact it;
+        # if that takes longer than the grace, stop it and close the folder from here
         status = "interrupted"
         driver.stop.remote("stopped by the caller (Ctrl+C)", "interrupted")
-        ray.wait([done], timeout=STOP_GRACE_S)
+        finished = bool(ray.wait([done], timeout=STOP_GRACE_S)[0])
+        ray.kill(driver)
+        if not finished:
+            close_abandoned_run(Path(path), "interrupted", "stopped by the caller (Ctrl+C) "
+                                "during a round; that round is lost")
         raise
     finally:
         mark("cli: driver done")
@@ -152,6 +163,20 @@ def _driver_died(path: Path, err: BaseException) -> str:
     latest = latest_checkpoint(path)
     where = f"checkpoint {latest.name}" if latest is not None else "round 0 (no checkpoint yet)"
     return f"{message}; continue from {where} with: hetsim run --resume {path}"
+
+
+def close_abandoned_run(path: Path, status: str, message: str) -> None:
+    """Compact the parts of a run whose loop process was killed and record why it ended."""
+    from engine.results import RunWriter, utc_now
+
+    writer = RunWriter(path)
+    writer.finalize()
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except (OSError, ValueError):
+        manifest = {}
+    manifest.update(status=status, error=message, finished=utc_now())
+    writer.write_json("manifest.json", manifest)
 
 
 def _manifest_status(path: Path) -> str:

@@ -20,8 +20,11 @@
 from __future__ import annotations
 
 import io
+import logging
 import math
 import os
+import secrets
+import socket
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,17 +32,21 @@ from pathlib import Path
 import numpy as np
 
 from engine.config import ExperimentConfig
+from engine.errors import UserError
 from engine.executor import Executor
 from engine.runtime import ClientHost, HostSetup
 from engine.trace import mark
 
 # Measured with ray 2.60: these keep a local Ray quiet and fast to start.
 QUIET_RAY_ENV = {
-    "RAY_AUTH_MODE": "disabled",  # no token-authentication warning or token file
     "RAY_USAGE_STATS_ENABLED": "0",  # no usage reporting
     "RAY_worker_maximum_startup_concurrency": "64",  # no warning with many actors
     "RAY_AIR_NEW_OUTPUT": "0",
 }
+LOOPBACK = ("127.0.0.1", "::1")
+DEFAULT_CONNECT_TIMEOUT_S = 30.0
+log = logging.getLogger("hetsim.ray")
+_local_token: str | None = None  # the token of the local Ray this process started, if any
 
 
 CHUNK_BYTES = 64 << 20  # checkpoint shards travel between nodes in pieces of this size
@@ -49,34 +56,171 @@ class ExecutorError(RuntimeError):
     """The Ray executor could not place or reach its actors."""
 
 
-def init_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None):
-    """Connect to ``address`` or start a quiet local Ray (no dashboard, loopback only).
+class PoolSizeError(ExecutorError, UserError):
+    """The requested actor pool does not fit the cluster (a config mistake)."""
+
+
+class RayConnectError(UserError, ConnectionError):
+    """The Ray cluster named by ``ray.address`` cannot be reached or joined."""
+
+
+def init_ray(address: str | None = None, num_cpus: int | None = None, *,
+             num_gpus: int | None = None, connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S):
+    """The one place hetsim starts or joins Ray (see docs/security.md).
+
+    * ``address`` None or ``"local"``: start a private local Ray that listens on loopback only
+      and requires a random per-session token (``RAY_AUTH_MODE=token``). A stray
+      ``RAY_ADDRESS`` or a cluster someone started with ``ray start`` is never joined.
+    * ``"auto"``: join the cluster in ``RAY_ADDRESS`` or the one ``ray start`` recorded.
+    * ``"host:port"`` / ``"ray://host:port"``: join that cluster; if it cannot be reached within
+      ``connect_timeout_s`` a :class:`RayConnectError` says so (Ray itself would wait forever).
 
     ``num_gpus`` declares the local Ray's GPUs (default: the ones Ray detects); Ray schedules
-    declared GPUs even where none exist, which the tests use on CPU machines."""
+    declared GPUs even where none exist, which the tests use on CPU machines.
+    """
     for key, value in QUIET_RAY_ENV.items():
         os.environ.setdefault(key, value)
-    import logging
-
     import ray
 
     if ray.is_initialized():
         return ray
     mark("ray: init begins")
-    if address:
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+    if address in (None, "local"):
+        _start_local_ray(ray, num_cpus, num_gpus)
     else:
+        _join_cluster(ray, address, connect_timeout_s)
+    mark("ray: init done")
+    return ray
+
+
+def _start_local_ray(ray, num_cpus: int | None, num_gpus: int | None = None) -> None:
+    global _local_token
+    stray = os.environ.get("RAY_ADDRESS")
+    if stray:
+        log.warning("hetsim: ignoring RAY_ADDRESS=%s and starting a private local Ray; "
+                    "set ray.address: auto (or the address) to run on that cluster", stray)
+    from ray._private import ray_constants
+
+    _local_token = secrets.token_hex(32)
+    # Set only while Ray starts its processes (they inherit them), then restored, so neither
+    # the token nor the modes leak into whatever this process starts or joins later.
+    session_env = {
+        # token authentication: every gRPC call to the GCS, raylets and workers must carry
+        # this token; it lives in the environment of Ray's processes (no token file)
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": _local_token,
+        # loopback: ray.init turns _node_ip_address="127.0.0.1" into the machine's external
+        # address unless Ray's local-only mode (its default on macOS and Windows) is on; then
+        # every gRPC server binds 127.0.0.1 (ray/_private/services.py resolve_ip_for_localhost)
+        ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR: "0",
+    }
+    saved_env = {key: os.environ.get(key) for key in session_env}
+    saved_flag = ray_constants.ENABLE_RAY_CLUSTER
+    os.environ.update(session_env)
+    ray_constants.ENABLE_RAY_CLUSTER = False  # Ray reads the variable once, at import
+    try:
+        _reload_auth_settings()  # this process (the driver) caches mode and token until reloaded
         ray.init(
-            address="local",  # a new local instance, never a cluster found via /tmp/ray (ray start)
+            address="local",  # never RAY_ADDRESS or /tmp/ray/ray_current_cluster
             num_cpus=num_cpus,
+            num_gpus=num_gpus,
             num_gpus=num_gpus,
             include_dashboard=False,
             logging_level=logging.WARNING,
             log_to_driver=False,
             _node_ip_address="127.0.0.1",
         )
-    mark("ray: init done")
-    return ray
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    node_ip = ray.util.get_node_ip_address()
+    if node_ip not in LOOPBACK:  # fail closed: never run open to the network
+        ray.shutdown()
+        raise ExecutorError(f"the local Ray bound to {node_ip}, not to loopback; refusing to run")
+
+
+def _join_cluster(ray, address: str, timeout_s: float) -> None:
+    if _local_token is not None:
+        # forget the cached mode and token of an earlier private local Ray of this process
+        _reload_auth_settings()
+    target = resolve_address(address)
+    check_reachable(target, timeout_s, address)
+    try:
+        ray.init(address=target, logging_level=logging.WARNING, log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        raise RayConnectError(f"ray.address = {address!r}: could not join the Ray cluster at "
+                              f"{target}: {err}") from None
+
+
+def _reload_auth_settings() -> None:
+    # Ray caches RAY_AUTH_MODE (in its config) and the token when ray is imported; refresh both,
+    # as Ray's own authentication_token_setup._enable_token_auth does.
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+def resolve_address(address: str) -> str:
+    """``auto`` -> the address in ``RAY_ADDRESS`` or recorded by ``ray start``; else unchanged."""
+    if address != "auto":
+        return address
+    env = os.environ.get("RAY_ADDRESS")
+    if env:
+        return env
+    # where `ray start` records its cluster (ray/_common/utils.py get_default_system_temp_dir)
+    tmp = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+    recorded = Path(tmp) / "ray" / "ray_current_cluster"
+    try:
+        found = recorded.read_text().strip()
+    except OSError:
+        found = ""
+    if not found:
+        raise RayConnectError(
+            "ray.address = 'auto': no running cluster found (RAY_ADDRESS is not set and "
+            f"{recorded} does not exist); start one with `ray start --head` or give its address")
+    return found
+
+
+# HTTP/2 client preface and an empty SETTINGS frame: every gRPC server (Ray's GCS and client
+# server are gRPC) answers with its own SETTINGS frame at once.
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+def check_reachable(target: str, timeout_s: float, address: str | None = None) -> None:
+    """Raise :class:`RayConnectError` unless a gRPC server answers at ``target`` in time.
+
+    Ray's own ``ray.init`` retries an unreachable or silent address for minutes; this check
+    takes at most ``timeout_s`` (connect, then the server's first HTTP/2 frame).
+    """
+    shown = repr(address or target)
+    hostport = target.split("://", 1)[-1].rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit():
+        raise RayConnectError(f"ray.address = {shown}: not host:port, ray://host:port, 'auto' or null")
+    deadline = time.monotonic() + timeout_s
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
+            if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+                return  # a TLS cluster: the plain HTTP/2 probe does not apply
+            sock.settimeout(max(0.1, deadline - time.monotonic()))
+            sock.sendall(_H2_PREFACE)
+            head = sock.recv(9)
+    except OSError as err:
+        why = "timed out" if isinstance(err, socket.timeout) else (err.strerror or str(err))
+        raise RayConnectError(
+            f"ray.address = {shown}: cannot reach {host}:{port} ({why}; waited at most "
+            f"{timeout_s:g} s, ray.connect_timeout_s). Is the cluster running and the port open?"
+        ) from None
+    if len(head) < 9 or head[3] != 0x04:  # frame type 4 = SETTINGS
+        raise RayConnectError(
+            f"ray.address = {shown}: {host}:{port} answers, but not as a Ray cluster (no gRPC "
+            "reply); check the address and port (the GCS port, 6379 by default)")
 
 
 def gpu_capacity(gpus_per_actor: float, cluster_gpus: float, node_gpus: Sequence[float] | None = None) -> int:
@@ -105,7 +249,7 @@ def plan_pool(
     node's GPUs, for the per-node fit of fractional shares)."""
     capacity = int(math.floor(cluster_cpus / cpus_per_actor + 1e-9))
     if capacity < 1:
-        raise ExecutorError(
+        raise PoolSizeError(
             f"executor.cpus_per_actor={cpus_per_actor} exceeds the cluster's {cluster_cpus:g} CPUs"
         )
     gpu_fit = None
@@ -131,7 +275,7 @@ def plan_pool(
             f"(e.g. {_share_for(wanted, cluster_gpus, node_gpus):.3g}) or the number of actors."
         )
     if wanted > capacity:
-        raise ExecutorError(
+        raise PoolSizeError(
             f"executor: {source} x cpus_per_actor={cpus_per_actor} CPUs = {wanted * cpus_per_actor:g} "
             f"CPUs, but the cluster has {cluster_cpus:g}; Ray would wait forever for the rest. "
             f"Lower cpus_per_actor (e.g. {cluster_cpus / wanted:.3g}) or the number of actors."
@@ -268,7 +412,8 @@ class RayExecutor(Executor):
         self._round = -1
 
     def start(self, setup: HostSetup) -> None:
-        ray = init_ray(self.cfg.ray.address, self.cfg.ray.num_cpus, self.cfg.ray.num_gpus)
+        ray = init_ray(self.cfg.ray.address, self.cfg.ray.num_cpus, num_gpus=self.cfg.ray.num_gpus,
+                       connect_timeout_s=self.cfg.ray.connect_timeout_s)
         ex = self.cfg.executor
         n = setup.data.num_clients
         threads = ex.threads_per_actor or max(1, int(ex.cpus_per_actor))

@@ -17,14 +17,18 @@ ends the parts are compacted into one file per table. :func:`load_run` reads eit
 """
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
+import platform
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
+
+from engine.errors import UserError
 
 if TYPE_CHECKING:
     from engine.storage import Storage
@@ -34,7 +38,7 @@ PARTS = "_parts"
 
 # Columns every run has (methods add their own trace columns; see docs/results.md).
 ROUND_COLUMNS = (
-    "round", "num_selected", "num_run", "num_arrived", "num_unavailable", "num_dropout",
+    "round", "num_selected", "num_run", "num_arrived", "num_unavailable", "num_dropout", "num_nonfinite",
     "sim_round_s", "sim_time_s", "bytes_up", "bytes_down", "train_loss",
     "pers_acc", "pers_acc_weighted", "pers_acc_worst", "pers_acc_std", "pers_loss",
     "global_acc", "global_loss", "wall_s",
@@ -56,6 +60,8 @@ FAULT_COLUMNS = (
     "round", "actor", "pid", "clients", "clients_restored", "cause", "recovery", "checkpoint",
     "state_rounds_lost", "seconds_lost",
 )
+HEARTBEAT_S = 30.0  # a running run rewrites manifest.json's heartbeat at least this often
+STALE_AFTER_S = 5 * HEARTBEAT_S  # ... so a run silent for longer is reported as crashed
 # Host wall-clock columns: the only ones that differ between two runs with the same seed.
 WALL_COLUMNS = ("wall_s", "wall_fit_s")
 
@@ -157,11 +163,24 @@ def _require_round(df: pd.DataFrame, name: str) -> None:
         raise ValueError(f"table {name!r} has no 'round' column: cannot rewind it to a checkpoint")
 
 
+class RunFolderError(UserError, FileNotFoundError):
+    """A run folder (or one of its files) is missing or unreadable."""
+
+
+def _read_parquet(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(path)
+    except Exception as err:  # pyarrow raises several types for a truncated or foreign file
+        raise RunFolderError(
+            f"{path} is unreadable ({type(err).__name__}: {str(err).strip()[:200]}); the file is "
+            "truncated or not Parquet (was the run killed while writing it?)") from None
+
+
 def _read_parts(table_dir: Path) -> pd.DataFrame | None:
     files = sorted(table_dir.glob("*.parquet"))
     if not files:
         return None
-    frames = [pd.read_parquet(f) for f in files]
+    frames = [_read_parquet(f) for f in files]
     frames = [f for f in frames if not f.empty]
     return pd.concat(frames, ignore_index=True) if frames else None
 
@@ -188,9 +207,55 @@ def read_table(run_dir, table: str) -> pd.DataFrame | None:
     run_dir = Path(run_dir)
     final = run_dir / f"{table}.parquet"
     if final.exists():
-        return pd.read_parquet(final)
+        return _read_parquet(final)
     table_dir = run_dir / PARTS / table
     return _read_parts(table_dir) if table_dir.exists() else None
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux), to tell a reused pid apart."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_identity(pid: int | None = None) -> dict[str, Any]:
+    """What manifest.json records of the process writing a run: pid, its start, the host."""
+    pid = os.getpid() if pid is None else pid
+    return {"pid": pid, "pid_start": _start_ticks(pid), "host": platform.node()}
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat()
+
+
+def _alive(pid: int, start: int | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        return True
+    return start is None or _start_ticks(pid) in (None, start)
+
+
+def run_status(manifest: dict[str, Any]) -> str:
+    """The manifest's status, or ``crashed`` for a run that says ``running`` (or ``starting``)
+    but whose process is gone (same host) or whose heartbeat stopped (any host)."""
+    status = manifest.get("status", "?")
+    if status not in ("running", "starting"):
+        return status
+    pid = manifest.get("pid")
+    if manifest.get("host") == platform.node() and isinstance(pid, int):
+        return status if _alive(pid, manifest.get("pid_start")) else "crashed"
+    beat = manifest.get("heartbeat")
+    if beat:
+        age = (dt.datetime.now(dt.timezone.utc) - dt.datetime.fromisoformat(beat)).total_seconds()
+        if age > STALE_AFTER_S:
+            return "crashed"
+    return status
 
 
 @dataclass
@@ -213,21 +278,38 @@ def load_run(run_dir) -> Run:
 
     ``run_dir``: a local path, a URI (``s3://bucket/runs/x``; see :mod:`engine.storage`) or an
     :class:`engine.storage.Storage`; ``Run.path`` is a ``Path`` for local folders, else the URI.
+    A missing folder or manifest, or an unreadable file, is a :class:`RunFolderError` naming it.
     """
     import yaml
 
-    store = _as_storage(run_dir)
-    if not store.exists("manifest.json"):
-        raise FileNotFoundError(f"{store.uri} is not a run folder (no manifest.json)")
-    config = yaml.safe_load(store.read_text("config.yaml")) if store.exists("config.yaml") else {}
-    manifest = store.read_json("manifest.json")
-    rounds = read_table(store, "rounds")
-    clients = read_table(store, "clients")
+    if isinstance(run_dir, (str, Path)) and "://" not in str(run_dir):
+        source = path = Path(run_dir)
+        if not path.is_dir():
+            what = "is a file" if path.exists() else "does not exist"
+            raise RunFolderError(f"{path} {what}; give a run folder (it holds manifest.json)")
+        exists = lambda name: (path / name).exists()  # noqa: E731
+        read_text = lambda name: (path / name).read_text()  # noqa: E731
+    else:
+        source = store = _as_storage(run_dir)
+        path = Path(store.path) if not store.is_remote else store.uri
+        exists, read_text = store.exists, store.read_text
+    if not exists("manifest.json"):
+        raise RunFolderError(f"{path} is not a run folder (no manifest.json)")
+    try:
+        manifest = json.loads(read_text("manifest.json"))
+        config = yaml.safe_load(read_text("config.yaml")) if exists("config.yaml") else {}
+    except (OSError, ValueError, yaml.YAMLError) as err:
+        raise RunFolderError(f"{path}: manifest.json or config.yaml is unreadable "
+                             f"({type(err).__name__}: {err})") from None
+    if not isinstance(manifest, dict):
+        raise RunFolderError(f"{path}/manifest.json does not hold a manifest (a JSON object)")
+    rounds = read_table(source, "rounds")
+    clients = read_table(source, "clients")
     return Run(
-        path=Path(store.path) if not store.is_remote else store.uri,
-        config=config,
+        path=path,
+        config=config or {},
         manifest=manifest,
         rounds=rounds if rounds is not None else pd.DataFrame(),
         clients=clients if clients is not None else pd.DataFrame(),
-        profiles=read_table(store, "profiles"),
+        profiles=read_table(source, "profiles"),
     )

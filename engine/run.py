@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import logging
 import os
 import platform
 import posixpath
@@ -16,12 +17,14 @@ import traceback
 from pathlib import Path
 
 from engine.callbacks import CallbackLike, RunCallback, RunContext, Stop, around_recorder
-from engine.config import ExperimentConfig, dump_config, load_config
-from engine.results import RunWriter, SCHEMA_VERSION
+from engine.config import ExperimentConfig, dump_config, expand_path, load_config
+from engine.results import HEARTBEAT_S, SCHEMA_VERSION, RunWriter, process_identity, utc_now
 from engine.simulation import RoundRecord, Simulation
 from engine.storage import (DirectoryMirror, MirrorCallback, StorageError, check_writable, is_uri,
                             open_storage)
 from engine.trace import mark
+
+log = logging.getLogger("hetsim")
 
 
 def versions() -> dict[str, str]:
@@ -36,32 +39,74 @@ def versions() -> dict[str, str]:
     return out
 
 
-def make_run_dir(cfg: ExperimentConfig) -> Path | str:
-    """``<output.dir>/<output.name or algorithm-dataset-time>``; a URI when output.dir is one."""
+def make_run_dir(cfg: ExperimentConfig, run_dir: str | Path | None = None) -> Path | str:
+    """Create and claim a fresh run folder: ``run_dir`` (``-o``), else
+    ``<output.dir>/<output.name>``, else ``<output.dir>/<algorithm>-<dataset>-<time>``.
+
+    Claiming is atomic (an exclusive ``mkdir``, then an exclusive create of ``manifest.json``),
+    so two runs started in the same instant never share a folder: an automatic name gets a
+    ``-2``, ``-3``, ... suffix; a name the user gave is refused if it holds a run, unless
+    ``output.overwrite: true`` (then the old run is deleted first). When the folder is a URI
+    (``s3://...``) the URI is returned unclaimed: :func:`run_to_storage` stages it locally.
+    """
     out = cfg.output
+    if run_dir is not None and is_uri(str(run_dir)):
+        return str(run_dir)
+    if run_dir is not None:
+        return _claim_named(Path(expand_path(str(run_dir))), out.overwrite, "-o")
     if is_uri(out.dir):
         base = open_storage(out.dir, out.storage_options)
         name = out.name or f"{cfg.algorithm.name}-{cfg.dataset.name}-{dt.datetime.now():%Y%m%d-%H%M%S}"
         if base.child(name).exists("manifest.json") and not out.overwrite:
             raise FileExistsError(
                 f"run folder {base.child(name).uri} already exists; choose another output.name or set "
-                "output.overwrite=true")
+                "output.overwrite: true")
         return base.child(name).uri
     base = Path(out.dir)
     if out.name:
-        path = base / out.name
-        if path.exists() and any(path.iterdir()) and not out.overwrite:
-            raise FileExistsError(
-                f"run folder {path} already exists; choose another output.name or set output.overwrite=true"
-            )
-        return path
+        return _claim_named(base / out.name, out.overwrite, "output.name")
+    base.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     stem = f"{cfg.algorithm.name}-{cfg.dataset.name}-{stamp}"
-    path, i = base / stem, 1
-    while path.exists():
-        i += 1
-        path = base / f"{stem}-{i}"
+    for i in range(1, 10_000):
+        path = base / (stem if i == 1 else f"{stem}-{i}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        if _claim(path):
+            return path
+    raise FileExistsError(f"no free run folder name {stem}-N under {base}")
+
+
+def _claim_named(path: Path, overwrite: bool, field: str) -> Path:
+    if path.exists() and not path.is_dir():
+        raise FileExistsError(f"{field}: {path} is a file, not a run folder")
+    if path.is_dir() and any(path.iterdir()):
+        if not overwrite:
+            raise FileExistsError(
+                f"run folder {path} already exists; choose another {field} or set "
+                "output.overwrite: true to replace it")
+        if not (path / "manifest.json").exists():
+            raise FileExistsError(
+                f"{path} is not empty and holds no hetsim run (no manifest.json); refusing to "
+                "delete it for output.overwrite; choose another folder")
+        shutil.rmtree(path)
+    path.mkdir(parents=True, exist_ok=True)
+    if not _claim(path):
+        raise FileExistsError(f"run folder {path} was just claimed by another run; choose another {field}")
     return path
+
+
+def _claim(path: Path) -> bool:
+    """Exclusively create the folder's manifest (False if another process got there first)."""
+    try:
+        fd = os.open(path / "manifest.json", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        json.dump({"schema_version": SCHEMA_VERSION, "status": "starting", **process_identity()}, f)
+    return True
 
 
 def make_executor(cfg: ExperimentConfig):
@@ -80,7 +125,7 @@ class RunRecorder(RunCallback):
     """Appends every round's rows to the run folder's Parquet parts; compacts them at the end.
 
     Fault rows (a client host died and was replaced) go to ``faults.parquet`` and are counted
-    in the manifest (``faults``) as soon as they happen.
+    in the manifest (``faults``); the :class:`ManifestKeeper` writes it at the end of the round.
     """
 
     def __init__(self, writer: RunWriter):
@@ -92,15 +137,10 @@ class RunRecorder(RunCallback):
         for name, rows in record.extra_tables.items():
             self.writer.append(name, rows)
         if record.extra_tables.get("faults"):
-            note_faults(self.writer, run.info, len(record.extra_tables["faults"]))
+            run.info["faults"] = run.info.get("faults", 0) + len(record.extra_tables["faults"])
 
     def on_run_end(self, run: RunContext, status: str) -> None:
         self.writer.finalize()
-
-
-def note_faults(writer: RunWriter, manifest: dict, count: int) -> None:
-    manifest["faults"] = manifest.get("faults", 0) + count
-    writer.write_json("manifest.json", manifest)
 
 
 class _InterruptRequest(RunCallback):
@@ -147,14 +187,52 @@ def _interrupt_signals(request: _InterruptRequest | None):
             signal.signal(sig, old)
 
 
+class ManifestKeeper(RunCallback):
+    """Owns ``manifest.json`` while the run lives: every write goes through one lock and stamps
+    a heartbeat, written after every round and every ``interval`` seconds by a thread, so that
+    ``hetsim show`` can tell a crashed run (process gone, heartbeat stale) from a live one."""
+
+    def __init__(self, writer: RunWriter, manifest: dict, interval: float = HEARTBEAT_S):
+        self.writer, self.manifest, self.interval = writer, manifest, interval
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def write(self) -> None:
+        with self._lock:
+            self.manifest["heartbeat"] = utc_now()
+            self.writer.write_json("manifest.json", self.manifest)
+
+    def start(self) -> None:
+        self.write()
+        self._thread = threading.Thread(target=self._beat, name="hetsim-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.write()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def on_round_end(self, run: RunContext, record: RoundRecord) -> None:
+        self.manifest["rounds_done"] = record.round + 1
+        self.write()
+
+
 def run_experiment(
     cfg: ExperimentConfig,
     run_dir: str | Path | None = None,
     callbacks: list[CallbackLike] | None = None,
     command: list[str] | None = None,
 ) -> Path | str:
-    """Run ``cfg`` and write its run folder; returns the folder's path.
+    """Validate ``cfg``, create its run folder, run it; returns the folder's path.
 
+    Validation (:func:`engine.validate.validate_experiment`) comes first, so a config error
+    leaves no folder behind; its warnings are logged and recorded in ``manifest.json``. The
+    folder is ``run_dir`` or one named from ``cfg.output`` (:func:`make_run_dir`).
     ``callbacks`` (:mod:`engine.callbacks`) see every finished round and may add metrics or
     stop the run. With ``executor.kind: ray`` the round loop runs inside a driver actor (pinned
     to this node, so the run folder is written here) and ``callbacks`` run in this process on
@@ -166,25 +244,49 @@ def run_experiment(
     A URI ``run_dir`` (or ``output.dir``), e.g. ``s3://bucket/runs/x``, is run through a local
     staging folder (:func:`run_to_storage`) and the URI is returned.
     """
+    path, warnings = prepare_run(cfg, run_dir)
+    return run_in_folder(cfg, path, callbacks, command, warnings)
+
+
+def prepare_run(cfg: ExperimentConfig, run_dir: str | Path | None = None) -> tuple[Path | str, list[str]]:
+    """Validate ``cfg`` (nothing is written if it fails), log its warnings, then create and
+    claim the run folder. Returns the folder (or a URI) and the warnings (for the manifest)."""
     from engine.device import check_device_request
+    from engine.validate import validate_experiment
 
     check_device_request(cfg)  # `device: cuda` without CUDA: refused before anything is written
-    target = run_dir if run_dir is not None else make_run_dir(cfg)
+    warnings = validate_experiment(cfg, run_dir)
+    for text in warnings:
+        log.warning("hetsim: warning: %s", text)
+    return make_run_dir(cfg, run_dir), warnings
+
+
+def run_in_folder(
+    cfg: ExperimentConfig,
+    path: Path | str,
+    callbacks: list[CallbackLike] | None = None,
+    command: list[str] | None = None,
+    warnings: list[str] | None = None,
+) -> Path | str:
+    """Run a validated ``cfg`` into ``path``, a folder the caller owns (e.g. a sweep trial's),
+    or into a URI through a local staging folder."""
     command = command if command is not None else sys.argv
-    if is_uri(target):
-        return run_to_storage(cfg, str(target), callbacks, command)
-    return _dispatch(cfg, Path(target), callbacks, command, resume=False)
+    if is_uri(str(path)):
+        return run_to_storage(cfg, str(path), callbacks, command)
+    return _dispatch(cfg, Path(path), callbacks, command, resume=False, warnings=warnings)
 
 
-def _dispatch(cfg, path, callbacks, command, resume: bool) -> Path:
+def _dispatch(cfg, path, callbacks, command, resume: bool, warnings: list[str] | None = None) -> Path:
     if cfg.executor.kind == "ray":
         from engine.driver_actor import run_on_driver_actor
 
         with _interrupt_signals(None):
-            return run_on_driver_actor(cfg, path, callbacks or [], command, resume=resume)
+            return run_on_driver_actor(cfg, path, callbacks or [], command, resume=resume,
+                                       warnings=warnings)
     request = _InterruptRequest()
     with _interrupt_signals(request):
-        out = execute_run(cfg, path, [*(callbacks or []), request], command, resume=resume)
+        out = execute_run(cfg, path, [*(callbacks or []), request], command, resume=resume,
+                          warnings=warnings)
     if request.stopped:
         raise KeyboardInterrupt(f"run stopped by {request.signal_name}")
     return out
@@ -297,6 +399,7 @@ def execute_run(
     executor=None,
     resume: bool = False,
     allow_config_change: bool = False,
+    warnings: list[str] | None = None,
 ) -> Path:
     """The body of a run, in whichever process hosts the round loop.
 
@@ -315,7 +418,7 @@ def execute_run(
     if resume:
         manifest = json.loads((path / "manifest.json").read_text())
         resume_entry = {
-            "at": _now(),
+            "at": utc_now(),
             "previous_status": manifest.get("status"),
             "previous_error": manifest.get("error"),
             "command": command,
@@ -323,7 +426,7 @@ def execute_run(
         }
         for key in ("error", "finished"):
             manifest.pop(key, None)
-        manifest["status"] = "running"
+        manifest.update(status="running", **process_identity(), loop_pid=os.getpid())
         dump_config(cfg, path / "config.yaml")  # result-neutral fields may have changed
     else:
         from engine.checkpoint import CHECKPOINTS
@@ -336,12 +439,15 @@ def execute_run(
             "seed": cfg.seed,
             "algorithm": cfg.algorithm.name,
             "dataset": cfg.dataset.name,
-            "started": _now(),
+            "started": utc_now(),
             "command": command,
-            "host": platform.node(),
+            **process_identity(),  # the round loop's process: the driver actor's under Ray
+            "loop_pid": os.getpid(),  # (= pid; kept for readers of schema 1)
+            "warnings": list(warnings or []),
             "versions": versions(),
         }
-    writer.write_json("manifest.json", manifest)
+    keeper = ManifestKeeper(writer, manifest)
+    keeper.start()
     wall0 = time.perf_counter()
     recorder = RunRecorder(writer)
     sim = None
@@ -354,15 +460,14 @@ def execute_run(
         sim.start()
         mark("run: executor started")
         manifest["executor"] = {**sim.executor.describe(), "eval_device": sim.eval_device.type}
-        manifest["loop_pid"] = os.getpid()  # the driver actor's process under the Ray executor
         manifest["num_clients"] = sim.data.num_clients
         if resume:
             _restore_for_resume(sim, path, writer, manifest, resume_entry, allow_config_change)
-        writer.write_json("manifest.json", manifest)
+        keeper.write()
         run = RunContext(cfg, path, first_round=sim.next_round, simulation=sim, info=manifest)
         cbs = around_recorder(callbacks, recorder)
         cbs.insert(cbs.index(recorder) + 1, CheckpointCallback(cfg, writer))
-        manifest["status"] = sim.run(cbs, run)
+        manifest["status"] = sim.run([*cbs, keeper], run)
         if sim.stop is not None:
             manifest["error"] = sim.stop.message
         manifest["sim_time_s"] = sim.sim_time_s
@@ -371,14 +476,15 @@ def execute_run(
         manifest["error"] = "".join(traceback.format_exception_only(type(err), err)).strip()
         raise
     finally:
-        manifest["finished"] = dt.datetime.now(dt.timezone.utc).isoformat()
+        keeper.stop()
+        manifest["finished"] = utc_now()
         manifest["wall_s"] = time.perf_counter() - wall0
         late = sim.executor.drain_faults() if sim is not None else []
         if late:  # a host died after the last round's record (e.g. while checkpointing)
             writer.append("faults", late)
             manifest["faults"] = manifest.get("faults", 0) + len(late)
         writer.finalize()  # idempotent: also covers a failure before the loop started
-        writer.write_json("manifest.json", manifest)
+        keeper.write()
         mark("run: folder complete")
     return path
 
@@ -410,5 +516,3 @@ def _restore_for_resume(sim: Simulation, path: Path, writer: RunWriter, manifest
     manifest.setdefault("resumes", []).append(entry)
 
 
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat()

@@ -36,6 +36,7 @@ from urllib.parse import parse_qsl, urlparse
 import pyarrow.fs as pafs
 
 from engine.callbacks import RunCallback
+from engine.errors import UserError
 
 SECRET_OPTIONS = ("access_key", "secret_key", "session_token")
 MARKER = ".hetsim-storage"  # written by the owner of a local storage: who sees it, shares it
@@ -43,7 +44,7 @@ _BOOL_OPTIONS = ("allow_bucket_creation", "allow_bucket_deletion", "force_virtua
                  "background_writes", "anonymous")
 
 
-class StorageError(ValueError):
+class StorageError(UserError, ValueError):
     """A storage location or option that cannot be used; the message says what to set."""
 
 

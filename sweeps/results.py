@@ -39,7 +39,9 @@ TUNE_DIR = "tune"
 # Summarised per trial as final_<m> (last evaluated value) and best_<m>.
 SUMMARY_METRICS = ("global_acc", "global_loss", "pers_acc", "pers_acc_weighted",
                    "pers_acc_worst", "pers_loss", "train_loss")
-STATUSES = ("finished", "error", "early_stopped", "unfinished")
+STATUSES = ("finished", "error", "early_stopped", "diverged", "unfinished")
+# Trials whose metrics are not results: they are ranked last and their summaries are NaN.
+NOT_RANKED = ("error", "diverged")
 # Population Based Training: the trial whose checkpoint a trial continued from, per round
 RESTORED_FROM = "restored_from"
 
@@ -84,7 +86,7 @@ class Sweep:
     def best(self, n: int = 1) -> pd.DataFrame:
         """The ``n`` best trials by ``best_<metric>`` (the spec's metric and mode)."""
         col = f"best_{self.metric}"
-        ok = self.trials[self.trials["status"] != "error"]
+        ok = self.trials[~self.trials["status"].isin(NOT_RANKED)]
         return ok.sort_values(col, ascending=self.mode == "min", na_position="last").head(n)
 
     def run(self, trial_id: str):
@@ -118,6 +120,8 @@ def _normalize_params(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
 
 def _trial_status(tune_status: str | None, info_status: str | None, rounds_done: int, rounds: int,
                   scheduler: str) -> str:
+    if info_status == "diverged":  # the run ended itself (train.on_nonfinite: stop)
+        return "diverged"
     if tune_status is not None:
         if tune_status == "ERROR":
             return "error"
@@ -181,6 +185,8 @@ def summarize_trial(
     error = None
     if status == "error":
         error = info.get("error") or manifest.get("error") or state.error or "unknown error"
+    elif status == "diverged":
+        error = info.get("error") or manifest.get("error") or "diverged"
     metric, mode = spec.get("metric", "global_acc"), spec.get("mode", "max")
     row: dict[str, Any] = {"trial_id": state.trial_id, "status": status, "rounds_done": n}
     metrics = list(SUMMARY_METRICS)
@@ -188,6 +194,8 @@ def summarize_trial(
     metrics += [m for m in extra if m not in metrics]
     for m in metrics:
         s = pd.to_numeric(rounds[m], errors="coerce").dropna() if m in rounds.columns else pd.Series(dtype=float)
+        if status == "diverged":  # the metric of a diverged run is missing, not a number
+            s = s.iloc[0:0]
         row[f"final_{m}"] = float(s.iloc[-1]) if len(s) else math.nan
         row[f"best_{m}"] = float(_best_fn(m, metric, mode)(s)) if len(s) else math.nan
     row["total_sim_time_s"] = float(rounds["sim_time_s"].iloc[-1]) if n and "sim_time_s" in rounds else math.nan
@@ -253,10 +261,18 @@ def write(storage: Storage, trials: pd.DataFrame, rounds: pd.DataFrame) -> None:
 
 
 def read_sweep_file(path: str | Path | Storage, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    from engine.errors import ConfigError
+    from engine.yamlio import parse_yaml
+
     store = open_storage(path, storage_options)
     if not store.exists(SWEEP_FILE):
         raise FileNotFoundError(f"{store.uri} is not a sweep folder (no {SWEEP_FILE})")
-    return yaml.safe_load(store.read_text(SWEEP_FILE))
+    where = f"{store.uri}/{SWEEP_FILE}"
+    data = parse_yaml(store.read_text(SWEEP_FILE), where)
+    if not isinstance(data, dict) or not {"spec", "param_columns"} <= set(data):
+        raise ConfigError(f"{where} is not a sweep file written by hetsim (no spec / "
+                          "param_columns); was it edited?")
+    return data
 
 
 def states_from_folders(storage: Storage) -> list[TrialState]:

@@ -200,7 +200,8 @@ def _init_ray(resolved: ResolvedSweep):
         os.environ.setdefault(key, value)
     from engine.ray_executor import init_ray
 
-    ray = init_ray(resolved.spec.ray.address, resolved.spec.ray.num_cpus, resolved.spec.ray.num_gpus)
+    ray = init_ray(resolved.spec.ray.address, resolved.spec.ray.num_cpus,
+                   num_gpus=resolved.spec.ray.num_gpus, connect_timeout_s=resolved.spec.ray.connect_timeout_s)
     if resolved.spec.ray.address:
         nodes = _alive_nodes(ray)
         cpus = [n["Resources"].get("CPU", 0.0) for n in nodes]
@@ -496,7 +497,8 @@ def summary_table(sweep: Sweep, top: int = 10) -> str:
         return f"{sweep.path}: no trials"
     counts = t["status"].value_counts()
     head = "trials: " + ", ".join(f"{counts[s]} {s}" for s in
-                                  ("finished", "early_stopped", "error", "unfinished") if s in counts)
+                                  ("finished", "early_stopped", "diverged", "error", "unfinished")
+                                  if s in counts)
     metric = sweep.metric
     cols = ["trial_id", *sweep.param_columns.values(), "status", "rounds_done",
             f"final_{metric}", f"best_{metric}", "total_sim_time_s"]
@@ -507,9 +509,9 @@ def summary_table(sweep: Sweep, top: int = 10) -> str:
     retried = t[t["attempts"] > 1] if "attempts" in t.columns else t.iloc[0:0]
     if len(retried):
         lines.append(f"{len(retried)} trial(s) needed more than one attempt (attempts column)")
-    errors = t[t["status"] == "error"]
+    errors = t[t["status"].isin(("error", "diverged"))]
     for _, row in errors.head(5).iterrows():
-        lines.append(f"error {row['trial_id']}: {row['error']}")
+        lines.append(f"{row['status']} {row['trial_id']}: {row['error']}")
     if len(errors) > 5:
-        lines.append(f"... {len(errors) - 5} more errors in trials.parquet")
+        lines.append(f"... {len(errors) - 5} more errored or diverged trials in trials.parquet")
     return "\n".join(lines)

@@ -36,12 +36,13 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from engine.config import DEFAULT_CONFIG, ConfigError, ExperimentConfig, apply_overrides, load_config
+from engine.config import (DEFAULT_CONFIG, ConfigError, ExperimentConfig, apply_overrides,
+                           expand_path, load_config)
+from engine.yamlio import read_yaml_file
 from engine.results import ROUND_COLUMNS
-from engine.storage import redact
+from engine.storage import is_uri, redact
 
 DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "randint", "named")
 # Grid-like kinds: every value is a trial (x num_samples). `named` is a grid over named values
@@ -109,6 +110,7 @@ class RaySpec(_Model):
     address: str | None = Field(None, description="existing cluster; None starts a local Ray")
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a local Ray")
     num_gpus: int | None = Field(None, ge=0, description="GPUs of a local Ray (default: detected)")
+    connect_timeout_s: float = Field(30.0, gt=0, description="give up joining the address after this")
 
 
 class SweepSpec(_Model):
@@ -257,21 +259,26 @@ def _config_problem(err: ConfigError) -> str:
     return "; ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
-def _validate_experiment(raw: dict[str, Any], where: str) -> ExperimentConfig:
+def _check_experiment(raw: dict[str, Any], storage: Path | None = None) -> ExperimentConfig:
+    """Schema check; with ``storage`` also the whole validation pass a run makes (data too)."""
+    from engine.validate import validate_experiment
+
+    cfg = load_config(raw)
+    if storage is not None:
+        validate_experiment(cfg, run_dir=storage / "runs")
+    return cfg
+
+
+def _validate_experiment(raw: dict[str, Any], where: str, storage: Path | None = None) -> ExperimentConfig:
     try:
-        return load_config(raw)
+        return _check_experiment(raw, storage)
     except ConfigError as err:
         raise SweepSpecError(f"invalid sweep spec:\n  {where}: {_config_problem(err)}") from None
 
 
 def read_mapping_file(path: Path, what: str) -> dict[str, Any]:
     """A YAML file that must hold a mapping (a spec); errors name the file."""
-    if not path.is_file():
-        raise SweepSpecError(f"{what} {str(path)!r} does not exist")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise SweepSpecError(f"{what} {str(path)!r} is not valid YAML: {err}") from None
+    raw = read_yaml_file(path, what)  # strict: duplicate keys, file:line:col, empty or binary files
     if not isinstance(raw, dict):
         raise SweepSpecError(f"{what} {str(path)!r} must hold a mapping, got {type(raw).__name__}")
     return raw
@@ -283,13 +290,13 @@ def load_base(base: str | Path | dict[str, Any] | None, spec_dir: Path | None,
     if base is None:
         base = DEFAULT_CONFIG
     if isinstance(base, (str, Path)):
-        path = Path(base).expanduser()
+        path = Path(expand_path(str(base)))
         if not path.is_absolute() and spec_dir is not None:
             path = spec_dir / path
         if not path.is_file():
             raise SweepSpecError(
                 f"{title}:\n  base = {str(base)!r}: experiment file {str(path)!r} does not exist")
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = read_yaml_file(path, "experiment file (sweep base)")
         if not isinstance(raw, dict):
             raise SweepSpecError(f"{title}:\n  base = {str(path)!r}: must hold a mapping")
         return raw
@@ -419,7 +426,7 @@ def storage_location(location: str | Path) -> str:
     from engine.storage import is_uri
 
     text = str(location)
-    return text.rstrip("/") if is_uri(text) else str(Path(text).expanduser().resolve())
+    return text.rstrip("/") if is_uri(text) else str(Path(expand_path(text)).resolve())
 
 
 def _check_schedule(spec: SweepSpec, cfg: ExperimentConfig, dims: dict[str, tuple[str, Any]]) -> None:
@@ -479,7 +486,7 @@ def resolve(
     spec_dir = None
     default_name = None
     if isinstance(source, (str, Path)):
-        path = Path(source)
+        path = Path(expand_path(str(source)))
         raw = read_mapping_file(path, "sweep spec")
         spec_dir, default_name = path.resolve().parent, path.stem
     else:
@@ -499,7 +506,9 @@ def resolve(
             base_raw = apply_overrides(base_raw, spec.overrides)
         except ConfigError as err:
             raise SweepSpecError(f"invalid sweep spec:\n  overrides: {err}") from None
-    base_cfg = _validate_experiment(base_raw, "base")
+    storage_path = storage_location(storage if storage is not None else (spec.storage or Path("sweeps_out") / spec.name))
+    local_storage = None if is_uri(storage_path) else Path(storage_path)  # run folders' checks
+    base_cfg = _validate_experiment(base_raw, "base", local_storage)
 
     if not spec.space:
         raise SweepSpecError("invalid sweep spec:\n  space = {}: give at least one dotted key to sweep")
@@ -515,7 +524,7 @@ def resolve(
         kind, args = _check_distribution(key, dist)
         for value in _probe_values(kind, args):
             try:
-                load_config(apply_overrides(base_raw, {key: value}))
+                _check_experiment(apply_overrides(base_raw, {key: value}), local_storage)
             except ConfigError as err:
                 raise SweepSpecError(
                     f"invalid sweep spec:\n  space.{key}.{kind} = {args!r}: value {value!r} is "
@@ -556,7 +565,6 @@ def resolve(
     _resources_check(spec, base_cfg)
 
     _check_schedule(spec, base_cfg, dims)
-    storage_path = storage_location(storage if storage is not None else (spec.storage or Path("sweeps_out") / spec.name))
     spec.storage = storage_path
     try:
         from engine.storage import open_storage

@@ -253,7 +253,8 @@ def hetsim_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
     import ray
     from ray import tune
 
-    from engine.run import execute_run, run_experiment
+    from engine.run import execute_run, run_in_folder
+    from engine.validate import validate_experiment
 
     resolved = ResolvedSweep.from_dict(sweep)
     trial_id = tune.get_context().get_trial_id()
@@ -296,6 +297,7 @@ def hetsim_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
 
     try:
         cfg = load_config(resolved.trial_raw(params))
+        warnings = validate_experiment(cfg, folder.run_dir)
         reporter.last_round = cfg.rounds - 1
         placement_group = ray.util.get_current_placement_group()
         executor = None
@@ -304,11 +306,11 @@ def hetsim_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
         if first_round is not None:
             # another trial's checkpoint (PBT) was written under other hyperparameters
             execute_run(cfg, folder.run_dir, [reporter], command, executor=executor, resume=True,
-                        allow_config_change=origin != trial_id)
+                        allow_config_change=origin != trial_id, warnings=warnings)
         elif executor is not None or cfg.executor.kind != "ray":
-            execute_run(cfg, folder.run_dir, [reporter], command, executor=executor)
+            execute_run(cfg, folder.run_dir, [reporter], command, executor=executor, warnings=warnings)
         else:  # outside a placement group: the engine's own driver actor
-            run_experiment(cfg, folder.run_dir, [reporter], command)
+            run_in_folder(cfg, folder.run_dir, [reporter], command, warnings)
     except SystemExit:  # Tune stopped the trial (scheduler decision, PBT exploit, interruption)
         msg = f"stopped by Tune after {reporter.rounds_done} round(s)"
         _mark_manifest(folder.run_dir, "stopped", msg)
@@ -317,5 +319,9 @@ def hetsim_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
     except BaseException as err:
         ended("error", error_text(err))
         raise
-    ended("finished")
+    manifest = json.loads((folder.run_dir / "manifest.json").read_text())
+    if manifest.get("status") == "diverged":  # train.on_nonfinite: stop ended it
+        ended("diverged", manifest.get("error", ""))
+    else:
+        ended("finished")
     reporter.flush()

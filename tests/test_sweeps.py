@@ -256,32 +256,48 @@ def test_grid_sweep_writes_parquet_and_matches_direct_runs(tmp_path, local_ray):
 
 @pytest.mark.ray
 def test_a_failing_trial_is_recorded_and_the_others_finish(tmp_path, local_ray, capsys):
-    # `mnist` passes validation but its files are not under dataset.root: it fails at run time.
+    # a client that raises at run time (validation cannot see it coming) fails one trial
+    fleet = {"num_clients": 10, "participation": 1.0, "profiles": {"availability": 1.0, "dropout": 0.0}}
     spec_file = tmp_path / "fail.yaml"
     spec_file.write_text(yaml.safe_dump(spec(
-        base={**BASE, "dataset": {"name": "digits", "root": str(tmp_path / "no-data")}},
-        space={"dataset.name": {"grid": ["mnist", "digits"]}},
+        base={**BASE, "clients": fleet},
+        space={"executor.inject_failure": {"grid": [None, {"round": 1, "client": 3}]}},
     )))
     assert main(["sweep", str(spec_file), "--storage", str(tmp_path / "sw"), "-q"]) == 0
     out = capsys.readouterr().out
-    assert "1 finished, 1 error" in out and "missing 4 file(s)" in out
+    assert "1 finished, 1 error" in out and "client 3 failed in round 1" in out
     trials = load_sweep(tmp_path / "sw").trials
-    ok, failed = trials[trials["name"] == "digits"], trials[trials["name"] == "mnist"]
+    ok, failed = trials[trials["status"] == "finished"], trials[trials["status"] == "error"]
     assert len(ok) == len(failed) == 1
-    assert (ok["status"] == "finished").all() and (ok["rounds_done"] == 2).all()
-    assert (failed["status"] == "error").all() and (failed["rounds_done"] == 0).all()
-    assert failed["error"].str.contains("DatasetNotFoundError: dataset 'mnist': missing 4 file").all()
-    assert failed["error"].str.contains(str(tmp_path / "no-data")).all()
+    assert (ok["rounds_done"] == 2).all() and (failed["rounds_done"] == 1).all()
+    assert failed["error"].str.contains(
+        "ClientFailure: client 3 failed in round 1: RuntimeError: failure injected").all()
     # the failed trial's own run folder says so too
     run = load_run(tmp_path / "sw" / failed["run_dir"].iloc[0])
     assert run.manifest["status"] == "failed"
     # retried, it keeps its identity: still one row per configuration, now with 2 attempts
     assert main(["sweep", "--resume", str(tmp_path / "sw"), "--retry-errored", "-q"]) == 0
     for again in (load_sweep(tmp_path / "sw"), load_sweep(tmp_path / "sw", refresh=True)):
-        t = again.trials.set_index("name")
-        assert len(t) == 2 and t.loc["mnist", "trial_id"] == failed["trial_id"].iloc[0]
-        assert t.loc["mnist", "attempts"] == 2 and t.loc["mnist", "status"] == "error"
-        assert t.loc["digits", "attempts"] == 1 and t.loc["digits", "status"] == "finished"
+        t = again.trials.set_index("trial_id")
+        assert len(t) == 2
+        assert t.loc[failed["trial_id"].iloc[0], "attempts"] == 2
+        assert t.loc[failed["trial_id"].iloc[0], "status"] == "error"
+        assert t.loc[ok["trial_id"].iloc[0], "attempts"] == 1
+        assert t.loc[ok["trial_id"].iloc[0], "status"] == "finished"
+
+
+def test_a_trial_value_the_data_cannot_take_is_refused_before_the_sweep_starts(tmp_path, capsys):
+    # `mnist` is a valid name, but its files are not under dataset.root: the validation pass
+    # (run on every value of the space) finds out before any trial runs
+    spec_file = tmp_path / "fail.yaml"
+    spec_file.write_text(yaml.safe_dump(spec(
+        base={**BASE, "dataset": {"name": "digits", "root": str(tmp_path / "no-data")}},
+        space={"dataset.name": {"grid": ["mnist", "digits"]}},
+    )))
+    assert main(["sweep", str(spec_file), "--storage", str(tmp_path / "sw"), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "space.dataset.name.grid" in err and "value 'mnist'" in err and "missing 4 file(s)" in err
+    assert not (tmp_path / "sw").exists()
 
 
 @pytest.mark.ray
