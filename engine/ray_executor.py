@@ -124,7 +124,6 @@ def _start_local_ray(ray, num_cpus: int | None, num_gpus: int | None = None) -> 
             address="local",  # never RAY_ADDRESS or /tmp/ray/ray_current_cluster
             num_cpus=num_cpus,
             num_gpus=num_gpus,
-            num_gpus=num_gpus,
             include_dashboard=False,
             logging_level=logging.WARNING,
             log_to_driver=False,
