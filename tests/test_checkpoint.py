@@ -214,11 +214,13 @@ def test_rewind_drops_later_rounds_from_parts_and_compacted_tables(tmp_path):
 
 
 # ------------------------------------------------------------------------------ real processes
-def hetsim_process(path: Path, overrides: list[str], *args: str) -> subprocess.Popen:
+def hetsim_process(path: Path, overrides: list[str], *args: str,
+                   env: dict[str, str] | None = None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "hetsim", "run", "-q", "-o", str(path), *args]
     for o in [*BASE, *overrides]:
         cmd += ["--set", o]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, **(env or {}),
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -115,8 +115,11 @@ def test_gpu_shares_bound_the_pool_like_cpus():
 
 @pytest.fixture(scope="module")
 def fake_gpu_ray():
+    import ray as ray_module
+
     from engine.ray_executor import init_ray
 
+    ray_module.shutdown()  # a Ray left by another module has no GPUs declared
     ray = init_ray(num_cpus=2, num_gpus=2)
     assert ray.cluster_resources().get("GPU") == 2
     yield ray

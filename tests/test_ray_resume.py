@@ -98,6 +98,15 @@ def on_this_cluster(ray) -> list[str]:
     return ["executor.kind=ray", f"ray.address={ray.get_runtime_context().gcs_address}"]
 
 
+def join_env() -> dict[str, str]:
+    """What a process needs to join this test's private local Ray (docs/security.md): its
+    session token, and Ray's local-only mode so that it looks for the cluster on loopback."""
+    from engine import ray_executor
+
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": ray_executor._local_token,
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
 @pytest.mark.parametrize("method", sorted(KILL_METHODS))
 def test_sigkill_of_hetsim_run_on_ray_then_resume_equals_an_uninterrupted_run(tmp_path, local_ray, method):
     """FedAvg's run starts its own local Ray (as `hetsim run` on a laptop), the others join
@@ -109,7 +118,8 @@ def test_sigkill_of_hetsim_run_on_ray_then_resume_equals_an_uninterrupted_run(tm
     overrides = [*KILL_METHODS[method], *SLOW_ROUNDS]
     own_ray = method == "fedavg"
     path = tmp_path / "killed"
-    proc = hetsim_process(path, [*overrides, *(RAY if own_ray else on_this_cluster(local_ray))])
+    proc = hetsim_process(path, [*overrides, *(RAY if own_ray else on_this_cluster(local_ray))],
+                          env=None if own_ray else join_env())
     try:
         kill_at_round(proc, path, k, delay=delay)
         # with its own Ray: GCS, raylet, agents, the driver actor and the client actors
@@ -139,7 +149,7 @@ def test_sigkill_of_hetsim_run_on_ray_then_resume_equals_an_uninterrupted_run(tm
 def test_ctrl_c_of_hetsim_run_on_ray_checkpoints_after_the_round_and_resumes(tmp_path, local_ray):
     overrides = [*METHODS["fedcspack-own_mask"], "rounds=40", "checkpoint.every=0"]
     path = tmp_path / "r"
-    proc = hetsim_process(path, [*overrides, *on_this_cluster(local_ray)])
+    proc = hetsim_process(path, [*overrides, *on_this_cluster(local_ray)], env=join_env())
     kill_at_round(proc, path, 2, sig=signal.SIGINT)
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 130, out
