@@ -9,10 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.callbacks import CallbackLike, CallbackList, RunCallback, RunContext, Stop
+from engine.callbacks import CallbackLike, CallbackList, RoundRecord, RunCallback, RunContext, Stop
 from engine.config import ExperimentConfig
 from engine.ray_executor import init_ray
-from engine.simulation import RoundRecord
 from engine.trace import mark
 
 POLL_S = 0.5
@@ -41,9 +40,16 @@ def _driver_actor_class():
             self._relay = _Relay()
 
         def run(self, cfg: ExperimentConfig, path: str, command: list[str]) -> str:
+            from engine.ray_executor import RayExecutor
+
+            executor = RayExecutor(cfg)
+            executor.prelaunch()  # the client actors start while execute_run loads the data
             from engine.run import execute_run
 
-            return str(execute_run(cfg, Path(path), [self._relay], command))
+            try:
+                return str(execute_run(cfg, Path(path), [self._relay], command, executor=executor))
+            finally:
+                executor.close()  # also when the run failed before its loop (which closes it)
 
         def stop(self, message: str, status: str) -> None:
             self._relay.stop_request = Stop(message, status)

@@ -9,11 +9,12 @@ import time
 import traceback
 from pathlib import Path
 
-from engine.callbacks import CallbackLike, RunCallback, RunContext, around_recorder
+from engine.callbacks import CallbackLike, RoundRecord, RunCallback, RunContext, around_recorder
 from engine.config import ExperimentConfig, dump_config
-from engine.results import RunWriter, SCHEMA_VERSION
-from engine.simulation import RoundRecord, Simulation
 from engine.trace import mark
+
+# The loop's modules (torch, pandas) are imported by execute_run, in the process that runs the
+# loop: the caller of a Ray run only starts the driver actor and relays rounds.
 
 
 def versions() -> dict[str, str]:
@@ -62,7 +63,7 @@ def make_executor(cfg: ExperimentConfig):
 class RunRecorder(RunCallback):
     """Appends every round's rows to the run folder's Parquet parts; compacts them at the end."""
 
-    def __init__(self, writer: RunWriter):
+    def __init__(self, writer):
         self.writer = writer
 
     def on_round_end(self, run: RunContext, record: RoundRecord) -> None:
@@ -110,6 +111,9 @@ def execute_run(
     ``executor`` defaults to the one ``cfg.executor`` names (see :func:`make_executor`).
     """
     mark("run: begins")
+    from engine.results import SCHEMA_VERSION, RunWriter
+    from engine.simulation import Simulation
+
     path = Path(path)
     writer = RunWriter(path)
     dump_config(cfg, path / "config.yaml")

@@ -35,7 +35,6 @@ class HostSetup:
     profiles: Any  # hardware_profiles.ProfileTable
     arch_names: list[str]  # architecture name per code; "" when all clients share one model
     client_arch: np.ndarray  # int code per client (into arch_names)
-    flops_per_sample: dict[str, float]
 
 
 def build_arch_model(cfg: ExperimentConfig, arch: str, input_shape, num_classes) -> torch.nn.Module:
@@ -46,6 +45,18 @@ def build_arch_model(cfg: ExperimentConfig, arch: str, input_shape, num_classes)
     with torch.random.fork_rng():
         torch.manual_seed(cfg.seed)
         return build_model(name, input_shape, num_classes, **params)
+
+
+def arch_flops(cfg: ExperimentConfig, arch: str, input_shape, num_classes) -> float:
+    """Training FLOPs of one sample of an architecture (counted once per process).
+
+    Counted by the hosts, not the driver: the count imports torch._dynamo (~1 s), which a
+    host imports anyway for torch.optim and the driver of a FedAvg run never needs.
+    """
+    from engine.models import training_flops_per_sample
+
+    name, params = arch_spec(cfg, arch)
+    return float(training_flops_per_sample(name, input_shape, num_classes, **params))
 
 
 def arch_spec(cfg: ExperimentConfig, arch: str) -> tuple[str, dict]:
@@ -106,10 +117,12 @@ class ClientHost:
             self.y = torch.from_numpy(data.y)
         self.workspace: dict[str, torch.nn.Module] = {}
         self.pristine: dict[str, dict[str, torch.Tensor]] = {}
+        self.flops_per_sample: dict[str, float] = {}
         for arch in set(setup.arch_names[c] for c in np.unique(setup.client_arch)):
             model = build_arch_model(cfg, arch, data.input_shape, data.num_classes)
             self.workspace[arch] = model
             self.pristine[arch] = {k: v.clone() for k, v in model.state_dict().items()}
+            self.flops_per_sample[arch] = arch_flops(cfg, arch, data.input_shape, data.num_classes)
         self.states: dict[int, dict[str, Any]] = {}
         t = cfg.train
         self.train_settings = TrainSettings(
@@ -154,7 +167,7 @@ class ClientHost:
             train_y=self.y[train_idx],
             rng=client_rng(self.cfg.seed, round, cid),
             train=self.train_settings,
-            flops_per_sample=setup.flops_per_sample[arch],
+            flops_per_sample=self.flops_per_sample[arch],
             profile=setup.profiles.profile(cid) if self.client.needs_profile and setup.profiles is not None
             else None,
         )

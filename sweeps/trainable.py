@@ -148,6 +148,7 @@ def hetsim_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
         placement_group = ray.util.get_current_placement_group()
         if cfg.executor.kind == "ray" and placement_group is not None:
             executor = RayExecutor(cfg, placement_group=placement_group)
+            executor.prelaunch()  # the client actors start while the trial loads the data
             execute_run(cfg, run_dir, [reporter], command, executor=executor)
         else:  # in-process (or, outside a placement group, the engine's own driver actor)
             run_experiment(cfg, run_dir, [reporter], command)

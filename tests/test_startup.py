@@ -83,3 +83,21 @@ def test_unknown_names_still_list_the_allowed_ones():
     with pytest.raises(ConfigError, match="'nope'.*'fedavg', 'fedprox', 'fedavg_compressed', "
                                           "'fedcspack', 'ascend'"):
         load_config(None, {"algorithm": {"name": "nope"}})
+
+
+def test_the_command_exits_with_its_code_and_a_complete_run_folder(tmp_path):
+    """`python -m hetsim` ends without the interpreter's teardown: output, exit status and run
+    folder must be complete all the same."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = tmp_path / "run"
+    args = ["run", "-q", "-o", str(out), "--set", "dataset.name=digits", "--set", "model.name=mlp",
+            "--set", "clients.num_clients=4", "--set", "rounds=2", "--set", "clients.profiles={}"]
+    proc = subprocess.run([sys.executable, "-m", "hetsim", *args], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "status                           finished" in proc.stdout and f"results: {out}" in proc.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "finished"
+    assert (out / "rounds.parquet").exists() and not (out / "_parts").exists()
+    bad = subprocess.run([sys.executable, "-m", "hetsim", "validate", "--set", "train.lr=-1"],
+                         capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert bad.returncode == 2 and "train.lr" in bad.stderr
