@@ -129,6 +129,7 @@ def cmd_run(args) -> int:
 def cmd_sweep(args) -> int:
     from sweeps import runner
 
+    mark("cli: sweep modules imported")
     if bool(args.spec) == bool(args.resume):
         print("hetsim sweep: give a spec file or --resume PATH (one of them)", file=sys.stderr)
         return 2

@@ -28,6 +28,7 @@ from typing import Any
 from engine.callbacks import RunCallback
 from engine.config import load_config
 from engine.ray_executor import RayExecutor
+from engine.trace import mark
 from sweeps.space import plain
 from sweeps.spec import ResolvedSweep
 
@@ -124,6 +125,7 @@ def hetsim_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
 
     from engine.run import execute_run, run_experiment
 
+    mark("trial: begins")
     resolved = ResolvedSweep.from_dict(sweep)
     trial_id = tune.get_context().get_trial_id()
     run_dir = resolved.storage / "runs" / trial_id
@@ -162,3 +164,4 @@ def hetsim_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
         raise
     _write_info(run_dir, {**info, "status": "finished"})
     reporter.flush()
+    mark("trial: ends")
