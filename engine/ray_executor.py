@@ -151,10 +151,8 @@ def _client_actor_class():
         def __init__(self, cfg: ExperimentConfig, threads: int):
             mark("client actor: up")
             # Everything a host needs is imported now, while the driver loads the data: torch,
-            # the method, the models, and torch._dynamo, which torch.optim imports on the first
-            # optimizer step (~1.3 s of CPU, as much as torch itself; the FLOP count needs it too).
+            # the method and the models.
             import torch
-            import torch._dynamo  # noqa: F401
 
             from algorithms import ALGORITHMS
 

@@ -50,8 +50,8 @@ def build_arch_model(cfg: ExperimentConfig, arch: str, input_shape, num_classes)
 def arch_flops(cfg: ExperimentConfig, arch: str, input_shape, num_classes) -> float:
     """Training FLOPs of one sample of an architecture (counted once per process).
 
-    Counted by the hosts, not the driver: the count imports torch._dynamo (~1 s), which a
-    host imports anyway for torch.optim and the driver of a FedAvg run never needs.
+    Counted by the hosts, which need it, not by the driver, which would count it for them:
+    the count runs a forward and backward pass of the model under torch's FLOP counter.
     """
     from engine.models import training_flops_per_sample
 
