@@ -67,27 +67,32 @@ def init_ray(address: str | None = None, num_cpus: int | None = None):
     return ray
 
 
+# Head processes a local Ray of one hetsim command does without (see below).
+UNUSED_HEAD_PROCESSES = ("start_monitor", "start_log_monitor", "start_api_server")
+
+
 @contextmanager
 def _without_unused_head_processes():
-    """While a local Ray starts: no autoscaler monitor and no log monitor.
+    """While a local Ray starts: no autoscaler monitor, no log monitor, no dashboard API server.
 
-    A local single-node Ray scales nothing, and we forward no worker logs
-    (``log_to_driver=False``); each of the two is a Python process that takes CPU while our
-    actors start, and the monitor alone holds ``ray.shutdown()`` for 1 s (it outlives the
-    SIGTERM grace period). ``ray.init`` has no switch for them (``ray start`` has
-    ``--no-monitor``), so ``Node.start_monitor`` / ``Node.start_log_monitor`` are skipped for
-    the duration of the call (measured with ray 2.60: ~1 s less to start, ~1 s less to stop on
-    2 busy cores). Should a Ray version lack these methods, nothing is changed.
+    A local single-node Ray scales nothing, we forward no worker logs (``log_to_driver=False``)
+    and serve no dashboard, job or state API (``include_dashboard=False`` still starts an API
+    server, and ``ray.init`` waits until it is up before it even starts the raylet). Each is a
+    Python process that takes CPU while our actors start; the monitor alone also holds
+    ``ray.shutdown()`` for 1 s (it outlives the SIGTERM grace period). ``ray.init`` has no switch
+    for them, so these ``Node`` methods are skipped for the duration of the call (measured with
+    ray 2.60 on 2 busy cores: 1-2 s less to start, 1 s less to stop; Tune needs none of them).
+    Should a Ray version lack a method, it is left alone.
     """
     try:
         from ray._private.node import Node
     except ImportError:  # pragma: no cover - another Ray layout: start it as it comes
         yield
         return
-    saved = {name: Node.__dict__[name] for name in ("start_monitor", "start_log_monitor") if name in Node.__dict__}
+    saved = {name: Node.__dict__[name] for name in UNUSED_HEAD_PROCESSES if name in Node.__dict__}
     try:
         for name in saved:
-            setattr(Node, name, lambda self: None)
+            setattr(Node, name, lambda self, *args, **kwargs: None)
         yield
     finally:
         for name, method in saved.items():
