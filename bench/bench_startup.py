@@ -45,20 +45,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-REFERENCE_JOB = [
-    "dataset.name=mnist5k",
-    "model.name=cnn",
-    "clients.num_clients=20",
-    "clients.participation=1.0",
-    "clients.profiles={availability: 1.0, dropout: 0.0}",
-    "partition.scheme=iid",
-    "train.local_epochs=1",
-    "train.batch_size=16",
-    "rounds=5",
-    "evaluation.personalized=false",
-    "evaluation.global_model=false",
-    "ray.num_cpus=2",
-]
+from bench_engine import COMPUTE_BOUND  # noqa: E402 - this folder is on sys.path when run as a script
+
+# bench_engine's compute-bound setting with light rounds: 1 epoch of batch 16, 5 rounds
+REFERENCE_JOB = [*COMPUTE_BOUND, "train.local_epochs=1", "train.batch_size=16", "rounds=5", "ray.num_cpus=2"]
 SWEEP_BASE = {
     "seed": 0,
     "rounds": 2,
