@@ -3,6 +3,9 @@
     .venv/bin/python bench/bench_startup.py                  # all figures, 3 repeats (~3 min)
     .venv/bin/python bench/bench_startup.py cli ray          # some of: cli ray attach light sweep
     .venv/bin/python bench/bench_startup.py --repeats 5 --timeline
+    .venv/bin/python bench/bench_startup.py cli ray --timeline --baseline /tmp/before
+                      # the same figures of another checkout (e.g. `git worktree add /tmp/before
+                      # ed5cf72`), interleaved with this one's: before/after on one machine state
 
 Each figure is a fresh process (``python -m hetsim ...``) timed from launch to exit; the repeats
 are interleaved (help, validate, in-process, Ray, help, ...) so that load changes on a shared
@@ -16,8 +19,9 @@ machine hit every figure alike, and each figure prints its median and range. Fig
 * ``attach``  the same Ray job attached to a running local Ray (``ray start --head`` once, then
               ``ray.address=auto``): what repeated runs on one machine pay.
 * ``light``   in one process, in-process engine rounds ÷ a bare PyTorch loop over the same
-              clients, batches and aggregation (bench_engine.BareLoop), reference job, rounds
-              alternated (goal <= 1.05).
+              clients, batches and aggregation (bench_engine.BareLoop), reference job: 10 x
+              repeats pairs of rounds, alternated, ratios of CPU time and of wall time (goal
+              <= 1.05; CPU time is what a loaded machine disturbs least).
 * ``sweep``   ``hetsim sweep`` of 1 and of 4 tiny trials (digits, MLP, 10 clients, 2 rounds, one
               at a time): fixed overhead = wall(1) - the trial's own wall_s (goal <= 8 s);
               per-trial overhead = (overhead(4) - overhead(1)) / 3 (goal <= 0.5 s).
@@ -41,20 +45,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-REFERENCE_JOB = [
-    "dataset.name=mnist5k",
-    "model.name=cnn",
-    "clients.num_clients=20",
-    "clients.participation=1.0",
-    "clients.profiles={availability: 1.0, dropout: 0.0}",
-    "partition.scheme=iid",
-    "train.local_epochs=1",
-    "train.batch_size=16",
-    "rounds=5",
-    "evaluation.personalized=false",
-    "evaluation.global_model=false",
-    "ray.num_cpus=2",
-]
+from bench_engine import COMPUTE_BOUND  # noqa: E402 - this folder is on sys.path when run as a script
+
+# bench_engine's compute-bound setting with light rounds: 1 epoch of batch 16, 5 rounds
+REFERENCE_JOB = [*COMPUTE_BOUND, "train.local_epochs=1", "train.batch_size=16", "rounds=5", "ray.num_cpus=2"]
 SWEEP_BASE = {
     "seed": 0,
     "rounds": 2,
@@ -70,21 +64,25 @@ GOALS = {  # figure -> (goal text, test)
     "Ray job, rounds: in-process ÷ Ray": (">= 1.7x", lambda v: v >= 1.7),
     "in-process job, whole process": ("", None),
     "Ray job attached (ray.address=auto)": ("", None),
-    "light rounds: engine ÷ bare loop": ("<= 1.05", lambda v: v <= 1.05),
+    "light rounds: engine ÷ bare loop, CPU": ("<= 1.05", lambda v: v <= 1.05),
+    "light rounds: engine ÷ bare loop, wall": ("<= 1.05", lambda v: v <= 1.05),
     "sweep fixed overhead": ("<= 8 s", lambda v: v <= 8.0),
     "sweep per-trial overhead": ("<= 0.5 s", lambda v: v <= 0.5),
 }
 
 
-def hetsim(args: list[str], trace: Path | None = None, check: bool = True) -> float:
-    """Wall seconds of ``python -m hetsim ARGS`` from launch to exit."""
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+def hetsim(args: list[str], tree: Path = REPO, trace: Path | None = None, check: bool = True) -> float:
+    """Wall seconds of ``python -m hetsim ARGS`` (the checkout ``tree``) from launch to exit."""
+    # RAY_ADDRESS=local: a Ray started by `ray start` elsewhere on this (shared) machine must not
+    # be joined by the runs that are meant to start their own; the attach figure names its own.
+    env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "RAY_ADDRESS": "local"}
     env.pop("HETSIM_TRACE", None)
     if trace is not None:
         env["HETSIM_TRACE"] = str(trace)
     t0 = time.time()
     proc = subprocess.run([sys.executable, "-m", "hetsim", *args], capture_output=True, text=True,
-                          env=env, cwd=REPO)
+                          env=env, cwd=tree)
     wall = time.time() - t0
     if check and proc.returncode != 0:
         raise RuntimeError(f"hetsim {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
@@ -100,24 +98,31 @@ def rounds_wall(run_dir: Path) -> float:
     return float(pd.read_parquet(run_dir / "rounds.parquet")["wall_s"].sum())
 
 
-def run_job(tmp: Path, tag: str, extra: list[str], trace: Path | None = None) -> tuple[float, float]:
+def run_job(tmp: Path, tag: str, extra: list[str], tree: Path = REPO,
+            trace: Path | None = None) -> tuple[float, float]:
+    """(whole process, sum of the rounds' wall_s) of the reference job."""
     out = tmp / tag
     shutil.rmtree(out, ignore_errors=True)
     args = ["run", "-q", "-o", str(out)]
     for item in [*REFERENCE_JOB, *extra]:
         args += ["--set", item]
-    wall = hetsim(args, trace)
+    wall = hetsim(args, tree, trace)
     return wall, rounds_wall(out)
 
 
 # ---------------------------------------------------------------- light rounds, in one process
 
 
-def light_rounds(repeats: int) -> list[float]:
-    """engine ÷ bare ratios, one per repeat, both sides in this process (one torch thread)."""
+def light_rounds(pairs: int, tree: Path = REPO) -> dict[str, list[float]]:
+    """engine ÷ bare ratios of wall time and of CPU time, one per pair of rounds.
+
+    Both sides run in one process with one torch thread; each pair is one engine round (with
+    its Parquet writes) and the bare loop's same round, in alternating order. CPU time (this
+    process's, all threads) is what a loaded machine disturbs least.
+    """
     code = f"""
 import json, sys, tempfile, time
-sys.path[:0] = [{str(REPO)!r}, {str(REPO / 'bench')!r}]
+sys.path[:0] = [{str(tree)!r}, {str(REPO / 'bench')!r}]
 import torch
 torch.set_num_threads(1)
 from bench_engine import BareLoop
@@ -134,20 +139,21 @@ def engine_round(r):
     rec = sim.run_round(r)
     writer.append("rounds", [rec.row])
     writer.append("clients", rec.client_rows)
-engine_round(0); bare.round(0)  # warm-up
-ratios = []
-for rep in range({repeats}):
-    times = {{}}
-    for name, fn in (("engine", engine_round), ("bare", bare.round)) if rep % 2 == 0 else \\
-            (("bare", bare.round), ("engine", engine_round)):
-        t = time.perf_counter()
-        for r in range(1, cfg.rounds):
-            fn(r)
-        times[name] = time.perf_counter() - t
-    ratios.append(times["engine"] / times["bare"])
-print(json.dumps(ratios))
+for r in range(2):  # warm-up: first-touch allocations, lazy imports
+    engine_round(r); bare.round(r)
+out = {{"wall": [], "cpu": []}}
+for i in range({pairs}):
+    r = 2 + i % (cfg.rounds - 2)
+    t = {{}}
+    for name, fn in (("engine", engine_round), ("bare", bare.round))[:: 1 if i % 2 == 0 else -1]:
+        w, c = time.perf_counter(), time.process_time()
+        fn(r)
+        t[name] = (time.perf_counter() - w, time.process_time() - c)
+    out["wall"].append(t["engine"][0] / t["bare"][0])
+    out["cpu"].append(t["engine"][1] / t["bare"][1])
+print(json.dumps(out))
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tree)
     if proc.returncode != 0:
         raise RuntimeError(f"light rounds failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -156,7 +162,7 @@ print(json.dumps(ratios))
 # ---------------------------------------------------------------- sweeps
 
 
-def sweep_overhead(tmp: Path, trials: int) -> float:
+def sweep_overhead(tmp: Path, trials: int, tree: Path = REPO) -> float:
     """Wall of ``hetsim sweep`` minus the trials' own wall_s (run folders' manifests)."""
     import yaml
 
@@ -168,7 +174,7 @@ def sweep_overhead(tmp: Path, trials: int) -> float:
             "ray": {"num_cpus": 2}}
     spec_path = tmp / f"{name}.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
-    wall = hetsim(["sweep", "-q", str(spec_path), "--storage", str(storage)])
+    wall = hetsim(["sweep", "-q", str(spec_path), "--storage", str(storage)], tree)
     inside = sum(json.loads(p.read_text())["wall_s"] for p in storage.glob("runs/*/manifest.json"))
     return wall - inside
 
@@ -177,21 +183,51 @@ def sweep_overhead(tmp: Path, trials: int) -> float:
 
 
 class LocalRayHead:
-    """``ray start --head`` for the attach figure; stopped on exit."""
+    """``ray start --head --block`` for the attach figure, as a child of this process.
 
-    def __init__(self, trace: Path):
-        self.env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    Not ``ray stop`` at the end (it stops every Ray on the machine, other users' too): the
+    blocking ``ray start`` process is sent SIGTERM and takes its Ray down with it. Its own temp
+    dir keeps other sessions' ``ray.init()`` from finding it; the runs get its address.
+    """
+
+    def __init__(self, trace: Path, tmp: Path, tree: Path = REPO):
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.address = f"127.0.0.1:{self.port}"
+        self.temp_dir = tmp / "ray"
+        self.env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                     "HETSIM_TRACE": str(trace), "RAY_USAGE_STATS_ENABLED": "0"}
+        self.env.pop("RAY_ADDRESS", None)
         self.ray = str(Path(sys.executable).with_name("ray"))
 
     def __enter__(self):
-        subprocess.run([self.ray, "start", "--head", "--num-cpus=2", "--include-dashboard=false",
-                        "--node-ip-address=127.0.0.1", "--disable-usage-stats"],
-                       check=True, capture_output=True, env=self.env)
-        return self
+        self.proc = subprocess.Popen(
+            [self.ray, "start", "--head", "--block", "--num-cpus=2", "--include-dashboard=false",
+             "--node-ip-address=127.0.0.1", f"--port={self.port}", f"--temp-dir={self.temp_dir}",
+             "--disable-usage-stats"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env)
+        import ray  # wait until the head answers
+
+        deadline = time.time() + 120
+        while True:
+            try:
+                ray.init(address=self.address, logging_level="ERROR", log_to_driver=False)
+                ray.shutdown()
+                return self
+            except Exception:  # noqa: BLE001 - not up yet
+                if time.time() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError("ray start --head did not come up") from None
+                time.sleep(0.5)
 
     def __exit__(self, *exc):
-        subprocess.run([self.ray, "stop", "--force"], capture_output=True, env=self.env)
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
 
 # ---------------------------------------------------------------- report
@@ -213,17 +249,18 @@ def timeline(trace: Path) -> list[str]:
     return out
 
 
-def summarize(samples: dict[str, list[float]]) -> list[str]:
-    lines = [f"{'figure':<40} {'goal':>9} {'median':>8} {'range':>15}  met"]
+def summarize(samples: dict[str, list[float]], trees: list[tuple[str, Path]]) -> list[str]:
+    lines = [f"{'figure':<40} {'tree':<9} {'goal':>9} {'median':>8} {'range':>13}  met"]
     for name, (goal, test) in GOALS.items():
-        vals = samples.get(name)
-        if not vals:
-            continue
-        med = statistics.median(vals)
-        unit = "x" if "÷" in name else "s"
-        rng = f"{min(vals):.2f}–{max(vals):.2f}"
-        met = "" if test is None else ("yes" if test(med) else "NO")
-        lines.append(f"{name:<40} {goal:>9} {med:7.2f}{unit} {rng:>15}  {met}")
+        for label, _ in trees:
+            vals = samples.get(name + label)
+            if not vals:
+                continue
+            med = statistics.median(vals)
+            unit = "x" if "÷" in name else "s"
+            rng = f"{min(vals):.2f}–{max(vals):.2f}"
+            met = "" if test is None else ("yes" if test(med) else "NO")
+            lines.append(f"{name:<40} {label.strip(' []') or 'this':<9} {goal:>9} {med:7.2f}{unit} {rng:>13}  {met}")
     return lines
 
 
@@ -233,68 +270,82 @@ def main(argv: list[str] | None = None) -> int:
                     help="figures: cli ray attach light sweep (default: all)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--timeline", action="store_true", help="print the median Ray run's timeline")
+    ap.add_argument("--baseline", type=Path, metavar="TREE",
+                    help="another checkout whose figures are measured interleaved with this one's")
     args = ap.parse_args(argv)
     which = set(args.which)
     unknown = which - {"cli", "ray", "attach", "light", "sweep"}
     if unknown:
         ap.error(f"unknown figure(s) {sorted(unknown)}")
+    trees = [("", REPO)] + ([(" [baseline]", args.baseline.resolve())] if args.baseline else [])
 
     import ray
     import torch
 
     print(f"# {' '.join([Path(sys.executable).name, *sys.argv])}")
     print(f"# cpus {os.cpu_count()}, torch {torch.__version__}, ray {ray.__version__}, "
-          f"load average before {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
+          f"load average before {' '.join(f'{v:.2f}' for v in os.getloadavg())}"
+          + (f"; baseline {trees[1][1]}" if args.baseline else ""))
     t_start = time.time()
     tmp = Path(tempfile.mkdtemp(prefix="bench_startup_"))
     samples: dict[str, list[float]] = {}
-    ray_traces: list[tuple[float, Path]] = []
+    ray_traces: dict[str, list[tuple[float, Path]]] = {}
+    attach_timelines: dict[str, list[str]] = {}
 
     def add(name: str, value: float) -> None:
         samples.setdefault(name, []).append(value)
 
     try:
         for rep in range(args.repeats):
-            if "cli" in which:
-                add("hetsim --help", hetsim(["--help"]))
-                add("hetsim validate", hetsim(["validate"]))
-            if "ray" in which:
-                wall_local, rounds_local = run_job(tmp, "inprocess", ["executor.kind=inprocess"])
-                trace = tmp / f"trace_ray_{rep}.txt"
-                wall_ray, rounds_ray = run_job(tmp, "ray", ["executor.kind=ray"], trace)
-                add("in-process job, whole process", wall_local)
-                add("Ray job, whole process", wall_ray)
-                add("Ray job, rounds: in-process ÷ Ray", rounds_local / rounds_ray)
-                ray_traces.append((wall_ray, trace))
-            if "sweep" in which:
-                one = sweep_overhead(tmp, 1)
-                four = sweep_overhead(tmp, 4)
-                add("sweep fixed overhead", one)
-                add("sweep per-trial overhead", (four - one) / 3)
+            for label, tree in trees:  # interleaved: every tree's figures in each repeat
+                if "cli" in which:
+                    add("hetsim --help" + label, hetsim(["--help"], tree))
+                    add("hetsim validate" + label, hetsim(["validate"], tree))
+                if "ray" in which:
+                    wall_local, rounds_local = run_job(tmp, "inprocess", ["executor.kind=inprocess"], tree)
+                    trace = tmp / f"trace_ray_{rep}{label.strip(' []')}.txt"
+                    wall_ray, rounds_ray = run_job(tmp, "ray", ["executor.kind=ray"], tree, trace)
+                    add("in-process job, whole process" + label, wall_local)
+                    add("Ray job, whole process" + label, wall_ray)
+                    add("Ray job, rounds: in-process ÷ Ray" + label, rounds_local / rounds_ray)
+                    ray_traces.setdefault(label, []).append((wall_ray, trace))
+                if "sweep" in which:
+                    one = sweep_overhead(tmp, 1, tree)
+                    four = sweep_overhead(tmp, 4, tree)
+                    add("sweep fixed overhead" + label, one)
+                    add("sweep per-trial overhead" + label, (four - one) / 3)
         if "attach" in which:
-            trace = tmp / "trace_attach.txt"
-            with LocalRayHead(trace):
-                run_job(tmp, "attach", ["executor.kind=ray", "ray.address=auto", "ray.num_cpus=null"])
-                for _ in range(args.repeats):
-                    trace.write_text("")
-                    wall, _ = run_job(tmp, "attach", ["executor.kind=ray", "ray.address=auto",
-                                                      "ray.num_cpus=null"], trace)
-                    add("Ray job attached (ray.address=auto)", wall)
-                attach_timeline = timeline(trace)
+            for label, tree in trees:
+                trace = tmp / f"trace_attach{label.strip(' []')}.txt"
+                with LocalRayHead(trace, tmp, tree) as head:
+                    # `ray.address: auto` in normal use; the bench names its own head (LocalRayHead)
+                    attach = ["executor.kind=ray", f"ray.address={head.address}", "ray.num_cpus=null"]
+                    run_job(tmp, "attach", attach, tree)  # the first run after `ray start` (not counted)
+                    for _ in range(args.repeats):
+                        trace.write_text("")
+                        wall, _ = run_job(tmp, "attach", attach, tree, trace)
+                        add("Ray job attached (ray.address=auto)" + label, wall)
+                    attach_timelines[label] = timeline(trace)
         if "light" in which:
-            for ratio in light_rounds(max(args.repeats, 4)):
-                add("light rounds: engine ÷ bare loop", ratio)
+            for label, tree in trees:
+                ratios = light_rounds(10 * args.repeats, tree)
+                samples["light rounds: engine ÷ bare loop, CPU" + label] = ratios["cpu"]
+                samples["light rounds: engine ÷ bare loop, wall" + label] = ratios["wall"]
         print(f"# load average after {' '.join(f'{v:.2f}' for v in os.getloadavg())}; "
               f"{args.repeats} repeats, bench took {time.time() - t_start:.0f} s\n")
-        print("\n".join(summarize(samples)))
-        if args.timeline and ray_traces:
-            wall, trace = sorted(ray_traces)[len(ray_traces) // 2]
-            print(f"\nmedian Ray run ({wall:.2f} s), seconds since launch "
-                  "(p1 = the hetsim command, then other processes in order of appearance):")
-            print("\n".join(timeline(trace)))
-            if "attach" in which:
-                print("\nlast attached run:")
-                print("\n".join(attach_timeline))
+        print("\n".join(summarize(samples, trees)))
+        if args.timeline:
+            for label, _ in trees:
+                if ray_traces.get(label):
+                    runs = sorted(ray_traces[label])
+                    wall, trace = runs[len(runs) // 2]
+                    print(f"\nmedian Ray run{label} ({wall:.2f} s), seconds since launch (p1 = the hetsim "
+                          "command, then the other processes in order of appearance; [cpu] = CPU s "
+                          "the process has used):")
+                    print("\n".join(timeline(trace)))
+                if label in attach_timelines:
+                    print(f"\nlast attached run{label}:")
+                    print("\n".join(attach_timelines[label]))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

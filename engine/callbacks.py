@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Union
 
 if TYPE_CHECKING:
     from engine.config import ExperimentConfig
-    from engine.simulation import RoundRecord, Simulation
+    from engine.simulation import Simulation
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,22 @@ class Stop:
 
     message: str
     status: str = "stopped"
+
+
+@dataclass
+class RoundRecord:
+    """One finished round, as handed to callbacks (here, not with the loop: the caller of a Ray
+    run unpickles relayed records without importing torch)."""
+
+    round: int
+    row: dict[str, Any]  # the rounds.parquet row
+    client_rows: list[dict[str, Any]]  # the clients.parquet rows
+    extra_tables: dict[str, Any] = field(default_factory=dict)  # method traces by table name
+    diverged: str | None = None  # why the run must stop under train.on_nonfinite: stop
+
+    def add_metrics(self, metrics: dict[str, Any]) -> None:
+        """Add columns to this round's rounds.parquet row (from a callback)."""
+        self.row.update(metrics)
 
 
 @dataclass
@@ -66,7 +82,7 @@ class RunCallback:
     def on_run_begin(self, run: RunContext) -> None:
         pass
 
-    def on_round_end(self, run: RunContext, record: "RoundRecord") -> Union[bool, Stop, None]:
+    def on_round_end(self, run: RunContext, record: RoundRecord) -> Union[bool, Stop, None]:
         return None
 
     def on_run_end(self, run: RunContext, status: str) -> None:
@@ -76,7 +92,7 @@ class RunCallback:
 class FunctionCallback(RunCallback):
     """Adapts a plain ``f(record)`` to the interface (it is called after every round)."""
 
-    def __init__(self, fn: Callable[["RoundRecord"], Any]):
+    def __init__(self, fn: Callable[[RoundRecord], Any]):
         self.fn = fn
 
     def on_round_end(self, run, record):
@@ -84,7 +100,7 @@ class FunctionCallback(RunCallback):
         return out if isinstance(out, Stop) or out is True else None
 
 
-CallbackLike = Union[RunCallback, Callable[["RoundRecord"], Any]]
+CallbackLike = Union[RunCallback, Callable[[RoundRecord], Any]]
 
 
 def around_recorder(items: Iterable[CallbackLike] | None, recorder: RunCallback) -> list[RunCallback]:
@@ -115,7 +131,7 @@ class CallbackList:
         for cb in self.callbacks:
             cb.on_run_begin(run)
 
-    def round_end(self, run: RunContext, record: "RoundRecord") -> Stop | None:
+    def round_end(self, run: RunContext, record: RoundRecord) -> Stop | None:
         """Every callback sees the round, even after one asked to stop; the first request wins."""
         stop: Stop | None = None
         for cb in self.callbacks:

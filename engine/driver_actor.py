@@ -9,10 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.callbacks import CallbackLike, CallbackList, RunCallback, RunContext, Stop
+from engine.callbacks import CallbackLike, CallbackList, RoundRecord, RunCallback, RunContext, Stop
 from engine.config import ConfigError, ExperimentConfig
 from engine.ray_executor import init_ray
-from engine.simulation import RoundRecord
 from engine.trace import mark
 
 POLL_S = 0.5
@@ -44,10 +43,17 @@ def _driver_actor_class():
 
         def run(self, cfg: ExperimentConfig, path: str, command: list[str], resume: bool = False,
                 warnings=None) -> str:
+            from engine.ray_executor import RayExecutor
+
+            executor = RayExecutor(cfg)
+            executor.prelaunch()  # the client actors start while execute_run loads the data
             from engine.run import execute_run
 
-            return str(execute_run(cfg, Path(path), [self._relay], command, resume=resume,
-                                   warnings=warnings))
+            try:
+                return str(execute_run(cfg, Path(path), [self._relay], command, executor=executor,
+                                       resume=resume, warnings=warnings))
+            finally:
+                executor.close()  # also when the run failed before its loop (which closes it)
 
         def stop(self, message: str, status: str) -> None:
             self._relay.stop_request = Stop(message, status)

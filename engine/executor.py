@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from algorithms.base import Broadcast, ClientResult
-from engine.runtime import ClientHost, HostSetup
+
+if TYPE_CHECKING:  # engine.runtime imports torch: only the processes that host clients need it
+    from engine.runtime import ClientHost, HostSetup
 
 
 class Executor(ABC):
@@ -58,6 +61,8 @@ class InProcessExecutor(Executor):
 
     def start(self, setup: HostSetup) -> None:
         import torch
+
+        from engine.runtime import ClientHost
 
         self._caller_threads = torch.get_num_threads()
         self._caller_deterministic = (torch.are_deterministic_algorithms_enabled(),

@@ -396,6 +396,25 @@ def _freeze(value: Any) -> Any:
     return value
 
 
+def _count_without_dynamo() -> None:
+    """Let FlopCounterMode count without importing ``torch._dynamo``.
+
+    Its ``__torch_dispatch__`` is wrapped in ``torch._disable_dynamo`` (as every dispatch
+    mode's), whose first call imports torch._dynamo - ~1.3 s of CPU, as much as torch itself -
+    to build the variant that ``torch.compile`` must not trace, cached on the function as
+    ``__dynamo_disable``. Outside ``torch.compile`` that variant just calls the function, and
+    nothing here compiles, so the cache gets the function itself. A wrapper of another shape
+    (another torch) is left alone, and torch._dynamo is then imported as before.
+    """
+    from torch.utils.flop_counter import _FlopCounterMode
+
+    wrapper = _FlopCounterMode.__dict__.get("__torch_dispatch__")
+    fn, code = getattr(wrapper, "__wrapped__", None), getattr(wrapper, "__code__", None)
+    if fn is not None and code is not None and code.co_filename.endswith("_compile.py"):
+        if getattr(fn, "__dynamo_disable", None) is None:
+            setattr(fn, "__dynamo_disable", fn)
+
+
 @functools.lru_cache(maxsize=None)
 def _training_flops_cached(
     name: str, input_shape: tuple[int, ...], num_classes: int, frozen_params: tuple
@@ -415,6 +434,7 @@ def _training_flops_cached(
     # layer input + grad w.r.t. the weights), so training ~= 3x forward. It is
     # slightly less than 3x because the first layer needs no grad w.r.t. the
     # data input (e.g. exactly 2x for logistic regression).
+    _count_without_dynamo()
     with torch.enable_grad(), FlopCounterMode(display=False) as counter:
         loss = nn.functional.cross_entropy(model(x), y)
         loss.backward()

@@ -16,6 +16,9 @@
   ``faults.parquet`` row. If the replacement dies too, the run stops with the resume command.
   Actors are created with ``max_restarts=0``: Ray's own restart would rerun the constructor
   but not restore the clients' states, and a retried task would run clients without them.
+* Start-up overlaps: :meth:`RayExecutor.launch` creates the actors before the driver loads the
+  data (each actor imports torch and the method meanwhile); :meth:`RayExecutor.start` then ships
+  the dataset and waits until every host is built.
 """
 from __future__ import annotations
 
@@ -27,15 +30,19 @@ import secrets
 import socket
 import time
 from collections.abc import Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine.config import ExperimentConfig
 from engine.errors import UserError
 from engine.executor import Executor
-from engine.runtime import ClientHost, HostSetup
 from engine.trace import mark
+
+if TYPE_CHECKING:  # engine.runtime imports torch: imported by the client actors themselves
+    from engine.runtime import HostSetup
 
 # Measured with ray 2.60: these keep a local Ray quiet and fast to start.
 QUIET_RAY_ENV = {
@@ -120,15 +127,16 @@ def _start_local_ray(ray, num_cpus: int | None, num_gpus: int | None = None) -> 
     ray_constants.ENABLE_RAY_CLUSTER = False  # Ray reads the variable once, at import
     try:
         _reload_auth_settings()  # this process (the driver) caches mode and token until reloaded
-        ray.init(
-            address="local",  # never RAY_ADDRESS or /tmp/ray/ray_current_cluster
-            num_cpus=num_cpus,
-            num_gpus=num_gpus,
-            include_dashboard=False,
-            logging_level=logging.WARNING,
-            log_to_driver=False,
-            _node_ip_address="127.0.0.1",
-        )
+        with _without_unused_head_processes():
+            ray.init(
+                address="local",  # never RAY_ADDRESS or /tmp/ray/ray_current_cluster
+                num_cpus=num_cpus,
+                num_gpus=num_gpus,
+                include_dashboard=False,
+                logging_level=logging.WARNING,
+                log_to_driver=False,
+                _node_ip_address="127.0.0.1",
+            )
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = saved_flag
         for key, value in saved_env.items():
@@ -231,6 +239,58 @@ def gpu_capacity(gpus_per_actor: float, cluster_gpus: float, node_gpus: Sequence
     return fit
 
 
+# Head processes a local Ray of one hetsim command does without (see below).
+UNUSED_HEAD_PROCESSES = ("start_monitor", "start_log_monitor", "start_api_server")
+
+
+@contextmanager
+def _without_unused_head_processes():
+    """While a local Ray starts: no autoscaler monitor, no log monitor, no dashboard API server.
+
+    A local single-node Ray scales nothing, we forward no worker logs (``log_to_driver=False``)
+    and serve no dashboard, job or state API (``include_dashboard=False`` still starts an API
+    server, and ``ray.init`` waits until it is up before it even starts the raylet). Each is a
+    Python process that takes CPU while our actors start; the monitor alone also holds
+    ``ray.shutdown()`` for 1 s (it outlives the SIGTERM grace period). ``ray.init`` has no switch
+    for them, so these ``Node`` methods are skipped for the duration of the call (measured with
+    ray 2.60 on 2 busy cores: 1-2 s less to start, 1 s less to stop; Tune needs none of them).
+    Should a Ray version lack a method, it is left alone.
+    """
+    try:
+        from ray._private.node import Node
+    except ImportError:  # pragma: no cover - another Ray layout: start it as it comes
+        yield
+        return
+    saved = {name: Node.__dict__[name] for name in UNUSED_HEAD_PROCESSES if name in Node.__dict__}
+    try:
+        for name in saved:
+            setattr(Node, name, lambda self, *args, **kwargs: None)
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(Node, name, method)
+
+
+def shutdown_ray() -> None:
+    """End this process's Ray session now, if it has one.
+
+    Call it once the results are written: nothing is left to flush. Ray's own exit hook would
+    first sleep 0.5 s so that forwarded worker log lines can print, and we forward none
+    (``log_to_driver=False``). A local Ray started by this process stops; an attached cluster
+    keeps running.
+    """
+    import sys
+
+    if "ray" not in sys.modules:
+        return
+    import ray
+
+    if ray.is_initialized():
+        mark("ray: shutdown begins")
+        ray.shutdown()
+        mark("ray: shutdown done")
+
+
 def plan_pool(
     num_clients: int,
     cluster_cpus: float,
@@ -305,22 +365,31 @@ def _client_actor_class():
 
     @ray.remote(max_restarts=0)
     class ClientActor:
-        def __init__(self, setup: HostSetup, threads: int):
-            from engine.device import DeviceError
-
+        def __init__(self, cfg: ExperimentConfig, threads: int):
             mark("client actor: up")
-            self.device_error = None
-            try:
-                self.host = ClientHost(setup, threads=threads)
-            except DeviceError as err:  # kept for ready(): a method's error keeps its type
-                self.device_error = err
+            # Everything a host needs is imported now, while the driver loads the data: torch,
+            # the method and the models.
+            import torch
+
+            from algorithms import ALGORITHMS
+
+            torch.set_num_threads(threads)
+            ALGORITHMS[cfg.algorithm.name]
+            import engine.models  # noqa: F401
+            import engine.runtime  # noqa: F401
+
+            self.threads = threads
+            self.host = None
             self._outbox = None
             self._inbox: dict[str, bytearray] = {}
-            mark("client actor: host ready")
+            mark("client actor: imports done")
 
-        def ready(self) -> int:
-            if self.device_error is not None:
-                raise self.device_error
+        def setup(self, setup: HostSetup) -> int:
+            """Build the host from the shipped data (a device error keeps its type for the caller)."""
+            from engine.runtime import ClientHost
+
+            self.host = ClientHost(setup, threads=self.threads)
+            mark("client actor: host ready")
             return os.getpid()
 
         def placement(self) -> dict:
@@ -409,12 +478,22 @@ class RayExecutor(Executor):
         self.state_transfer = "auto"  # "files" (same node), "chunks" (other node) or "auto"
         self._faults: list[dict] = []
         self._round = -1
+        self._planned_clients = 0
+        self._launched_at: float | None = None
 
-    def start(self, setup: HostSetup) -> None:
+    def launch(self, num_clients: int | None = None) -> None:
+        """Create the client actors (without data) and return at once; idempotent.
+
+        Call it before loading the data: the actors' processes start and import torch and the
+        method in the meantime. The pool is sized for ``num_clients`` (default: the config's,
+        which partitioning gives the data). :meth:`start` launches the actors if need be.
+        """
+        if self.actors:
+            return
         ray = init_ray(self.cfg.ray.address, self.cfg.ray.num_cpus, num_gpus=self.cfg.ray.num_gpus,
                        connect_timeout_s=self.cfg.ray.connect_timeout_s)
         ex = self.cfg.executor
-        n = setup.data.num_clients
+        n = self._planned_clients = num_clients or self.cfg.clients.num_clients
         threads = ex.threads_per_actor or max(1, int(ex.cpus_per_actor))
         if self.placement_group is None:
             free = ray.available_resources()
@@ -434,30 +513,49 @@ class RayExecutor(Executor):
                     self.placement_group, placement_group_bundle_index=i + 1)}
                 for i in range(self.num_actors)
             ]
-        # kept for the executor's lifetime: replacement actors are built from the same setup
-        self._setup_ref = ray.put(setup)
         self._actor_cls = _client_actor_class()
         self._options, self._threads = options, threads
-        mark("executor: actors requested")
         self.actors = [self._spawn(i) for i in range(self.num_actors)]
-        self._wait_ready()
+        self._launched_at = time.monotonic()
+        mark("executor: actors requested")
+
+    def _spawn(self, i: int):
+        """Actor ``i`` (new, or a replacement): it imports what a host needs, then waits for
+        :meth:`ClientActor.setup`."""
+        ex = self.cfg.executor
+        return self._actor_cls.options(num_cpus=ex.cpus_per_actor, num_gpus=ex.gpus_per_actor,
+                                       **self._options[i]).remote(self.cfg, self._threads)
+
+    def prelaunch(self) -> None:
+        """:meth:`launch` now, before the data is loaded; if that fails the error is left to
+        :meth:`start`, which raises it again inside the run (where the manifest records it)."""
+        try:
+            self.launch()
+        except Exception:  # noqa: BLE001 - raised again by start()
+            self.close()
+
+    def start(self, setup: HostSetup) -> None:
+        """Ship the dataset, profiles and method to the actors (launched if need be); wait for them."""
+        import ray
+
+        if self.actors and setup.data.num_clients != self._planned_clients:
+            self.close()  # sized for another number of clients (data passed in by hand)
+        self.launch(setup.data.num_clients)
+        # kept for the executor's lifetime: replacement actors are built from the same setup
+        self._setup_ref = ray.put(setup)
+        self._wait_ready([a.setup.remote(self._setup_ref) for a in self.actors])
         mark("executor: actors ready")
         self.placements = ray.get([a.placement.remote() for a in self.actors])
         self.loop_node = ray.get_runtime_context().get_node_id()
         located = ray.get([a.where.remote() for a in self.actors])
         self.pids, self.nodes = [p for p, _ in located], [n for _, n in located]
 
-    def _spawn(self, i: int):
-        opt = self._options[i]
-        ex = self.cfg.executor
-        return self._actor_cls.options(num_cpus=ex.cpus_per_actor, num_gpus=ex.gpus_per_actor, **opt).remote(
-            self._setup_ref, self._threads)
-
-    def _wait_ready(self) -> None:
+    def _wait_ready(self, refs: list) -> None:
         import ray
 
-        pending = {a.ready.remote(): i for i, a in enumerate(self.actors)}
-        deadline = time.monotonic() + self.startup_timeout_s
+        pending = {ref: i for i, ref in enumerate(refs)}
+        # counted from the launch: the actors' start-up overlaps the driver's data loading
+        deadline = (self._launched_at or time.monotonic()) + self.startup_timeout_s
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=5.0)
             for ref in ready:
@@ -616,6 +714,7 @@ class RayExecutor(Executor):
         try:
             actor = self._spawn(a)
             self.actors[a] = actor
+            ray.get(actor.setup.remote(self._setup_ref), timeout=self.startup_timeout_s)
             self.pids[a], self.nodes[a] = ray.get(actor.where.remote(), timeout=self.startup_timeout_s)
             restored, meta = 0, None
             if source is not None:

@@ -16,14 +16,15 @@ import time
 import traceback
 from pathlib import Path
 
-from engine.callbacks import CallbackLike, RunCallback, RunContext, Stop, around_recorder
+from engine.callbacks import CallbackLike, RoundRecord, RunCallback, RunContext, Stop, around_recorder
 from engine.config import ExperimentConfig, dump_config, expand_path, load_config
 from engine.results import HEARTBEAT_S, SCHEMA_VERSION, RunWriter, process_identity, utc_now
-from engine.simulation import RoundRecord, Simulation
 from engine.storage import (DirectoryMirror, MirrorCallback, StorageError, check_writable, is_uri,
                             open_storage)
 from engine.trace import mark
 
+# The loop's modules (torch) are imported by execute_run, in the process that runs the loop:
+# the caller of a Ray run only starts the driver actor and relays rounds.
 log = logging.getLogger("hetsim")
 
 
@@ -128,7 +129,7 @@ class RunRecorder(RunCallback):
     in the manifest (``faults``); the :class:`ManifestKeeper` writes it at the end of the round.
     """
 
-    def __init__(self, writer: RunWriter):
+    def __init__(self, writer):
         self.writer = writer
 
     def on_round_end(self, run: RunContext, record: RoundRecord) -> None:
@@ -413,6 +414,8 @@ def execute_run(
 
     mark("run: begins")
     check_device_request(cfg)
+    from engine.simulation import Simulation
+
     path = Path(path)
     writer = RunWriter(path)
     if resume:

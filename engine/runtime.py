@@ -35,7 +35,6 @@ class HostSetup:
     profiles: Any  # hardware_profiles.ProfileTable
     arch_names: list[str]  # architecture name per code; "" when all clients share one model
     client_arch: np.ndarray  # int code per client (into arch_names)
-    flops_per_sample: dict[str, float]
 
 
 def build_arch_model(cfg: ExperimentConfig, arch: str, input_shape, num_classes) -> torch.nn.Module:
@@ -46,6 +45,18 @@ def build_arch_model(cfg: ExperimentConfig, arch: str, input_shape, num_classes)
     with torch.random.fork_rng():
         torch.manual_seed(cfg.seed)
         return build_model(name, input_shape, num_classes, **params)
+
+
+def arch_flops(cfg: ExperimentConfig, arch: str, input_shape, num_classes) -> float:
+    """Training FLOPs of one sample of an architecture (counted once per process).
+
+    Counted by the hosts, which need it, not by the driver, which would count it for them:
+    the count runs a forward and backward pass of the model under torch's FLOP counter.
+    """
+    from engine.models import training_flops_per_sample
+
+    name, params = arch_spec(cfg, arch)
+    return float(training_flops_per_sample(name, input_shape, num_classes, **params))
 
 
 def arch_spec(cfg: ExperimentConfig, arch: str) -> tuple[str, dict]:
@@ -124,11 +135,16 @@ class ClientHost:
             self.x = torch.from_numpy(data.x).to(self.device)
             self.y = torch.from_numpy(data.y).to(self.device)
         self.workspace: dict[str, torch.nn.Module] = {}
-        self.pristine: dict[str, dict[str, torch.Tensor]] = {}
+        # per architecture: the workspace's state tensors and their initial values, so that the
+        # reset before each client is one copy per tensor (load_state_dict: 5x the time)
+        self.pristine: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        self.flops_per_sample: dict[str, float] = {}
         for arch in set(setup.arch_names[c] for c in np.unique(setup.client_arch)):
             model = build_arch_model(cfg, arch, data.input_shape, data.num_classes).to(self.device)
             self.workspace[arch] = model
-            self.pristine[arch] = {k: v.clone() for k, v in model.state_dict().items()}
+            state = list(model.state_dict().values())
+            self.pristine[arch] = (state, [t.clone() for t in state])
+            self.flops_per_sample[arch] = arch_flops(cfg, arch, data.input_shape, data.num_classes)
         self.states: dict[int, dict[str, Any]] = {}
         t = cfg.train
         self.train_settings = TrainSettings(
@@ -166,7 +182,9 @@ class ClientHost:
             raise RuntimeError("failure injected by executor.inject_failure")
         arch = setup.arch_names[setup.client_arch[cid]]
         model = self.workspace[arch]
-        model.load_state_dict(self.pristine[arch])
+        with torch.no_grad():
+            for tensor, initial in zip(*self.pristine[arch]):
+                tensor.copy_(initial)
         train_idx = torch.from_numpy(data.train_indices(cid)).to(self.device)
         state = self.states.get(cid, {})
         ctx = ClientContext(
@@ -179,7 +197,7 @@ class ClientHost:
             train_y=self.y[train_idx],
             rng=client_rng(self.cfg.seed, round, cid),
             train=self.train_settings,
-            flops_per_sample=setup.flops_per_sample[arch],
+            flops_per_sample=self.flops_per_sample[arch],
             profile=setup.profiles.profile(cid) if self.client.needs_profile and setup.profiles is not None
             else None,
         )

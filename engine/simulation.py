@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -18,32 +17,17 @@ import torch
 from algorithms import ALGORITHMS
 from algorithms.base import ClientResult, ServerContext
 from algorithms.training import evaluate
-from engine.callbacks import CallbackLike, CallbackList, RunContext, Stop
+from engine.callbacks import CallbackLike, CallbackList, RoundRecord, RunContext, Stop  # noqa: F401 (RoundRecord re-exported)
 from engine.config import ExperimentConfig
 from engine.executor import Executor, InProcessExecutor
 from engine.partition import FederatedData
-from engine.runtime import HostSetup, arch_spec, build_arch_model
+from engine.runtime import HostSetup, build_arch_model
 from engine.trace import mark
 from hardware_profiles import clock
 from hardware_profiles.sampler import assign_profiles
 
 SELECT_SALT = 0x5E1EC7
 log = logging.getLogger("hetsim")
-
-
-@dataclass
-class RoundRecord:
-    """One finished round, as handed to callbacks."""
-
-    round: int
-    row: dict[str, Any]  # the rounds.parquet row
-    client_rows: list[dict[str, Any]]  # the clients.parquet rows
-    extra_tables: dict[str, Any] = field(default_factory=dict)  # method traces by table name
-    diverged: str | None = None  # why the run must stop under train.on_nonfinite: stop
-
-    def add_metrics(self, metrics: dict[str, Any]) -> None:
-        """Add columns to this round's rounds.parquet row (from a callback)."""
-        self.row.update(metrics)
 
 
 def num_selected(cfg: ExperimentConfig, num_clients: int) -> int:
@@ -127,17 +111,10 @@ class Simulation:
         n = self.data.num_clients
         self.profiles = assign_profiles(cfg.clients.profiles, n, seed=cfg.seed)
         self.arch_names, self.client_arch = assign_architectures(cfg, self.profiles)
-        from engine.models import training_flops_per_sample
-
-        self.flops = {}
-        self.models = {}
-        for arch in self.arch_names:
-            model = build_arch_model(cfg, arch, self.data.input_shape, self.data.num_classes)
-            self.models[arch] = model
-            name, params = arch_spec(cfg, arch)
-            self.flops[arch] = float(
-                training_flops_per_sample(name, self.data.input_shape, self.data.num_classes, **params)
-            )
+        self.models = {
+            arch: build_arch_model(cfg, arch, self.data.input_shape, self.data.num_classes)
+            for arch in self.arch_names
+        }
         spec = ALGORITHMS[cfg.algorithm.name]
         public = self.data.public_idx
         context = ServerContext(
@@ -171,7 +148,6 @@ class Simulation:
             profiles=self.profiles,
             arch_names=self.arch_names,
             client_arch=self.client_arch,
-            flops_per_sample=self.flops,
         )
 
     @property

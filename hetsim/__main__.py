@@ -1,5 +1,3 @@
-import sys
+from hetsim.cli import console_main
 
-from hetsim.cli import main
-
-sys.exit(main())
+console_main()

@@ -196,6 +196,7 @@ def cmd_sweep(args) -> int:
 
     from engine.errors import UserError
 
+    mark("cli: sweep modules imported")
     if bool(args.spec) == bool(args.resume):
         raise UserError("sweep: give a spec file or --resume PATH (one of them)")
     if args.resume:
@@ -332,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     logger = logging.getLogger("hetsim")
     logger.addHandler(handler)
     logger.propagate = False
+    ray_before = _ray_initialized()
     try:
         return args.func(args)
     except KeyboardInterrupt:
@@ -347,7 +349,38 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         logger.removeHandler(handler)
         logger.propagate = True
+        if not ray_before:  # the command started Ray (or joined a cluster): end that now
+            from engine.ray_executor import shutdown_ray
+
+            shutdown_ray()
+
+
+def _ray_initialized() -> bool:
+    if "ray" not in sys.modules:  # never imported here: not initialised (and not worth importing)
+        return False
+    import ray
+
+    return ray.is_initialized()
+
+
+def console_main() -> None:
+    """The ``hetsim`` command: :func:`main`, then end the process without the interpreter's
+    teardown.
+
+    When ``main`` returns, everything is written, the output is printed and a Ray started by the
+    command is shut down; what the interpreter would still do is free memory and tear down
+    torch's and Ray's modules and threads (0.5-0.9 s on 2 busy cores). An uncaught exception
+    still ends the normal way, with its traceback.
+    """
+    import logging
+    import os
+
+    code = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

@@ -52,6 +52,7 @@ from engine.callbacks import RunCallback
 from engine.config import load_config
 from engine.ray_executor import RayExecutor
 from engine.storage import DirectoryMirror, Storage, StorageError
+from engine.trace import mark
 from sweeps.space import plain
 from sweeps.spec import ResolvedSweep
 
@@ -256,6 +257,7 @@ def hetsim_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
     from engine.run import execute_run, run_in_folder
     from engine.validate import validate_experiment
 
+    mark("trial: begins")
     resolved = ResolvedSweep.from_dict(sweep)
     trial_id = tune.get_context().get_trial_id()
     folder = TrialFolder(trial_id)
@@ -303,6 +305,7 @@ def hetsim_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
         executor = None
         if cfg.executor.kind == "ray" and placement_group is not None:
             executor = RayExecutor(cfg, placement_group=placement_group)
+            executor.prelaunch()  # the client actors start while the trial loads the data
         if first_round is not None:
             # another trial's checkpoint (PBT) was written under other hyperparameters
             execute_run(cfg, folder.run_dir, [reporter], command, executor=executor, resume=True,
@@ -325,3 +328,4 @@ def hetsim_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
     else:
         ended("finished")
     reporter.flush()
+    mark("trial: ends")

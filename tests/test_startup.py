@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-HEAVY = ("torch", "torchvision", "ray", "pandas", "numba", "pyarrow")
+HEAVY = ("torch", "torchvision", "ray", "pandas", "numba", "pyarrow", "torch._dynamo")
 
 
 def imported_after(code: str) -> set[str]:
-    """Top-level packages among HEAVY that a fresh interpreter has imported after ``code``."""
+    """The modules among HEAVY that a fresh interpreter has imported after ``code``."""
     probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=REPO)
@@ -35,7 +35,7 @@ for name in ALGORITHM_PARAMS:
     assert imported_after(code) == set()
 
 
-def test_a_fedavg_run_does_not_import_the_other_methods_or_torchvision():
+def test_a_fedavg_run_imports_neither_the_other_methods_nor_torchvision_nor_dynamo():
     code = """
 from engine.config import load_config
 from engine.simulation import Simulation
@@ -45,7 +45,7 @@ sim.run()
 import sys
 assert "algorithms.fedcspack" not in sys.modules and "algorithms.ascend" not in sys.modules
 """
-    assert not imported_after(code) & {"torchvision", "numba"}
+    assert not imported_after(code) & {"torchvision", "numba", "torch._dynamo"}
 
 
 def test_light_registries_match_the_heavy_ones():
@@ -83,3 +83,70 @@ def test_unknown_names_still_list_the_allowed_ones():
     with pytest.raises(ConfigError, match="'nope'.*'fedavg', 'fedprox', 'fedavg_compressed', "
                                           "'fedcspack', 'ascend'"):
         load_config(None, {"algorithm": {"name": "nope"}})
+
+
+def test_the_command_exits_with_its_code_and_a_complete_run_folder(tmp_path):
+    """`python -m hetsim` ends without the interpreter's teardown: output, exit status and run
+    folder must be complete all the same."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = tmp_path / "run"
+    args = ["run", "-q", "-o", str(out), "--set", "dataset.name=digits", "--set", "model.name=mlp",
+            "--set", "clients.num_clients=4", "--set", "rounds=2", "--set", "clients.profiles={}"]
+    proc = subprocess.run([sys.executable, "-m", "hetsim", *args], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "status                           finished" in proc.stdout and f"results: {out}" in proc.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "finished"
+    assert (out / "rounds.parquet").exists() and not (out / "_parts").exists()
+    bad = subprocess.run([sys.executable, "-m", "hetsim", "validate", "--set", "train.lr=-1"],
+                         capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert bad.returncode == 2 and "train.lr" in bad.stderr
+
+
+@pytest.mark.parametrize("momentum, weight_decay", [(0.0, 0.0), (0.9, 0.0), (0.0, 1e-3), (0.9, 5e-4)])
+def test_sgd_is_torch_optim_sgd_bit_for_bit(momentum, weight_decay):
+    import torch
+    import torch.nn.functional as F
+
+    from algorithms.training import SGD
+    from engine.models import build_model
+
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
+    models, opts = [], []
+    for cls in (torch.optim.SGD, SGD):
+        torch.manual_seed(1)
+        model = build_model("cnn", (1, 28, 28), 10)
+        models.append(model)
+        opts.append(cls(model.parameters(), lr=0.05, momentum=momentum, weight_decay=weight_decay))
+    for step in range(12):
+        batch = slice(16 * (step % 4), 16 * (step % 4 + 1))
+        for model, opt in zip(models, opts):
+            opt.zero_grad()
+            F.cross_entropy(model(x[batch]), y[batch]).backward()
+            opt.step()
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        assert torch.equal(a, b)
+
+
+def test_flop_counts_without_dynamo_equal_the_counts_with_it():
+    code = """
+import json, sys
+import engine.models as m
+if sys.argv[1] == "with":
+    import torch._dynamo
+    m._count_without_dynamo = lambda: None
+names = [n for n in m.MODELS if n != "resnet18"]  # torchvision's import brings torch._dynamo
+counts = {n: m.training_flops_per_sample(n, m.DEFAULT_INPUT_SHAPES[n], 10) for n in names}
+dynamo = "torch._dynamo" in sys.modules
+counts["resnet18"] = m.training_flops_per_sample("resnet18", (3, 32, 32), 10)
+print(json.dumps([counts, dynamo]))
+"""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    runs = {}
+    for mode in ("with", "without"):
+        out = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, env=env, cwd=REPO)
+        assert out.returncode == 0, out.stderr
+        runs[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert runs["with"][1] is True and runs["without"][1] is False
+    assert runs["with"][0] == runs["without"][0]
