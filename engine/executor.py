@@ -76,7 +76,10 @@ class InProcessExecutor(Executor):
             torch.set_num_threads(self._caller_threads)
             self._caller_threads = None
             mode, warn_only = self._caller_deterministic
-            torch.use_deterministic_algorithms(mode, warn_only=warn_only)
+            # only if the host changed it (a CUDA host): the call imports torch._inductor (~1 s)
+            if (torch.are_deterministic_algorithms_enabled(),
+                    torch.is_deterministic_algorithms_warn_only_enabled()) != (mode, warn_only):
+                torch.use_deterministic_algorithms(mode, warn_only=warn_only)
 
     def run_round(self, round, client_ids, broadcast, evaluate):
         assert self.host is not None, "start() first"
