@@ -41,16 +41,15 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field, StrictFloat, StrictInt, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from algorithms.bandits import EpsilonGreedyEMA, Exp3, FixedArm, forced
 from algorithms.base import (
-    AlgorithmParams,
     AlgorithmSpec,
     Broadcast,
     ClientContext,
@@ -61,19 +60,18 @@ from algorithms.base import (
 )
 from algorithms.compressed_fedavg import (
     CompressedFedAvgClient,
-    OpCostParams,
+    CompressionOptions,
+    apply_compressed_updates,
     buffer_upload,
-    aggregate_sparse,
     compressed_payload,
     decode_upload,
-    validate_k,
+    validate_compressor,
 )
-from algorithms.compressors import STRATEGIES, Strategy
+from algorithms.compressors import COMPRESSORS
 from algorithms.fedavg import state_payload
 from algorithms.training import (
     flat_params,
     flat_state,
-    load_flat_buffers,
     load_flat_params,
     load_flat_state,
     local_sgd,
@@ -81,6 +79,7 @@ from algorithms.training import (
 from hardware_profiles import clock
 
 FORCED_ARM = "topk"  # [paper] the arm a rollback forces
+DEFAULT_ARMS = ("topk", "randomk", "periodick")  # [paper]; a registered compressor joins only if listed
 FORWARD_FRACTION = 1.0 / 3.0  # forward pass ~ 1/3 of a training step (probe-loss evaluation cost)
 CONTROL_VALUE_BYTES = 4  # each number of the broadcast's control meta travels as 32 bits
 
@@ -92,22 +91,17 @@ DISTILL_SALT = 0xD157  # distillation batches
 # ------------------------------------------------------------------------------------------------
 # hyperparameters
 # ------------------------------------------------------------------------------------------------
-class AscendParams(AlgorithmParams):
-    """ASCEND's options. Every [ours] value of the spec is here, with the spec's default."""
+class AscendParams(CompressionOptions):
+    """ASCEND's options. Every [ours] value of the spec is here, with the spec's default
+    (the compression options ``k``, ``error_feedback``, ``clamp_k``, ``buffers``, ``op_costs``
+    come from :class:`CompressionOptions`)."""
 
     name: Literal["ascend"] = "ascend"
-    # compression
-    k: Union[StrictInt, StrictFloat] = Field(  # noqa: UP007
-        0.01, description="coordinates sent: int count >= 1, or float ratio of the model size in (0, 1]"
-    )
-    arms: tuple[Strategy, ...] = Field(STRATEGIES, description="the candidate compressors (bandit arms)")
-    error_feedback: bool = Field(True, description="[paper] residual accumulation")
-    clamp_k: bool = Field(False, description="an int k above the model size sends every coordinate")
-    buffers: Literal["dense", "local"] = Field("dense", description="BatchNorm buffers: uploaded dense, or local")
-    op_costs: OpCostParams = Field(default_factory=OpCostParams)
+    arms: tuple[str, ...] = Field(DEFAULT_ARMS, description="the candidate compressors (bandit arms), e.g. "
+                                  "[topk, randomk, periodick, qsgd8]")
     # policy
     policy: Literal["egreedy", "exp3", "fixed"] = Field("egreedy", description="the client's bandit policy")
-    arm: Optional[Strategy] = Field(None, description="the arm of policy 'fixed' (uniform baselines)")  # noqa: UP007
+    arm: Optional[str] = Field(None, description="the arm of policy 'fixed' (uniform baselines)")  # noqa: UP007
     warmup: int = Field(2, ge=0, description="round-robin tries of each arm before epsilon-greedy")
     epsilon: Optional[float] = Field(None, description="fixed epsilon in [0, 1]; None = decaying")  # noqa: UP007
     eps_c: float = Field(3.0, gt=0, description="decaying epsilon: max(eps_min, min(1, eps_c*|S|/t'))")
@@ -141,10 +135,14 @@ class AscendParams(AlgorithmParams):
     public_probe_size: int = Field(512, ge=1, description="public probe set for D and the rollback loss")
     d_history: int = Field(8, ge=1, description="rounds of D per architecture kept in the broadcast")
 
-    @field_validator("k", mode="before")
+    @field_validator("arms", mode="before")
     @classmethod
-    def _check_k(cls, v):
-        return validate_k(v)
+    def _check_arm_names(cls, v):
+        if isinstance(v, str) or not isinstance(v, (list, tuple)):
+            raise ValueError(f"arms={v!r} is not allowed: a list of compressors from {sorted(COMPRESSORS)}")
+        for name in v:
+            validate_compressor(name, field="arms")
+        return tuple(v)
 
     @field_validator("epsilon")
     @classmethod
@@ -162,7 +160,7 @@ class AscendParams(AlgorithmParams):
 
     @model_validator(mode="after")
     def _check_arms(self) -> "AscendParams":
-        allowed = list(STRATEGIES)
+        allowed = sorted(COMPRESSORS)
         if not self.arms or len(set(self.arms)) != len(self.arms):
             raise ValueError(
                 f"arms={list(self.arms)!r} is not allowed: a non-empty list of distinct compressors from {allowed}"
@@ -235,14 +233,16 @@ def logits_of(model: torch.nn.Module, x: torch.Tensor, batch_size: int = 1024) -
 # ------------------------------------------------------------------------------------------------
 # client
 # ------------------------------------------------------------------------------------------------
-Q_COLUMNS = tuple(f"q_{a}" for a in STRATEGIES)
+def q_columns() -> tuple[str, ...]:
+    """``q_<arm>`` trace columns, one per registered compressor (a fixed schema whatever the arms)."""
+    return tuple(f"q_{a}" for a in COMPRESSORS)
 REWARD_COLUMNS = ("reward", "reward_df", "reward_dd", "reward_T", "reward_tbar")
 
 
 def policy_values(policy: Any) -> dict[str, float]:
     """``q_<arm>`` trace columns: epsilon-greedy's Q (warm-up running means until the warm-up
     ends), EXP3's arm probabilities, NaN for a fixed arm / arms not in the set."""
-    out = {c: math.nan for c in Q_COLUMNS}
+    out = {c: math.nan for c in q_columns()}
     if isinstance(policy, EpsilonGreedyEMA):
         if policy.warmed_up:
             vals = policy.q
@@ -530,7 +530,7 @@ class AscendServer(Server):
             if r.arch not in scratch:
                 scratch[r.arch] = copy.deepcopy(self.models[r.arch])
             m = scratch[r.arch]
-            load_flat_params(m, bases[r.arch] + decode_upload(r.upload))
+            load_flat_params(m, bases[r.arch] + decode_upload(r.upload).dense())
             z = logits_of(m, x, b)
             acc = z if acc is None else acc + z
             count += 1
@@ -575,24 +575,10 @@ class AscendServer(Server):
         prev_teacher = self.teacher_probe
 
         # 1. per-architecture aggregation of the reconstructed deltas (sample-count weights)
-        bases, n_agg, sq = {}, 0, 0.0
-        for arch, model in self.models.items():
-            mine = [r for r in results if r.arch == arch]
-            if not mine:
-                continue
-            base = flat_params(model)
-            bases[arch] = base
-            update = aggregate_sparse(mine, base.numel())
-            load_flat_params(model, base + update)
-            if p.buffers == "dense" and all("buffers" in r.upload.arrays for r in mine):
-                w = torch.tensor([r.num_samples for r in mine], dtype=torch.float64)
-                stacked = torch.stack([torch.from_numpy(r.upload.arrays["buffers"]).double() for r in mine])
-                load_flat_buffers(model, ((w / w.sum()) @ stacked).float())
-            n_agg += len(mine)
-            sq += float(torch.sum(update.double() ** 2))
-        unknown = {r.arch for r in results} - set(self.models)
-        if unknown:
-            raise ValueError(f"uploads for unknown architectures {sorted(unknown)}")
+        bases = {r.arch: flat_params(self.models[r.arch]) for r in results if r.arch in self.models}
+        updates = apply_compressed_updates(self.models, results, p.buffers)
+        n_agg = len(results)
+        sq = sum(float(torch.sum(u.double() ** 2)) for u in updates.values())
 
         # 2. teacher, 3. distillation of every architecture
         teacher = self.build_teacher(results, bases)
@@ -650,7 +636,7 @@ SPEC = AlgorithmSpec(
 
 __all__ = [
     "SPEC",
-    "STRATEGIES",
+    "DEFAULT_ARMS",
     "AscendClient",
     "AscendParams",
     "AscendServer",

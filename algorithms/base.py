@@ -21,8 +21,12 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
+# Wire sizes, in bytes, of everything a method sends (one place for every method)
 FLOAT32_BYTES = 4
-INDEX_BYTES = 4
+INDEX_BYTES = 4  # an int32 index (vectors have < 2**31 values)
+SEED_BYTES = 8  # a 64-bit seed (Random-K)
+OFFSET_BYTES = 4  # a 32-bit offset (Periodic-K)
+INT8_BYTES = 1  # an 8-bit quantised value
 
 
 @dataclass

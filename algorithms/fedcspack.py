@@ -86,6 +86,7 @@ from algorithms.base import (
     ServerContext,
 )
 from algorithms.pack_kernel import pack_sums
+from algorithms.toolkit import ALL, check_k, group_by_arch
 from algorithms.training import flat_params, load_flat_params, local_sgd
 
 # --------------------------------------------------------------------------------------------
@@ -230,30 +231,14 @@ def pack_scores(
     return theta_a, theta, beta
 
 
-_K_HELP = "k must be an int >= 1 (pack count), a float in (0, 1) (fraction of packs) or 'all'"
-_K_AMBIGUOUS = ("k=1.0 is ambiguous (one pack or all of them?): write k: 1 for one pack or "
-                "k: all for every candidate")
-
-
 def pack_budget(k: KSpec, num_packs_total: int) -> int | None:
     """The Top-K cap K for ``J`` packs, or None for "all" (every candidate)."""
-    if isinstance(k, str):
-        if k == "all":
-            return None
-        raise ValueError(f"{_K_HELP}, got {k!r}")
-    if isinstance(k, (bool, np.bool_)):
-        raise ValueError(f"{_K_HELP}, got {k!r}")
-    if isinstance(k, (int, np.integer)):
-        if k < 1:
-            raise ValueError(f"k as a pack count must be >= 1, got {k}")
-        return int(k)
-    if isinstance(k, (float, np.floating)):
-        if k == 1.0:
-            raise ValueError(_K_AMBIGUOUS)
-        if not 0.0 < k < 1.0:
-            raise ValueError(f"k as a fraction of the packs must be in (0, 1), got {k}")
-        return max(1, math.floor(k * num_packs_total + 1e-9))
-    raise ValueError(f"{_K_HELP}, got {k!r}")
+    k = check_k(k, what="packs", allow_all=True, one_is_ambiguous=True)
+    if k == ALL:
+        return None
+    if isinstance(k, int):
+        return k
+    return max(1, math.floor(k * num_packs_total + 1e-9))
 
 
 def mask_weights(theta: torch.Tensor, beta: torch.Tensor, weighting: Weighting) -> torch.Tensor:
@@ -397,21 +382,7 @@ class FedCSPACKParams(AlgorithmParams):
     @field_validator("k", mode="before")
     @classmethod
     def _check_k(cls, v: Any) -> Any:
-        if isinstance(v, (bool, np.bool_)) or (isinstance(v, str) and v != "all"):
-            raise ValueError(f"{_K_HELP}, got {v!r}")
-        if isinstance(v, (int, np.integer)):
-            if v < 1:
-                raise ValueError(f"{_K_HELP}, got {v!r}")
-            return int(v)
-        if isinstance(v, (float, np.floating)):
-            if v == 1.0:
-                raise ValueError(_K_AMBIGUOUS)
-            if not 0.0 < v < 1.0:
-                raise ValueError(f"{_K_HELP}, got {v!r}")
-            return float(v)
-        if v == "all":
-            return v
-        raise ValueError(f"{_K_HELP}, got {v!r}")
+        return check_k(v, what="packs", allow_all=True, one_is_ambiguous=True)
 
 
 # ------------------------------------------------------------------------ client/server ---
@@ -566,8 +537,9 @@ class FedCSPACKServer(Server):
 
     def aggregate(self, round: int, results: list[ClientResult]) -> dict[str, Any]:
         metrics: dict[str, Any] = {}
+        groups = group_by_arch(results, self.models)
         for arch, model in self.models.items():
-            mine = [r for r in results if r.arch == arch]
+            mine = groups.get(arch, [])
             uploads = [(r.upload.arrays["idx"], r.upload.arrays["w"], r.upload.arrays["delta"])
                        for r in mine]
             flat = flat_params(model)

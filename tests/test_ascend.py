@@ -10,7 +10,7 @@ import torch.nn as nn
 from algorithms import ALGORITHMS
 from algorithms.ascend import (
     SPEC,
-    STRATEGIES,
+    DEFAULT_ARMS as STRATEGIES,
     AscendClient,
     AscendParams,
     AscendServer,
@@ -21,7 +21,7 @@ from algorithms.ascend import (
 )
 from algorithms.base import ClientContext, ClientResult, ServerContext, TrainSettings
 from algorithms.compressed_fedavg import compressed_payload
-from algorithms.compressors import periodick, topk
+from algorithms.compressors import compress
 from algorithms.training import flat_params, flat_state
 from hardware_profiles.profile import HardwareProfile
 
@@ -164,9 +164,9 @@ def test_per_architecture_aggregation_with_two_archs_exact_numbers():
     ua[0], ua[9] = 1.0, -0.5
     vb = torch.arange(21, dtype=torch.float32)
     results = [
-        ClientResult(0, "a", compressed_payload(topk(ua, 2)), num_samples=10, train_flops=0),
-        ClientResult(1, "a", compressed_payload(topk(va, 2)), num_samples=30, train_flops=0),
-        ClientResult(2, "b", compressed_payload(periodick(vb, 4, round=1)), num_samples=5, train_flops=0),
+        ClientResult(0, "a", compressed_payload(compress("topk", ua, 2)), num_samples=10, train_flops=0),
+        ClientResult(1, "a", compressed_payload(compress("topk", va, 2)), num_samples=30, train_flops=0),
+        ClientResult(2, "b", compressed_payload(compress("periodick", vb, 4, round=1)), num_samples=5, train_flops=0),
     ]
     out = server.aggregate(0, results)
     want_a = torch.zeros(83)
@@ -207,7 +207,7 @@ def test_clients_teacher_uses_every_reconstructed_model():
     want = []
     for r in results:
         m = tiny(r.arch)
-        load_flat_params(m, bases[r.arch] + decode_upload(r.upload))
+        load_flat_params(m, bases[r.arch] + decode_upload(r.upload).dense())
         want.append(logits_of(m, server.public_x))
     assert torch.allclose(t, torch.stack(want).mean(0), atol=1e-6)
 

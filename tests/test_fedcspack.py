@@ -306,7 +306,7 @@ def test_params_defaults_and_types():
         ({"pack_size": True}, "pack_size", ">= 1"),
         ({"k": 0}, "k", "'all'"),
         ({"k": 1.5}, "k", "(0, 1)"),
-        ({"k": 1.0}, "k", "ambiguous (one pack or all of them?)"),
+        ({"k": 1.0}, "k", "ambiguous (one of the packs or all of them?)"),
         ({"k": "most"}, "k", "'all'"),
         ({"k": False}, "k", "'all'"),
         ({"weighting": "cos"}, "weighting", "'cskd', 'cs' or 'kd'"),
