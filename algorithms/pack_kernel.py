@@ -8,28 +8,32 @@ returns, per row, the four float64 numbers that :func:`algorithms.fedcspack.pack
 Numerics (spec "Decisions (version 2)": every mask weight within 1e-5 relative of float64).
 * The three dot products are accumulated in float64 from exact float64 products of the float32
   values (a float32 product of two float32 values is exact in float64).
-* beta is tiny for a trained network (3e-7 .. 6e-5 on a real CNN update) while the textbook form
-  ``sum p_G (G - L) + ln(S_L / S_G)`` cancels two terms ~1e3 times larger: float32 sums gave a
-  median error of 0.1 % and up to 8 %. Here, with ``d = G - L`` (exact in float64),
-  ``w = exp(G)``, ``m = sum w d / sum w`` and ``u = d - m``::
+* beta is tiny for a trained network (1e-7 .. 1e-4 on a real CNN update) while the textbook
+  form ``sum p_G (G - L) + ln(S_L / S_G)`` cancels two terms ~1e3 times larger: float32 sums gave
+  kd weights off by a median 0.1 % and up to 8 % (10 % on the benchmark vector). With
+  ``d = G - L``, ``w = exp(G)``, a shift ``s`` and ``v = d - s``::
 
-      beta = m + ln(sum w e^-d / sum w) = ln(1 + sum w phi(u) / sum w),  phi(u) = e^-u - 1 + u
+      beta = A + ln(1 + A - B) - (A - B),   A = sum w phi(v) / sum w,   B = sum w v / sum w,
+      phi(v) = e^-v - 1 + v >= 0
 
-  (using ``sum w u = 0``, kept as a float64 correction term). Every ``w phi(u)`` is >= 0, so
-  nothing cancels; ``phi`` is evaluated in float32 as ``u^2 * h(u)`` with a degree-9 Taylor
-  polynomial ``h`` for ``|u| < 1`` (truncation < 3e-9 relative), so a pack of identical
-  values (P = 1, or L = G) has ``beta = 0`` exactly. Rows with some ``|u| >= 1`` (rare: a
-  parameter moved by more than 1 in a round) take a third pass that uses
-  ``exp32(-u) - 1 + u`` there (no cancellation: ``phi >= 0.37`` for ``|u| >= 1``).
-  Relative error of beta: ~1e-6 at worst (float32 ``exp`` and polynomial), against the 1e-5
-  the spec asks for.
-* Two passes over a pack (the second reads the pack and a ``C``-float scratch of ``exp(G)``
-  from the L1 cache) but only one ``exp`` per value: about as fast as the previous one-pass
-  float32 version, which evaluated ``exp`` twice per value.
+  (exact for any s). ``A`` is a sum of non-negative terms, so it has no cancellation; ``phi``
+  is evaluated in float32 as ``v^2 * h(v)`` with a Taylor polynomial ``h`` (no cancellation
+  either) and every sum is accumulated in float64; ``ln(1 + x) - x`` is evaluated without
+  cancellation in plain float64. The one pass uses ``s = 0``. Since ``A ~ (var + mean^2) / 2``
+  while ``beta ~ var / 2`` (the w-weighted mean and variance of d), A's float32 rounding is
+  amplified by ``A / beta``; when that exceeds 8 (a pack that moved as a whole: biases, a
+  BatchNorm scale under weight decay) or some ``|d| >= 1/4`` (outside the short series), the row
+  is redone around ``s = m`` (the weighted mean, so ``A ~ beta``) with the full series for
+  ``|u| < 1`` and ``exp32(-u) - 1 + u`` beyond (no cancellation there: ``phi >= 0.37``).
+  A pack of identical values (P = 1, or L = G) then has ``beta = 0`` exactly. Relative error of
+  beta: <= ~2e-7 against float64 (float32 ``exp``, polynomial and ``v``), against the 1e-5 the
+  spec asks for.
+* Cost: one ``exp`` per value (the float32 version needed two) but float64 accumulation and
+  the series: ~1.6x the CPU time of the float32 kernel on the benchmark vector.
 * Rows the fast path cannot do exactly are returned with ``beta = NaN`` and the caller
-  recomputes them with a max-shifted float64 ``log_softmax``: some ``|G| > 87`` (``exp32``
-  would clamp), some ``|u| > 87``, or non-finite inputs (NaN / inf then also reach the dot
-  products of that row, so the caller sees them).
+  recomputes them with a max-shifted float64 ``log_softmax``: ``sum exp(G)`` outside
+  ``[e^-60, e^87)`` (some ``|G|`` where ``exp32`` would clamp and matter), some ``|u| > 87``,
+  or non-finite inputs (NaN / inf then also reach the dot products of that row).
 
 ``exp`` is written out (:func:`exp32`: Cody-Waite range reduction, Cephes' polynomial and the
 exponent bits) because numba's ``math.exp`` is a scalar libm call that stops the loop from

@@ -665,28 +665,32 @@ def test_server_dd_per_upload_against_the_previous_teacher():
     assert server.broadcast(4)["a"].meta["dd"] == {} and server.broadcast(4)["a"].nbytes == 4 * 83 + 4 * 2
 
 
-def test_two_epsilons_give_different_arm_sequences_through_the_engine(tmp_path):
-    """A run of the engine: with a fixed epsilon of 0.05 and of 0.9, the same seed, data and
-    rewards until the first post-warm-up choice, the clients' arm sequences differ."""
+def test_two_epsilons_of_the_example_sweep_give_different_arm_sequences(tmp_path):
+    """The example sweep's trials (sweeps/examples/ascend_eps_gamma.yaml), on a small stand-in
+    data set and model: with its epsilon 0.05 and 0.5, the same seed and the same warm-up, the
+    clients' own choices after the warm-up differ."""
+    from pathlib import Path
+
     from engine.config import load_config
     from engine.results import load_run
     from engine.run import run_experiment
+    from sweeps import resolve
 
+    sweep = resolve(Path(__file__).parents[1] / "sweeps" / "examples" / "ascend_eps_gamma.yaml")
+    assert sweep.spec.space["algorithm.epsilon"]["grid"] == [None, 0.05, 0.5]
     arms = {}
-    for eps in (0.05, 0.9):
-        cfg = load_config({
-            "seed": 3, "rounds": 6, "dataset": {"name": "digits"}, "model": {"name": "mlp"},
-            "partition": {"scheme": "dirichlet", "alpha": 0.5, "public_fraction": 0.1},
-            "clients": {"num_clients": 4, "participation": 1.0,
-                        "profiles": {"availability": 1.0, "dropout": 0.0}},
-            "algorithm": {"name": "ascend", "k": 0.05, "warmup": 1, "epsilon": eps, "distill_steps": 2,
-                          "gamma": None},
-            "evaluation": {"personalized": False},
-            "output": {"dir": str(tmp_path), "name": f"eps{eps}"},
-        })
+    for eps in (0.05, 0.5):
+        raw = sweep.trial_raw({"algorithm.epsilon": eps, "algorithm.gamma": 0.2})
+        raw.update(rounds=9, dataset={"name": "digits"}, model={"name": "mlp"},
+                   output={"dir": str(tmp_path), "name": f"eps{eps}"})
+        raw["clients"] = {**raw["clients"], "num_clients": 4}
+        raw["algorithm"] = {**raw["algorithm"], "distill_steps": 2}
+        raw["evaluation"] = {**raw.get("evaluation", {}), "personalized": False}
+        cfg = load_config(raw)
+        assert cfg.algorithm.epsilon == eps and cfg.algorithm.warmup == 2 and cfg.clients.participation == 1.0
         c = load_run(run_experiment(cfg)).clients.sort_values(["round", "client_id"])
         arms[eps] = c["arm"].tolist()
-        assert (c.loc[c["round"] < 3, "arm_reason"] == "warmup").all()
-        assert (c.loc[c["round"] >= 3, "epsilon"] == eps).all()
-    assert arms[0.05][:12] == arms[0.9][:12]  # the warm-up is the same
-    assert arms[0.05][12:] != arms[0.9][12:]
+        assert (c.loc[c["round"] < 6, "arm_reason"] == "warmup").all()
+        assert (c.loc[c["round"] >= 6, "epsilon"] == eps).all()
+    assert arms[0.05][:24] == arms[0.5][:24]  # the warm-up is the same
+    assert arms[0.05][24:] != arms[0.5][24:]
