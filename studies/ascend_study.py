@@ -14,7 +14,8 @@ Experiments (``--experiments``; each one answers one claim):
   a target accuracy); Top-K preferred at 5 Mbps, Random-K at 500 Mbps (arm shares by link);
   reward v1 vs v2; ``ascend_rho0`` (rho = 0: the local term only) separates the two reward terms.
 * ``alpha``  ascend, exp3, uniform topk and randomk at Dirichlet(0.1), K = 10000 (robustness).
-* ``k``      ASCEND at K in {100, 30000} (with ``main``'s 1000 and 10000: small vs large K).
+* ``k``      ASCEND at K in {100, 15000} (with ``main``'s 1000 and 10000: small vs large K;
+  15000 is 95 % of LeNet5Half's and 24 % of LeNet5's parameters).
 * ``model``  6 clients on the same device and link (laptop_cpu, 50 Mbps), two each with
   LeNet5Half (15.7k parameters), LeNet5 (61.7k) and the 3-conv ``cifar_cnn`` (0.35M): arm shares by
   model size with nothing else different (6 clients: cifar_cnn's training and distillation cost
@@ -63,7 +64,7 @@ def plan(args: argparse.Namespace) -> list[tuple[str, int, str, dict[str, Any]]]
         elif exp == "alpha":
             out += [("alpha0.1", 10000, v, {"alpha": 0.1}) for v in main_variants[:4]]
         elif exp == "k":
-            out += [("k", k, "ascend", {}) for k in (100, 30000)]
+            out += [("k", k, "ascend", {}) for k in (100, 15000)]
         elif exp == "model":
             out += [("model", 10000, "ascend", {"model": "three", "num_clients": 6})]
         elif exp == "qsgd8":
