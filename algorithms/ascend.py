@@ -49,12 +49,11 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Literal, Optional
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field, field_validator, model_validator
 
 from algorithms.bandits import EpsilonGreedyEMA, Exp3, FixedArm, forced
 from algorithms.base import (
@@ -68,15 +67,14 @@ from algorithms.base import (
 )
 from algorithms.compressed_fedavg import (
     CompressedFedAvgClient,
-    CompressionOptions,
     apply_compressed_updates,
     buffer_upload,
     compressed_payload,
     decode_upload,
-    validate_compressor,
 )
 from algorithms.compressors import COMPRESSORS
 from algorithms.fedavg import state_payload
+from algorithms.params import DEFAULT_ARMS, AscendParams  # noqa: F401 (DEFAULT_ARMS re-exported)
 from algorithms.training import (
     flat_params,
     flat_state,
@@ -87,110 +85,12 @@ from algorithms.training import (
 from hardware_profiles import clock
 
 FORCED_ARM = "topk"  # [paper] the arm a rollback forces
-DEFAULT_ARMS = ("topk", "randomk", "periodick")  # [paper]; a registered compressor joins only if listed
 FORWARD_FRACTION = 1.0 / 3.0  # forward pass ~ 1/3 of a training step (probe-loss evaluation cost)
 CONTROL_VALUE_BYTES = 4  # each number of the broadcast's control meta travels as 32 bits
 
 PROBE_SALT = 0xA5CE  # local probe set
 PUBLIC_PROBE_SALT = 0x9B0B  # server's public probe subset
 DISTILL_SALT = 0xD157  # distillation batches
-
-
-# ------------------------------------------------------------------------------------------------
-# hyperparameters
-# ------------------------------------------------------------------------------------------------
-class AscendParams(CompressionOptions):
-    """ASCEND's options. Every [ours] value of the spec is here, with the spec's default
-    (the compression options ``k``, ``error_feedback``, ``clamp_k``, ``buffers``, ``op_costs``
-    come from :class:`CompressionOptions`)."""
-
-    name: Literal["ascend"] = "ascend"
-    arms: tuple[str, ...] = Field(DEFAULT_ARMS, description="the candidate compressors (bandit arms), e.g. "
-                                  "[topk, randomk, periodick, qsgd8]")
-    # policy
-    policy: Literal["egreedy", "exp3", "fixed"] = Field("egreedy", description="the client's bandit policy")
-    arm: Optional[str] = Field(None, description="the arm of policy 'fixed' (uniform baselines)")  # noqa: UP007
-    warmup: int = Field(2, ge=0, description="round-robin tries of each arm before epsilon-greedy")
-    epsilon: Optional[float] = Field(None, description="fixed epsilon in [0, 1]; None = decaying")  # noqa: UP007
-    eps_c: float = Field(1.0, gt=0, description="decaying epsilon: max(eps_min, min(1, eps_c*|S|/t')), t' = "
-                         "the client's own choices since its warm-up")
-    eps_min: float = Field(0.03, ge=0, le=1, description="floor of the decaying epsilon")
-    ema_lambda: float = Field(0.3, gt=0, le=1, description="EMA step of the chosen arm's value")
-    exp3_gamma: float = Field(0.1, gt=0, le=1, description="EXP3 uniform-mixing rate")
-    learn_from_forced: bool = Field(False, description="feed rewards of forced (post-rollback) rounds to the policy")
-    # reward
-    reward: Literal["v2", "v1"] = Field(
-        "v2", description="v2: per-client terms of the update actually sent, sign-aware time normalisation, "
-        "-1 for a lost upload; v1: change of the global model between participations (for comparison)")
-    rho: float = Field(0.5, ge=0, le=1, description="weight of the alignment term dD (1-rho: local dF)")
-    reward_clip: float = Field(1.0, gt=0, description="reward clipped to [-reward_clip, reward_clip]")
-    probe_batches: int = Field(4, ge=1, description="local probe set = probe_batches x train.batch_size samples")
-    # rollback
-    gamma: Optional[float] = Field(0.2, description="rollback when probe loss > (1+gamma) x previous; None = off")  # noqa: UP007
-    rollback_loss: Literal["ce", "kl"] = Field(
-        "ce", description="global probe loss: cross-entropy with public labels, or mean KL(teacher || student)"
-    )
-    forced_rounds: int = Field(3, ge=0, description="rounds of forced Top-K after a rollback")
-    max_consecutive_rollbacks: Optional[int] = Field(  # noqa: UP007
-        3, ge=1, description="after this many rollbacks in a row a finite-loss spike is accepted (the reference "
-        "resets); None = never (can freeze training for good)"
-    )
-    # distillation
-    distill_steps: int = Field(50, ge=0, description="Adam steps per architecture per round")
-    distill_lr: float = Field(1e-3, gt=0, description="Adam learning rate of the distillation")
-    temperature: float = Field(1.0, gt=0, description="distillation temperature tau")
-    distill_batch: int = Field(64, ge=1, description="public samples per distillation step")
-    teacher: Literal["aggregates", "clients"] = Field(
-        "aggregates", description="teacher = mean logits of the per-architecture aggregates, or of every "
-        "client's reconstructed model"
-    )
-    public_probe_size: int = Field(512, ge=1, description="public probe set for D and the rollback loss")
-    d_history: int = Field(20, ge=1, description="rounds a client's dD (v2; v1: the architecture's D) stays in "
-                           "the broadcast")
-
-    @field_validator("arms", mode="before")
-    @classmethod
-    def _check_arm_names(cls, v):
-        if isinstance(v, str) or not isinstance(v, (list, tuple)):
-            raise ValueError(f"arms={v!r} is not allowed: a list of compressors from {sorted(COMPRESSORS)}")
-        for name in v:
-            validate_compressor(name, field="arms")
-        return tuple(v)
-
-    @field_validator("epsilon")
-    @classmethod
-    def _check_epsilon(cls, v):
-        if v is not None and not (math.isfinite(v) and 0.0 <= v <= 1.0):
-            raise ValueError(f"epsilon={v!r} is not allowed: must be a float in [0, 1] or null (decaying)")
-        return v
-
-    @field_validator("gamma")
-    @classmethod
-    def _check_gamma(cls, v):
-        if v is not None and not (math.isfinite(v) and v >= 0.0):
-            raise ValueError(f"gamma={v!r} is not allowed: must be a float >= 0 or null (no rollback)")
-        return v
-
-    @model_validator(mode="after")
-    def _check_arms(self) -> "AscendParams":
-        allowed = sorted(COMPRESSORS)
-        if not self.arms or len(set(self.arms)) != len(self.arms):
-            raise ValueError(
-                f"arms={list(self.arms)!r} is not allowed: a non-empty list of distinct compressors from {allowed}"
-            )
-        if self.policy == "fixed":
-            if self.arm is None:
-                raise ValueError(f"arm is required with policy 'fixed': one of {list(self.arms)}")
-            if self.arm not in self.arms:
-                raise ValueError(f"arm={self.arm!r} is not allowed: must be one of arms={list(self.arms)}")
-        elif self.arm is not None:
-            raise ValueError(f"arm={self.arm!r} is only used with policy 'fixed' (policy is {self.policy!r})")
-        return self
-
-    @property
-    def tbar_window(self) -> int:
-        """v1: participations whose T define T̄: the warm-up (``warmup * |arms|``), at least 1."""
-        return max(1, self.warmup * len(self.arms))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -313,6 +213,7 @@ class AscendClient(CompressedFedAvgClient):
     and ``round_info`` (receive -> fit)."""
 
     params: AscendParams
+    needs_profile = True  # the reward's T is the client's simulated time
 
     def new_policy(self):
         p = self.params
@@ -325,12 +226,22 @@ class AscendClient(CompressedFedAvgClient):
             return Exp3(list(p.arms), gamma=p.exp3_gamma)
         return FixedArm(p.arm)
 
+    def sync_policy_params(self, policy) -> None:
+        """The config's exploration settings win over those a restored policy carries (a state
+        restored under new hyperparameters, e.g. Population Based Training changing epsilon);
+        the learned values (Q, counts) stay. A no-op when the config is the one it was built with."""
+        p = self.params
+        if isinstance(policy, EpsilonGreedyEMA):
+            policy.c, policy.eps_min, policy.epsilon_fixed, policy.lam = p.eps_c, p.eps_min, p.epsilon, p.ema_lambda
+        elif isinstance(policy, Exp3):
+            policy.gamma = p.exp3_gamma
+
     def probe_indices(self, ctx: ClientContext) -> torch.Tensor:
         """A fixed subset of the local training data (same every round for this client)."""
         n = len(ctx.train_y)
         m = min(n, self.params.probe_batches * ctx.train.batch_size)
         rng = np.random.default_rng([PROBE_SALT, ctx.client_id, n])
-        return torch.from_numpy(np.sort(rng.permutation(n)[:m]))
+        return torch.from_numpy(np.sort(rng.permutation(n)[:m])).to(ctx.train_x.device)
 
     @torch.no_grad()
     def probe_loss(self, ctx: ClientContext) -> tuple[float, int]:
@@ -347,6 +258,8 @@ class AscendClient(CompressedFedAvgClient):
         if "policy" not in st:
             st["policy"] = self.new_policy()
             st["T_warm"], st["T_sum"], st["T_count"] = [], 0.0, 0
+        else:
+            self.sync_policy_params(st["policy"])
         restored = math.nan
         undo = st.get("undo")
         if undo is not None and undo["round"] in set(meta.get("rolled_back", ())):
@@ -518,6 +431,8 @@ class AscendServer(Server):
     and (reward v2) the alignment term of every arrived upload."""
 
     params: AscendParams
+    checkpoint_fields = ("teacher_probe", "teacher_distilled", "d_history", "dd_entries", "rolled_back",
+                         "forced_until", "ref_loss", "consecutive_rollbacks")
 
     def __init__(
         self,

@@ -23,6 +23,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from algorithms.state import checkpointable
+
 # [ours] defaults of the ASCEND spec
 DEFAULT_WARMUP = 2
 DEFAULT_EPS_C = 1.0
@@ -54,6 +56,7 @@ def forced(arm: str) -> tuple[str, str]:
     return arm, "forced"
 
 
+@checkpointable
 @dataclass(eq=False)  # numpy/torch fields: compare by identity
 class EpsilonGreedyEMA:
     """Epsilon-greedy with EMA action values and a round-robin warm-up.
@@ -172,6 +175,7 @@ class EpsilonGreedyEMA:
                 "warmup": self.in_warmup, "post_choices": self.post_choices}
 
 
+@checkpointable
 @dataclass(eq=False)  # numpy/torch fields: compare by identity
 class Exp3:
     """EXP3 with uniform mixing ``gamma``; rewards in [-1, 1] are mapped to ``r' = (r+1)/2``.
@@ -242,6 +246,7 @@ class Exp3:
         return {"kind": "exp3", "p": dict(zip(self.arms, self.probabilities().tolist()))}
 
 
+@checkpointable
 @dataclass
 class FixedArm:
     """Always ``arm`` (reason "fixed"); rewards are counted and ignored."""

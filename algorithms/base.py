@@ -15,11 +15,13 @@ bytes the simulation claims are the bytes it moves.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:  # annotations only: importing the contract (and the params) needs no torch
+    import torch
 
 # Wire sizes, in bytes, of everything a method sends (one place for every method)
 FLOAT32_BYTES = 4
@@ -70,8 +72,13 @@ class ClientContext:
     train: TrainSettings
     flops_per_sample: float  # training (forward + backward) FLOPs of one sample
     # the client's hardware profile (hardware_profiles.HardwareProfile) so that methods whose
-    # decisions depend on simulated time (ASCEND's reward) compute it exactly as the engine does
+    # decisions depend on simulated time (ASCEND's reward) compute it exactly as the engine does;
+    # filled only for methods whose Client sets ``needs_profile = True``
     profile: Any = None
+    # executor.batch_clients: this client's local training, already done together with the
+    # other clients of its architecture (algorithms.batched_training.TrainedUpdate); local_sgd
+    # applies it instead of training
+    pretrained: Any = None
 
 
 @dataclass
@@ -96,6 +103,10 @@ class AlgorithmParams(BaseModel):
 class Client:
     """Client half of a method. One instance serves every client its host runs."""
 
+    # True: the engine fills ``ctx.profile`` (a HardwareProfile built per client and round);
+    # methods that do not read it leave it None and skip that cost.
+    needs_profile = False
+
     def __init__(self, params: AlgorithmParams):
         self.params = params
 
@@ -106,6 +117,14 @@ class Client:
     def fit(self, ctx: ClientContext, broadcast: Payload) -> ClientResult:
         """Train locally starting from ``ctx.model`` and build the upload."""
         raise NotImplementedError
+
+    def prox_mu(self) -> float:
+        """The FedProx coefficient ``fit`` passes to ``local_sgd`` (centre: the received model).
+
+        Batched training (``executor.batch_clients``) trains before ``fit`` runs, so it asks here;
+        ``local_sgd`` checks that ``fit`` then asks for the same.
+        """
+        return 0.0
 
     def on_dropped(self, state: dict[str, Any], round: int) -> None:
         """The upload of ``round`` never arrived (deadline, over-selection).
@@ -127,7 +146,14 @@ class ServerContext:
 
 
 class Server:
-    """Server half of a method. Owns the global model(s)."""
+    """Server half of a method. Owns the global model(s).
+
+    Checkpoints save every global model and the attributes named in ``checkpoint_fields``
+    (a method declares the state its next round depends on, e.g. ``("masks",)``); the values
+    may be anything :mod:`algorithms.state` encodes, and an unsupported one fails loudly.
+    """
+
+    checkpoint_fields: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -150,6 +176,25 @@ class Server:
 
     def global_models(self) -> dict[str, torch.nn.Module]:
         return self.models
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The global models' state dicts and the ``checkpoint_fields`` (references, not copies)."""
+        return {
+            "models": {arch: m.state_dict() for arch, m in self.models.items()},
+            "fields": {name: getattr(self, name) for name in self.checkpoint_fields},
+        }
+
+    def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`checkpoint_state` (on a server built from the same config)."""
+        if sorted(state["models"]) != sorted(self.models):
+            raise ValueError(f"checkpoint has models {sorted(state['models'])}, the server {sorted(self.models)}")
+        missing = sorted(set(self.checkpoint_fields) - set(state["fields"]))
+        if missing:
+            raise ValueError(f"checkpoint lacks the server fields {missing} of {type(self).__name__}")
+        for arch, model in self.models.items():
+            model.load_state_dict(state["models"][arch])
+        for name in self.checkpoint_fields:
+            setattr(self, name, state["fields"][name])
 
     def drain_tables(self) -> dict[str, Any]:
         """Extra trace rows produced since the last call, by table name (e.g. rollbacks).

@@ -31,14 +31,12 @@ deltas, and :func:`apply_compressed_updates` the per-architecture aggregation; A
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field, StrictFloat, StrictInt, field_validator
 
 from algorithms.base import (
-    AlgorithmParams,
     AlgorithmSpec,
     Broadcast,
     Client,
@@ -47,17 +45,16 @@ from algorithms.base import (
     Payload,
     Server,
 )
-from algorithms.compressors import (
-    COMPRESSORS,
-    Compressed,
-    ErrorFeedback,
-    OpCosts,
-    decode,
-    get_compressor,
-    scatter_add_,
-)
+from algorithms.compressors import Compressed, ErrorFeedback, OpCosts, decode, get_compressor, scatter_add_
 from algorithms.fedavg import state_payload
-from algorithms.toolkit import check_k, group_by_arch, sample_weighted_mean, sample_weights
+from algorithms.params import (  # noqa: F401 (re-exported: the params live there, importable without torch)
+    CompressedFedAvgParams,
+    CompressionOptions,
+    validate_compressor,
+    validate_k,
+    validate_op_costs,
+)
+from algorithms.toolkit import group_by_arch, sample_weighted_mean, sample_weights
 from algorithms.training import (
     flat_buffers,
     flat_params,
@@ -67,61 +64,6 @@ from algorithms.training import (
     load_flat_state,
     local_sgd,
 )
-
-
-def validate_k(k: Any) -> int | float:
-    """A compressor's K option: int count >= 1, or float ratio of the model size in (0, 1]."""
-    return check_k(k, what="coordinates")
-
-
-def validate_compressor(name: Any, field: str = "compressor") -> str:
-    if not isinstance(name, str) or name not in COMPRESSORS:
-        raise ValueError(f"{field}={name!r} is not allowed: choose one of {sorted(COMPRESSORS)}")
-    return name
-
-
-def validate_op_costs(v: Any) -> dict[str, float]:
-    """``op_costs``: overrides of the registered compressors' op-count constants by key."""
-    if v is None:
-        return {}
-    if not isinstance(v, dict):
-        raise ValueError(f"op_costs={v!r} is not allowed: a mapping of {sorted(OpCosts.keys())} to numbers")
-    OpCosts(**v)  # raises with the key and what is allowed
-    return {k: float(x) for k, x in v.items()}
-
-
-class CompressionOptions(AlgorithmParams):
-    """The compression options every compressed-upload method shares (fedavg_compressed, ASCEND)."""
-
-    k: Union[StrictInt, StrictFloat] = Field(  # noqa: UP007
-        0.01, description="coordinates sent: int count >= 1, or float ratio of the model size in (0, 1]"
-    )
-    error_feedback: bool = Field(True, description="accumulate what was not sent into a residual")
-    clamp_k: bool = Field(False, description="an int k above the model size sends every coordinate instead of failing")
-    buffers: Literal["dense", "local"] = Field("dense", description="BatchNorm buffers: uploaded dense, or kept local")
-    op_costs: dict[str, float] = Field(
-        default_factory=dict, description="op-count constants by key <compressor>_<constant> (defaults: "
-        "algorithms/compressors.py)")
-
-    @field_validator("k", mode="before")
-    @classmethod
-    def _check_k(cls, v):
-        return validate_k(v)
-
-    @field_validator("op_costs", mode="before")
-    @classmethod
-    def _check_op_costs(cls, v):
-        return validate_op_costs(v)
-
-
-class CompressedFedAvgParams(CompressionOptions):
-    name: Literal["fedavg_compressed"] = "fedavg_compressed"
-    compressor: str = Field("topk", description="the compressor every client uses (a registered name)")
-
-    @field_validator("compressor", mode="before")
-    @classmethod
-    def _check_compressor(cls, v):
-        return validate_compressor(v)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -150,7 +92,7 @@ def buffer_upload(model: torch.nn.Module, mode: str, state: dict) -> dict[str, n
     bufs = flat_buffers(model)
     if not bufs.numel():
         return None
-    array = bufs.numpy().astype(np.float32, copy=True)
+    array = bufs.cpu().numpy().astype(np.float32, copy=True)
     if mode == "dense":
         return {"buffers": array}
     state["buffers"] = array
@@ -188,7 +130,7 @@ class CompressedFedAvgClient(Client):
         residual = ctx.state.get("residual")
         c, e = ErrorFeedback(compressor).compress(
             None if residual is None else torch.from_numpy(residual), delta, p.k, **kwargs)
-        ctx.state["residual"] = e.numpy().astype(np.float32, copy=False)
+        ctx.state["residual"] = e.cpu().numpy().astype(np.float32, copy=False)  # host memory
         # what was sent, for on_dropped; overwritten every round (the payload's arrays)
         ctx.state["sent"] = {"round": ctx.round, "compressor": c.strategy, "numel": c.numel,
                              "arrays": c.to_arrays()}
@@ -256,7 +198,7 @@ def apply_compressed_updates(models: dict[str, torch.nn.Module], results: list[C
         model = models[arch]
         base = flat_params(model)
         update = aggregate_sparse(mine, base.numel())
-        load_flat_params(model, base + update)
+        load_flat_params(model, base + update.to(base.device))
         if buffers == "dense" and all("buffers" in r.upload.arrays for r in mine):
             load_flat_buffers(model, sample_weighted_mean(mine, "buffers"))
         updates[arch] = update

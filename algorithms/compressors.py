@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from algorithms.base import FLOAT32_BYTES, INDEX_BYTES, INT8_BYTES, OFFSET_BYTES, SEED_BYTES
-from algorithms.toolkit import check_k
+from algorithms.params import BUILTIN_COMPRESSOR_COSTS, check_k, validate_op_costs
 
 # --------------------------------------------------------------------------------------------
 # Operation-count model
@@ -75,7 +75,8 @@ from algorithms.toolkit import check_k
 #     de-duplication via torch.unique) takes ~1.2 ms at d = 1e6, K = 1e4 on the host; the
 #     de-duplication sort is a host convenience a device would do with a hash set in O(K).
 #
-# Constants (ns x REFERENCE_TRAIN_GFLOPS, rounded), each in its compressor's ``COSTS``:
+# Constants (ns x REFERENCE_TRAIN_GFLOPS, rounded), each in its compressor's ``COSTS`` (the
+# built-in ones are listed in algorithms/params.py, so that configs validate without torch):
 #   * Top-K per element of d: the out-of-cache figure (10 ns -> 140): the models where the
 #     choice matters (ResNet-18, 11M params = 44 MB) never fit in an edge device's cache, and
 #     an edge CPU's memory bandwidth is relatively worse than a desktop's, not better.
@@ -164,9 +165,9 @@ class Compressed:
         return decode(strategy, arrays, numel)
 
     def dense(self) -> torch.Tensor:
-        """The dense float32 vector this payload stands for."""
-        out = torch.zeros(self.numel, dtype=torch.float32)
-        out[self.index_tensor()] = self.values
+        """The dense float32 vector this payload stands for (on the values' device)."""
+        out = torch.zeros(self.numel, dtype=torch.float32, device=self.values.device)
+        out[self.index_tensor().to(out.device)] = self.values
         return out
 
 
@@ -247,7 +248,7 @@ class Compressor:
         """Put what ``c`` sent back into the error-feedback residual ``e = a - sent`` (in place),
         so that it equals ``a`` again (a lost upload). Sparsifiers send ``a[idx]`` unscaled, so
         writing the values back is exact bit for bit (also for -0.0 and infinities)."""
-        residual[c.index_tensor().numpy()] = c.values.numpy()
+        residual[c.index_tensor().cpu().numpy()] = c.values.cpu().numpy()
 
     def _payload(self, a: torch.Tensor, idx: torch.Tensor | None, values: torch.Tensor, nbytes: int,
                  k: int, meta: dict[str, Any], cache: torch.Tensor | None = None) -> Compressed:
@@ -265,7 +266,7 @@ class TopK(Compressor):
     """The K coordinates of largest magnitude. Payload: K float32 values + K int32 indices."""
 
     name = "topk"
-    COSTS = {"per_element": 140.0, "per_selected_log": 70.0}
+    COSTS = BUILTIN_COMPRESSOR_COSTS[name]
     ARRAYS = ("values", "indices")
 
     def compress(self, a, k, *, seed=None, round=None, clamp=False):
@@ -282,7 +283,7 @@ class TopK(Compressor):
 
     @classmethod
     def to_arrays(cls, c):
-        return {"values": _f32(c.values), "indices": c.index_tensor().numpy().astype(np.int32)}
+        return {"values": _f32(c.values), "indices": c.index_tensor().cpu().numpy().astype(np.int32)}
 
     @classmethod
     def from_arrays(cls, arrays, numel):
@@ -332,7 +333,7 @@ class RandomK(Compressor):
     """K coordinates chosen by a seed (values unscaled). Payload: K float32 values + the seed."""
 
     name = "randomk"
-    COSTS = {"per_index": 210.0}
+    COSTS = BUILTIN_COMPRESSOR_COSTS[name]
     ARRAYS = ("values", "seed")
     needs_seed = True
 
@@ -341,7 +342,7 @@ class RandomK(Compressor):
         d = a.numel()
         kk = resolve_k(k, d, clamp=clamp)
         seed = _check_seed(seed, self.name)
-        idx = randomk_indices(d, kk, seed)
+        idx = randomk_indices(d, kk, seed).to(a.device)  # drawn on the CPU: the same on every device
         return self._payload(a, None, a[idx], FLOAT32_BYTES * kk + SEED_BYTES, kk, {"seed": seed}, cache=idx)
 
     def ops(self, d, k):
@@ -381,7 +382,7 @@ class PeriodicK(Compressor):
     Payload: K float32 values + one int32 offset."""
 
     name = "periodick"
-    COSTS = {"per_index": 4.0}
+    COSTS = BUILTIN_COMPRESSOR_COSTS[name]
     ARRAYS = ("values", "offset")
     needs_round = True
 
@@ -427,7 +428,7 @@ class QSGD8(Compressor):
     """
 
     name = "qsgd8"
-    COSTS = {"per_element": 70.0}
+    COSTS = BUILTIN_COMPRESSOR_COSTS[name]
     ARRAYS = ("q", "scale")
     needs_seed = True
     uses_k = False
@@ -444,7 +445,7 @@ class QSGD8(Compressor):
         scale = mag.amax(1)
         inv = self.LEVELS / torch.where(scale > 0, scale, torch.ones_like(scale))
         g = torch.Generator().manual_seed(seed & 0xFFFF_FFFF_FFFF_FFFF)
-        xi = torch.rand(x.shape, generator=g)
+        xi = torch.rand(x.shape, generator=g).to(a.device)  # drawn on the CPU: the same on every device
         level = torch.floor(mag * inv[:, None] + xi).clamp_(max=self.LEVELS)  # 127 + xi may round up
         q = torch.copysign(level, x).to(torch.int8).reshape(-1)[:d]
         values = _dequantise(q, scale, self.BUCKET, self.LEVELS)
@@ -460,7 +461,7 @@ class QSGD8(Compressor):
 
     @classmethod
     def to_arrays(cls, c):
-        return {"q": c.meta["q"].numpy().astype(np.int8, copy=True), "scale": _f32(c.meta["scale"])}
+        return {"q": c.meta["q"].cpu().numpy().astype(np.int8, copy=True), "scale": _f32(c.meta["scale"])}
 
     @classmethod
     def from_arrays(cls, arrays, numel):
@@ -477,7 +478,7 @@ class QSGD8(Compressor):
     def restore(cls, residual, c):
         """``e + sent`` (the residual holds ``a - sent``): equal to ``a`` up to one rounding per
         value, not bit for bit (a quantiser does not send ``a`` itself)."""
-        residual += c.values.numpy()
+        residual += c.values.cpu().numpy()
 
 
 def _dequantise(q: torch.Tensor, scale: torch.Tensor, bucket: int, levels: int) -> torch.Tensor:
@@ -487,11 +488,14 @@ def _dequantise(q: torch.Tensor, scale: torch.Tensor, bucket: int, levels: int) 
 
 
 def _f32(t: torch.Tensor) -> np.ndarray:
-    return t.detach().numpy().astype(np.float32, copy=True)
+    return t.detach().cpu().numpy().astype(np.float32, copy=True)  # the payload leaves the device
 
 
 def _values(arrays: dict[str, np.ndarray]) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(arrays["values"], dtype=np.float32))
+    v = np.ascontiguousarray(arrays["values"], dtype=np.float32)
+    if not v.flags.writeable:  # e.g. from Ray's object store: torch warns on read-only arrays
+        v = v.copy()
+    return torch.from_numpy(v)
 
 
 def _received(name, arrays, numel, idx, values, meta) -> Compressed:
@@ -509,13 +513,7 @@ class OpCosts:
     finite and >= 0 are rejected with the key, the value and what is allowed."""
 
     def __init__(self, **overrides: float):
-        keys = self.keys()
-        for key, v in overrides.items():
-            if key not in keys:
-                raise ValueError(f"op_costs.{key} is not allowed: the keys are {sorted(keys)}")
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
-                raise ValueError(f"op_costs.{key}={v!r} is not allowed: must be a finite number >= 0")
-        self.overrides = {k: float(v) for k, v in overrides.items()}
+        self.overrides = validate_op_costs(overrides)
 
     @staticmethod
     def keys() -> dict[str, float]:
@@ -571,7 +569,7 @@ class ErrorFeedback:
         delta = _flat(delta)
         if residual is None:
             return delta.clone()
-        residual = _flat(residual)
+        residual = _flat(residual).to(delta.device)
         if residual.numel() != delta.numel():
             raise ValueError(f"residual has {residual.numel()} elements but the delta {delta.numel()}")
         return residual + delta
@@ -581,7 +579,7 @@ class ErrorFeedback:
         a = _flat(a)
         if a.numel() != c.numel:
             raise ValueError(f"payload is for a vector of length {c.numel}, not {a.numel()}")
-        idx = c.index_tensor()
+        idx = c.index_tensor().to(a.device)
         e = a.clone()
         e[idx] = a[idx] - c.values
         return e
@@ -624,8 +622,8 @@ def scatter_add_(out: torch.Tensor, c: Compressed, weight: float = 1.0) -> torch
     """``out += weight * decompress(c)`` without building the dense vector (in place)."""
     if out.numel() != c.numel:
         raise ValueError(f"payload is for a vector of length {c.numel}, not {out.numel()}")
-    v = c.values.to(out.dtype)
-    out.index_add_(0, c.index_tensor(), v if weight == 1.0 else v * weight)
+    v = c.values.to(out.device, out.dtype)
+    out.index_add_(0, c.index_tensor().to(out.device), v if weight == 1.0 else v * weight)
     return out
 
 

@@ -6,14 +6,11 @@ aggregate it weighted by local sample counts. FedProx adds the proximal term
 """
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
-from pydantic import Field
 
 from algorithms.base import (
     FLOAT32_BYTES,
-    AlgorithmParams,
+    AlgorithmSpec,
     Broadcast,
     Client,
     ClientContext,
@@ -21,21 +18,13 @@ from algorithms.base import (
     Payload,
     Server,
 )
+from algorithms.params import FedAvgParams, FedProxParams
 from algorithms.toolkit import group_by_arch, sample_weighted_mean
 from algorithms.training import flat_params, flat_state, load_flat_state, local_sgd
 
 
-class FedAvgParams(AlgorithmParams):
-    name: Literal["fedavg"] = "fedavg"
-
-
-class FedProxParams(AlgorithmParams):
-    name: Literal["fedprox"] = "fedprox"
-    mu: float = Field(0.01, ge=0, description="proximal coefficient")
-
-
 def state_payload(vector: torch.Tensor) -> Payload:
-    array = vector.numpy().astype("float32", copy=True)
+    array = vector.detach().cpu().numpy().astype("float32", copy=True)  # leaves the device
     return Payload(arrays={"state": array}, nbytes=FLOAT32_BYTES * array.size)
 
 
@@ -43,8 +32,11 @@ class FedAvgClient(Client):
     def receive(self, ctx: ClientContext, broadcast: Payload) -> None:
         load_flat_state(ctx.model, broadcast.arrays["state"])
 
+    def prox_mu(self) -> float:
+        return getattr(self.params, "mu", 0.0)
+
     def fit(self, ctx: ClientContext, broadcast: Payload) -> ClientResult:
-        mu = getattr(self.params, "mu", 0.0)
+        mu = self.prox_mu()
         center = flat_params(ctx.model) if mu > 0 else None
         loss, seen = local_sgd(ctx, prox_center=center, prox_mu=mu)
         return ClientResult(
@@ -65,3 +57,7 @@ class FedAvgServer(Server):
         for arch, mine in group_by_arch(results, self.models).items():
             load_flat_state(self.models[arch], sample_weighted_mean(mine, "state"))
         return {}
+
+
+FEDAVG_SPEC = AlgorithmSpec("fedavg", FedAvgParams, FedAvgClient, FedAvgServer, "FedAvg")
+FEDPROX_SPEC = AlgorithmSpec("fedprox", FedProxParams, FedAvgClient, FedAvgServer, "FedProx (mu)")

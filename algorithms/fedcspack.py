@@ -31,8 +31,9 @@ Design choices (where the spec leaves room)
   only. Only the last pack is affected, and only when ``P`` does not divide ``n``.
 * **Numerics of ``pack_scores``** (spec, decisions version 2: every mask weight within 1e-5
   relative of a float64 reference). The per-pack sums are one compiled pass over the ``(J, P)``
-  view (:func:`pack_sums`): the dot products accumulated in float64 from exact float64
-  products, and ``beta`` in a form without cancellation (``ln(1 + sum p_G phi(u))`` with
+  view (:func:`~algorithms.pack_kernel.pack_sums`; for tensors on a GPU the same four numbers
+  come from torch ops in float64 on that device, :mod:`algorithms.pack_stats_torch`): the dot
+  products accumulated in float64 from exact float64 products, and ``beta`` in a form without cancellation (``ln(1 + sum p_G phi(u))`` with
   ``phi(u) = e^-u - 1 + u >= 0``, ``u`` the deviation of ``G - L`` from its ``p_G``-weighted
   mean; see the kernel's docstring), accumulated in float64: about 1e-7 relative error, where
   the earlier float32 partition sums were off by a median 0.1 % and up to 8 % on the kd weights
@@ -70,7 +71,6 @@ from typing import Any, Literal, Sequence, Union
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field, field_validator
 
 from algorithms.base import (
     FLOAT32_BYTES,
@@ -85,7 +85,8 @@ from algorithms.base import (
     Server,
     ServerContext,
 )
-from algorithms.pack_kernel import pack_sums
+from algorithms.pack_stats_torch import pack_sums_on_device
+from algorithms.params import FedCSPACKParams
 from algorithms.toolkit import ALL, check_k, group_by_arch
 from algorithms.training import flat_params, load_flat_params, local_sgd
 
@@ -164,7 +165,7 @@ def _row_stats(local: torch.Tensor, glob: torch.Tensor) -> tuple[torch.Tensor, .
     cancellation-free beta; rows it cannot do exactly (huge weights, NaN) are recomputed here
     with the max-shifted float64 ``log_softmax`` form.
     """
-    dot, nl2, ng2, beta = pack_sums(local, glob)
+    dot, nl2, ng2, beta = pack_sums_on_device(local, glob)  # GPU: torch, float64
     if local.shape[1] == 1:  # softmax of one value is 1: KL = 0 exactly (the kernel agrees)
         beta.zero_()
     bad = torch.isnan(beta)
@@ -352,39 +353,6 @@ def selection_ops(n: int, pack_size: int, num_sorted: int = 0) -> float:
     return float(ops)
 
 
-# ------------------------------------------------------------------------------- params ---
-
-
-
-class FedCSPACKParams(AlgorithmParams):
-    name: Literal["fedcspack"] = "fedcspack"
-    pack_size: int = Field(1024, description="values per pack (P)")
-    k: Union[int, float, Literal["all"]] = Field(
-        "all", description="Top-K cap: pack count >= 1, fraction of packs in (0, 1), or 'all'")
-    weighting: Literal["cskd", "cs", "kd"] = Field(
-        "cskd", description="mask weight: |cos+KL| (cskd), |cos| (cs) or |KL| (kd)")
-    personalization: Literal["own_mask", "global_mask", "none"] = Field(
-        "own_mask", description="which packs of the global model a returning client takes")
-    sharing: Literal["packs", "full"] = Field(
-        "packs", description="'full': share every pack with weight 1 (FedAvg-like)")
-    record_packs: bool = Field(
-        False, description="write packs.parquet (each client's shared packs and weights) and "
-        "global_mask.parquet (the aggregated mask) for pack-level analysis"
-    )
-
-    @field_validator("pack_size", mode="before")
-    @classmethod
-    def _check_pack_size(cls, v: Any) -> int:
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"pack_size must be an integer >= 1, got {v!r}")
-        return int(v)
-
-    @field_validator("k", mode="before")
-    @classmethod
-    def _check_k(cls, v: Any) -> Any:
-        return check_k(v, what="packs", allow_all=True, one_is_ambiguous=True)
-
-
 # ------------------------------------------------------------------------ client/server ---
 
 _PERSONAL = "fedcspack.personal"  # the client's full local parameter vector after training
@@ -446,40 +414,43 @@ class FedCSPACKClient(Client):
     def fit(self, ctx: ClientContext, broadcast: Payload) -> ClientResult:
         p = self.params
         loss, seen = local_sgd(ctx)
-        local = flat_params(ctx.model)
-        prev = _as_flat32(broadcast.arrays["params"])  # W_prev: the pre-round global model
+        local = flat_params(ctx.model)  # on the model's device: the scores are computed there
+        prev = _as_flat32(broadcast.arrays["params"]).to(local.device)  # W_prev: pre-round global
         n = local.numel()
         j = num_packs(n, p.pack_size)
         theta_a, theta, beta = pack_scores(local, prev, p.pack_size)
         below = int((theta < theta_a).sum())
         if p.sharing == "full":
-            idx, w = torch.arange(j), torch.ones(j)
+            idx, w = torch.arange(j, device=local.device), torch.ones(j, device=local.device)
             ops = 0.0  # no selection work (the scores above only feed the trace)
         else:
             idx, w = select_packs(theta, theta_a, beta, p.k, p.weighting)
             cap = pack_budget(p.k, j)
             ops = selection_ops(n, p.pack_size, below if cap is not None and cap < below else 0)
         delta = pad_to_packs(local - prev, p.pack_size)[idx]
+        idx, w = idx.cpu(), w.cpu()  # the upload leaves the device: numpy, the same bytes
         upload = Payload(
             arrays={
                 "idx": idx.numpy().astype(np.int32),
                 "w": w.numpy().astype(np.float32),
-                "delta": delta.numpy().astype(np.float32, copy=False),
+                "delta": delta.cpu().numpy().astype(np.float32, copy=False),
             },
             nbytes=upload_nbytes(idx.numel(), j, p.pack_size),
         )
-        # persistent per-client state: overwritten every participation, never accumulated
+        # persistent per-client state: overwritten every participation, never accumulated;
+        # kept in host memory, so device memory does not grow with the number of clients
         if p.personalization == "none":
             ctx.state.pop(_PERSONAL, None)
         else:
-            ctx.state[_PERSONAL] = local
+            ctx.state[_PERSONAL] = local.cpu()
         if p.personalization == "own_mask":
             ctx.state[_SHARED] = idx.clone()
             ctx.state[_SHARED_ROUND] = int(ctx.round)
         else:
             ctx.state.pop(_SHARED, None)
             ctx.state.pop(_SHARED_ROUND, None)
-        ctx.state[_BUFFERS] = {name: b.detach().clone() for name, b in ctx.model.named_buffers()}
+        ctx.state[_BUFFERS] = {name: b.detach().to("cpu", copy=True)
+                               for name, b in ctx.model.named_buffers()}
         w_mean, w_min, w_max = _nan_stats(w)
         metrics: dict[str, Any] = {
             "train_loss": loss,
@@ -504,6 +475,7 @@ class FedCSPACKClient(Client):
 
 class FedCSPACKServer(Server):
     params: FedCSPACKParams
+    checkpoint_fields = ("masks",)
 
     def __init__(
         self,

@@ -44,12 +44,18 @@ One thread, on purpose: the simulator's parallelism is across clients (one per a
 a second thread pool here would compete with torch's OpenMP workers, which spin for a while
 after every torch operation (on 2 cores a 2-thread version was no faster after a torch op).
 The kernel is compiled once per machine on first use (about 1-3 s; numba's on-disk cache
-keeps it, later processes load it in ~0.3 s), for that CPU's vector width: its sums are
-bit-identical run to run on one kind of CPU, but may differ in the last bits on another.
+keeps it, later processes load it in ~0.3 s; on a read-only install without a writable home
+the cache is a private temporary folder, see :func:`_njit_cached`), for that CPU's vector
+width: like torch's, its sums are bit-identical run to run on one kind of CPU, but may differ in
+the last bits on another. For tensors on a GPU, :mod:`algorithms.pack_stats_torch` computes the
+same four rows with torch ops in float64.
 """
 from __future__ import annotations
 
 import math
+import os
+import stat
+import tempfile
 
 import numba
 import numpy as np
@@ -66,6 +72,53 @@ _SERIES_LIMIT = 1.0  # |u| below which phi(u) is u^2 * h(u) with the Taylor poly
 _SHORT_SERIES_LIMIT = 0.25  # |d| below which the one-pass path applies its shorter series
 _MAX_AMPLIFICATION = 8.0  # A / beta above which a row is redone around its mean
 _MIN_SUM_W, _MAX_SUM_W = math.exp(-60.0), math.exp(87.0)  # sum exp(G) outside: caller's path
+
+
+def _private_cache_dir() -> str | None:
+    """A cache folder only this user can write: ``<tmp>/hetsim-numba-<uid>`` (reused by later
+    processes) if it is ours and private, else a fresh temporary one; None if none can be made.
+    (Numba's cache files are pickles: a folder another user can write must not be used.)"""
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    path = os.path.join(tempfile.gettempdir(), f"hetsim-numba-{uid}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    info = os.lstat(path)
+    if stat.S_ISDIR(info.st_mode) and (uid is None or info.st_uid == uid) and not info.st_mode & 0o077:
+        return path
+    try:
+        return tempfile.mkdtemp(prefix="hetsim-numba-")
+    except OSError:
+        return None
+
+
+def _njit_cached(**options):
+    """``numba.njit(cache=True)``, also on read-only installs: numba caches next to the source
+    or in the home folder, and refuses to compile (at import) if it can write to neither; then
+    the cache goes to a private temporary folder, or, failing that, there is none (the kernel
+    is compiled in every process, ~1-2 s)."""
+
+    def decorate(fn):
+        try:
+            return numba.njit(cache=True, **options)(fn)
+        except RuntimeError:  # "cannot cache function ...: no locator available"
+            pass
+        cache_dir = _private_cache_dir()
+        if cache_dir is not None:
+            saved = numba.config.CACHE_DIR
+            numba.config.CACHE_DIR = cache_dir  # read when the cache is set up, just below
+            try:
+                return numba.njit(cache=True, **options)(fn)
+            except RuntimeError:
+                pass
+            finally:
+                numba.config.CACHE_DIR = saved
+        return numba.njit(**options)(fn)
+
+    return decorate
 
 
 @numba.njit(fastmath=_FASTMATH, inline="always")
@@ -121,7 +174,7 @@ def phi_series32_short(u):
     return u * u * h
 
 
-@numba.njit(cache=True)
+@_njit_cached()
 def _log1p_minus_x(x):
     """``ln(1 + x) - x`` in plain (not fast-math) float64, without cancellation near 0."""
     if abs(x) < 1e-2:  # x^2 (-1/2 + x/3 - x^2/4 + ...), to x^9: truncation < 1e-16 relative
@@ -132,7 +185,7 @@ def _log1p_minus_x(x):
     return math.log1p(x) - x
 
 
-@numba.njit(cache=True)
+@_njit_cached()
 def _beta(sum_w, sum_wv, sum_wphi):
     """``KL = A + ln(1 + A - B) - (A - B)`` with ``A = sum w phi(v) / sum w``,
     ``B = sum w v / sum w`` (v = d - s); >= 0, rounding below 0 clamped."""
@@ -141,7 +194,7 @@ def _beta(sum_w, sum_wv, sum_wphi):
     return max(0.0, a + _log1p_minus_x(a - b)), a
 
 
-@numba.njit(fastmath=_FASTMATH, cache=True)
+@_njit_cached(fastmath=_FASTMATH)
 def _exact_row(local, glob, r, shift):
     """The KL sums of row r around ``shift`` (the weighted mean of d): phi from the series
     where ``|u| < 1``, from ``exp32`` elsewhere. Returns ``(sum w, sum w u, sum w phi(u),
@@ -162,8 +215,8 @@ def _exact_row(local, glob, r, shift):
     return sum_w, sum_wu, sum_wphi, out_of_range
 
 
-@numba.njit(fastmath=_FASTMATH, cache=True)
-def _pack_stats(local, glob, out):
+@_njit_cached(fastmath=_FASTMATH)
+def _pack_sums(local, glob, out):
     for r in range(local.shape[0]):
         # one pass: dot products and the KL sums with w = exp(G) around v = d
         dot = 0.0
@@ -209,7 +262,7 @@ def _pack_stats(local, glob, out):
         out[3, r] = beta
 
 
-@numba.njit(fastmath=_FASTMATH, cache=True)
+@_njit_cached(fastmath=_FASTMATH)
 def _exp32_array(x, out):
     for i in range(x.size):
         out[i] = exp32(x[i])
@@ -234,5 +287,5 @@ def pack_sums(local: torch.Tensor, glob: torch.Tensor) -> torch.Tensor:
     gl = np.ascontiguousarray(glob.detach().numpy(), dtype=np.float32)
     out = np.empty((len(SUMS), lo.shape[0]), dtype=np.float64)
     if lo.shape[0]:
-        _pack_stats(lo, gl, out)
+        _pack_sums(lo, gl, out)
     return torch.from_numpy(out)

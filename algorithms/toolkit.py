@@ -4,7 +4,8 @@ architecture, and the sample-weighted mean.
 * :func:`check_k` - the one validator of a "how many" option (``k``): an int count >= 1, a
   float fraction, and optionally ``"all"``. Compressors read a float as a ratio of the model
   size in (0, 1] (1.0 = every coordinate); FedCSPACK reads it as a fraction of the packs in
-  (0, 1) and rejects 1.0 as ambiguous (``one_is_ambiguous``).
+  (0, 1) and rejects 1.0 as ambiguous (``one_is_ambiguous``). Defined in
+  :mod:`algorithms.params` (config validation imports no torch), exported here.
 * :func:`group_by_arch` - the round's uploads per model architecture.
 * :func:`sample_weights`, :func:`weighted_mean` - ``sum_n (m_n / sum m) x_n`` accumulated in
   float64 (FedAvg, compressed FedAvg, ASCEND).
@@ -13,64 +14,13 @@ Plain torch / numpy: no Ray, no I/O.
 """
 from __future__ import annotations
 
-import math
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 import torch
 
 from algorithms.base import ClientResult
-
-ALL = "all"
-
-
-def check_k(
-    value: Any,
-    *,
-    field: str = "k",
-    what: str = "coordinates",
-    allow_all: bool = False,
-    one_is_ambiguous: bool = False,
-) -> int | float | str:
-    """A K option as given in a config: an int count >= 1, a float fraction, or ``"all"``.
-
-    A float is a fraction in (0, 1]; with ``one_is_ambiguous`` in (0, 1) and ``1.0`` is rejected
-    with a message saying so (one or all?). Numeric strings (YAML 1.1 reads ``1e-2`` as a
-    string; CLI overrides may too) are parsed. Raises ``ValueError`` naming the field, the value
-    and what is allowed.
-    """
-    upper = "1)" if one_is_ambiguous else "1]"
-    allowed = (f"an int count >= 1 of {what}, a float fraction in (0, {upper}"
-               + (" or 'all'" if allow_all else ""))
-    if isinstance(value, str):
-        text = value.strip()
-        if allow_all and text == ALL:
-            return ALL
-        try:
-            value = int(text)
-        except ValueError:
-            try:
-                value = float(text)
-            except ValueError:
-                raise ValueError(f"{field}={value!r} is not allowed: must be {allowed}") from None
-    if isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{field}={value!r} is not allowed: must be {allowed}")
-    if isinstance(value, (int, np.integer)):
-        if value < 1:
-            raise ValueError(f"{field}={value} is not allowed: must be {allowed}")
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        value = float(value)
-        if one_is_ambiguous and value == 1.0:
-            raise ValueError(
-                f"{field}=1.0 is ambiguous (one of the {what} or all of them?): write {field}: 1 for one"
-                + (f" or {field}: all for all" if allow_all else "")
-            )
-        ok = 0.0 < value < 1.0 if one_is_ambiguous else 0.0 < value <= 1.0
-        if not (math.isfinite(value) and ok):
-            raise ValueError(f"{field}={value!r} is not allowed: must be {allowed}")
-        return value
-    raise ValueError(f"{field}={value!r} is not allowed: must be {allowed}")
+from algorithms.params import ALL, check_k  # noqa: F401 (torch-free, for config validation; exported here)
 
 
 def group_by_arch(results: Iterable[ClientResult], archs: Iterable[str]) -> dict[str, list[ClientResult]]:

@@ -24,7 +24,8 @@ def load_flat_params(model: torch.nn.Module, flat: torch.Tensor | np.ndarray) ->
     parameter would alias the broadcast array and training would write into it.
     """
     params = list(model.parameters())
-    flat = torch.as_tensor(flat, dtype=torch.float32).reshape(-1)
+    device = params[0].device if params else None  # one host-to-device copy, not one per tensor
+    flat = torch.as_tensor(flat, dtype=torch.float32, device=device).reshape(-1)
     expected = sum(p.numel() for p in params)
     if flat.numel() != expected:
         raise ValueError(f"flat vector has {flat.numel()} elements; the model has {expected} parameters")
@@ -45,12 +46,12 @@ def flat_buffers(model: torch.nn.Module) -> torch.Tensor:
 
 @torch.no_grad()
 def load_flat_buffers(model: torch.nn.Module, flat: torch.Tensor | np.ndarray) -> None:
-    flat = torch.as_tensor(flat, dtype=torch.float32)
+    bufs = [b for b in model.buffers() if b.is_floating_point()]
+    flat = torch.as_tensor(flat, dtype=torch.float32, device=bufs[0].device if bufs else None)
     offset = 0
-    for b in model.buffers():
-        if b.is_floating_point():
-            b.copy_(flat[offset : offset + b.numel()].view_as(b))
-            offset += b.numel()
+    for b in bufs:
+        b.copy_(flat[offset : offset + b.numel()].view_as(b))
+        offset += b.numel()
 
 
 def flat_state(model: torch.nn.Module) -> torch.Tensor:
@@ -60,7 +61,8 @@ def flat_state(model: torch.nn.Module) -> torch.Tensor:
 
 @torch.no_grad()
 def load_flat_state(model: torch.nn.Module, flat: torch.Tensor | np.ndarray) -> None:
-    flat = torch.as_tensor(flat, dtype=torch.float32)
+    first = next(model.parameters(), None)
+    flat = torch.as_tensor(flat, dtype=torch.float32, device=None if first is None else first.device)
     n = num_params(model)
     load_flat_params(model, flat[:n])
     load_flat_buffers(model, flat[n:])  # the rest are buffers
@@ -80,7 +82,11 @@ def local_sgd(
     Batches come from ``ctx.rng`` so training is identical on every executor.
     With ``prox_center`` the FedProx term ``mu/2 ||w - center||^2`` is added.
     Returns (mean training loss, samples processed).
+    With ``ctx.pretrained`` (``executor.batch_clients``) the training was already done for many
+    clients at once (:mod:`algorithms.batched_training`): its result is loaded instead.
     """
+    if ctx.pretrained is not None:
+        return ctx.pretrained.apply(ctx, prox_center, prox_mu)
     model, s = ctx.model, ctx.train
     model.train()
     opt = torch.optim.SGD(
@@ -88,22 +94,26 @@ def local_sgd(
     )
     n = len(ctx.train_y)
     params = list(model.parameters())
-    total_loss, seen = 0.0, 0
+    device = ctx.train_x.device
+    # float64 sum of (float32 batch loss x batch size), in step order: the same numbers as a
+    # Python float sum of loss.item() * size, without a device sync per step
+    total_loss = torch.zeros((), dtype=torch.float64, device=device)
+    seen = 0
     for _ in range(s.local_epochs):
-        order = torch.from_numpy(ctx.rng.permutation(n))
+        order = torch.from_numpy(ctx.rng.permutation(n)).to(device)
         for start in range(0, n, s.batch_size):
             idx = order[start : start + s.batch_size]
             xb, yb = ctx.train_x[idx], ctx.train_y[idx]
             opt.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(xb), yb)
-            total_loss += loss.item() * len(idx)
+            total_loss += loss.detach().double() * len(idx)
             if prox_center is not None and prox_mu > 0:
                 w = torch.nn.utils.parameters_to_vector(params)
                 loss = loss + 0.5 * prox_mu * torch.sum((w - prox_center) ** 2)
             loss.backward()
             opt.step()
             seen += len(idx)
-    return total_loss / max(seen, 1), seen
+    return float(total_loss) / max(seen, 1), seen
 
 
 @torch.no_grad()

@@ -67,31 +67,38 @@ def case_engine(rounds: int) -> dict:
     return {"wall_s": time.perf_counter() - t0}
 
 
-def case_bare(rounds: int) -> dict:
-    """The same clients, batches and aggregation as plain PyTorch in one loop."""
-    import torch
-    import torch.nn.functional as F
+class BareLoop:
+    """The engine's clients, batches and aggregation as plain PyTorch in one loop."""
 
-    from engine.runtime import build_arch_model, client_rng
-    from engine.simulation import build_data, select_clients
+    def __init__(self, cfg, data=None):
+        import torch
 
-    torch.set_num_threads(1)  # as the in-process engine (and each Ray actor) by default
-    cfg = _cfg([f"rounds={rounds + 1}"])
-    data = build_data(cfg)
-    x, y = torch.from_numpy(data.x), torch.from_numpy(data.y)
-    global_model = build_arch_model(cfg, "", data.input_shape, data.num_classes)
-    model = build_arch_model(cfg, "", data.input_shape, data.num_classes)
-    g = torch.nn.utils.parameters_to_vector(global_model.parameters()).detach().clone()
-    bs, lr = cfg.train.batch_size, cfg.train.lr
+        from engine.runtime import build_arch_model
+        from engine.simulation import build_data
 
-    def one_round(r):
-        nonlocal g
+        self.cfg = cfg
+        self.data = data if data is not None else build_data(cfg)
+        self.x, self.y = torch.from_numpy(self.data.x), torch.from_numpy(self.data.y)
+        shape, classes = self.data.input_shape, self.data.num_classes
+        global_model = build_arch_model(cfg, "", shape, classes)
+        self.model = build_arch_model(cfg, "", shape, classes)
+        self.g = torch.nn.utils.parameters_to_vector(global_model.parameters()).detach().clone()
+
+    def round(self, r: int) -> None:
+        import torch
+        import torch.nn.functional as F
+
+        from engine.runtime import client_rng
+        from engine.simulation import select_clients
+
+        cfg, data, model = self.cfg, self.data, self.model
+        bs, lr = cfg.train.batch_size, cfg.train.lr
         selected, _ = select_clients(cfg, data.num_clients, r)
         states, weights = [], []
         for cid in selected.tolist():
-            torch.nn.utils.vector_to_parameters(g.clone(), model.parameters())
+            torch.nn.utils.vector_to_parameters(self.g.clone(), model.parameters())
             idx = torch.from_numpy(data.train_indices(cid))
-            cx, cy = x[idx], y[idx]
+            cx, cy = self.x[idx], self.y[idx]
             rng = client_rng(cfg.seed, r, cid)
             rng.integers(2**62)  # the engine draws a torch seed first; keep batches identical
             opt = torch.optim.SGD(model.parameters(), lr=lr)
@@ -105,12 +112,19 @@ def case_bare(rounds: int) -> dict:
             states.append(torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone())
             weights.append(len(cy))
         w = torch.tensor(weights, dtype=torch.float32)
-        g = (w / w.sum()) @ torch.stack(states)
+        self.g = (w / w.sum()) @ torch.stack(states)
 
-    one_round(0)
+
+def case_bare(rounds: int) -> dict:
+    """The same clients, batches and aggregation as plain PyTorch in one loop."""
+    import torch
+
+    torch.set_num_threads(1)  # as the in-process engine (and each Ray actor) by default
+    loop = BareLoop(_cfg([f"rounds={rounds + 1}"]))
+    loop.round(0)
     t0 = time.perf_counter()
     for r in range(1, rounds + 1):
-        one_round(r)
+        loop.round(r)
     return {"wall_s": time.perf_counter() - t0}
 
 

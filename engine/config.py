@@ -8,21 +8,38 @@ checked exactly like the file.
 from __future__ import annotations
 
 import copy
+import os
+import re
+import types
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from algorithms import ALGORITHMS
+from algorithms.params import ALGORITHM_PARAMS
+from engine.errors import ConfigError
+from engine.model_names import MODEL_NAMES
+from engine.yamlio import check_values, parse_yaml, read_yaml_file
 from hardware_profiles.clock import RoundPolicy
 from hardware_profiles.sampler import ProfileSpec
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "default.yaml"
+__all__ = ["ConfigError", "ExperimentConfig", "load_config", "apply_overrides", "expand_path"]
 
 
-class ConfigError(ValueError):
-    """An invalid experiment configuration; the message lists every problem found."""
+def expand_path(value: str) -> str:
+    """``~`` and ``$VAR`` expanded (once: the resolved config stores the result)."""
+    out = os.path.expandvars(os.path.expanduser(value))
+    missing = re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", out)
+    if missing:
+        raise ValueError(f"environment variable {missing[0]} is not set (in {value!r})")
+    return out
+
+
+def _expanded(v: str | None) -> str | None:
+    return None if v is None else expand_path(v)
 
 
 class Section(BaseModel):
@@ -34,6 +51,8 @@ class DatasetConfig(Section):
     root: str | None = Field(None, description="local folder of dataset files")
     download: bool = Field(False, description="allow torchvision to download (needs internet)")
     params: dict[str, Any] = Field(default_factory=dict, description="loader parameters")
+
+    _expand_root = field_validator("root")(classmethod(lambda cls, v: _expanded(v)))
 
     @field_validator("name")
     @classmethod
@@ -56,10 +75,8 @@ class PartitionConfig(Section):
 
 
 def _check_model_name(v: str) -> str:
-    from engine.models import MODELS
-
-    if v not in MODELS:
-        raise ValueError(f"unknown model {v!r}; allowed: {', '.join(sorted(MODELS))}")
+    if v not in MODEL_NAMES:
+        raise ValueError(f"unknown model {v!r}; allowed: {', '.join(sorted(MODEL_NAMES))}")
     return v
 
 
@@ -107,6 +124,16 @@ class ClientsConfig(Section):
     participation: float = Field(0.3, gt=0, le=1, description="fraction selected per round")
     profiles: ProfileSpec = Field(default_factory=ProfileSpec)
 
+    @field_validator("profiles", mode="before")
+    @classmethod
+    def _expand_profile_paths(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            v = dict(v)
+            for key in ("table", "catalog"):
+                if isinstance(v.get(key), str):
+                    v[key] = expand_path(v[key])
+        return v
+
 
 class TrainConfig(Section):
     local_epochs: int = Field(1, ge=1)
@@ -115,6 +142,9 @@ class TrainConfig(Section):
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
     lr_decay: float = Field(1.0, gt=0, le=1, description="per-round multiplicative decay")
+    on_nonfinite: Literal["stop", "skip_client", "ignore"] = Field(
+        "stop", description="an upload or global model with NaN/inf: end the run as 'diverged', "
+        "drop that client's upload (drop reason 'nonfinite'), or keep it")
 
 
 class EvaluationConfig(Section):
@@ -125,9 +155,23 @@ class EvaluationConfig(Section):
 
 
 class OutputConfig(Section):
-    dir: str = "runs"
+    dir: str = Field("runs", description="a local folder or a URI such as s3://bucket/runs (engine.storage)")
     name: str | None = Field(None, description="run folder name; default <algorithm>-<dataset>-<time>")
     overwrite: bool = False
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict, description="options of a URI's pyarrow filesystem, e.g. endpoint_override")
+    upload_every_s: float = Field(
+        60.0, ge=0, description="a URI dir: seconds between uploads of the staged run folder (and at the end)")
+
+    _expand_dir = field_validator("dir")(classmethod(lambda cls, v: _expanded(v)))
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str | None) -> str | None:
+        if v is not None and (not v or "/" in v or v in (".", "..")):
+            raise ValueError(f"name {v!r} must be one folder name (no '/'), not a path; "
+                             "put the parent folder in output.dir")
+        return v
 
 
 class FailureInjection(Section):
@@ -147,15 +191,62 @@ class ExecutorConfig(Section):
     )
     startup_timeout_s: float = Field(180.0, gt=0, description="give up if actors are not up by then")
     inject_failure: FailureInjection | None = None
+    # GPUs (docs/gpu.md)
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "cpu", description="where clients train: cpu, cuda, or auto (CUDA when this host holds a GPU)")
+    gpus_per_actor: float = Field(0.0, ge=0, description="GPU share of each client actor (0.25: four per GPU)")
+    driver_gpus: float = Field(0.0, ge=0, description="GPU share of the driver actor (global evaluation)")
+    batch_clients: bool = Field(
+        False, description="train the selected clients of one architecture together (torch.func)")
+    cuda_deterministic: bool = Field(True, description="torch.use_deterministic_algorithms on CUDA")
+
+    @field_validator("gpus_per_actor", "driver_gpus")
+    @classmethod
+    def _ray_gpu_amount(cls, v: float) -> float:
+        if v > 1 and not float(v).is_integer():
+            raise ValueError("Ray accepts a fraction of one GPU (<= 1) or a whole number of GPUs")
+        return v
+
+    @model_validator(mode="after")
+    def _gpus_match_device(self) -> "ExecutorConfig":
+        if self.kind == "ray" and self.device == "cuda" and self.gpus_per_actor == 0:
+            raise ValueError("executor.device = 'cuda' with executor.kind = 'ray' needs "
+                             "executor.gpus_per_actor > 0: a client actor without a GPU share has no GPU")
+        if self.device == "cpu" and (self.gpus_per_actor > 0 or self.driver_gpus > 0):
+            raise ValueError("executor.gpus_per_actor / driver_gpus reserve GPUs that executor.device "
+                             "= 'cpu' never uses; set device: auto or cuda, or the GPUs to 0")
+        return self
+
+
+class CheckpointConfig(Section):
+    """Checkpoints in the run folder, for ``hetsim run --resume`` (docs/checkpoints.md)."""
+
+    every: int = Field(10, ge=0, description="write one every N rounds; 0: only when a run is interrupted")
+    keep: int = Field(2, ge=1, description="newest checkpoints kept in <run>/checkpoints")
+
+
+_ADDRESS_RE = re.compile(r"^(ray://)?(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):[0-9]{1,5}$")
 
 
 class RayConfig(Section):
-    address: str | None = Field(None, description="existing cluster address; None starts a local Ray")
+    address: str | None = Field(
+        None, description="null: a private local Ray (loopback, token); 'auto', host:port or "
+        "ray://host:port: join that cluster (docs/security.md)")
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a local Ray")
+    num_gpus: int | None = Field(None, ge=0, description="GPUs of a local Ray (default: detected)")
+    connect_timeout_s: float = Field(30.0, gt=0, description="give up joining ray.address after this")
+
+    @field_validator("address")
+    @classmethod
+    def _address_form(cls, v: str | None) -> str | None:
+        if v is None or v in ("auto", "local") or _ADDRESS_RE.match(v):
+            return None if v == "local" else v
+        raise ValueError(f"address {v!r} is not allowed: give null (a private local Ray), 'auto', "
+                         "host:port or ray://host:port")
 
 
 def _algorithm_union():
-    params = tuple(spec.params for spec in ALGORITHMS.values())
+    params = tuple(ALGORITHM_PARAMS.values())
     return Annotated[Union[params], Field(discriminator="name")]  # noqa: UP007
 
 
@@ -166,11 +257,12 @@ class ExperimentConfig(Section):
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     clients: ClientsConfig = Field(default_factory=ClientsConfig)
-    algorithm: _algorithm_union() = Field(default_factory=lambda: ALGORITHMS["fedavg"].params())
+    algorithm: _algorithm_union() = Field(default_factory=lambda: ALGORITHM_PARAMS["fedavg"]())
     train: TrainConfig = Field(default_factory=TrainConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     clock: RoundPolicy = Field(default_factory=RoundPolicy)
     output: OutputConfig = Field(default_factory=OutputConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
 
@@ -184,12 +276,17 @@ class ExperimentConfig(Section):
 def parse_override(item: str) -> tuple[list[str], Any]:
     """``"a.b.c=value"`` -> (["a", "b", "c"], parsed YAML value)."""
     if "=" not in item:
-        raise ConfigError(f"override {item!r} must look like key.path=value")
+        raise ConfigError(f"override {item!r} must look like key.path=value (e.g. train.lr=0.01)")
     key, raw = item.split("=", 1)
-    path = [p for p in key.strip().split(".") if p]
-    if not path:
-        raise ConfigError(f"override {item!r} has an empty key")
-    return path, yaml.safe_load(raw)
+    return split_key(key.strip(), f"override {item!r}"), parse_yaml(raw, f"--set {key.strip()}")
+
+
+def split_key(key: str, where: str) -> list[str]:
+    """``"a.b"`` -> ``["a", "b"]``; an empty key or part (``a..b``, ``.a``) is an error."""
+    parts = key.split(".")
+    if not key or any(not p.strip() for p in parts):
+        raise ConfigError(f"{where}: key {key!r} has an empty part; write dotted keys like train.lr")
+    return parts
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str] | dict[str, Any]) -> dict[str, Any]:
@@ -197,26 +294,77 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | dict[str, Any]) 
     raw = copy.deepcopy(raw)
     items = overrides.items() if isinstance(overrides, dict) else map(parse_override, overrides)
     for key, value in items:
-        path = key.split(".") if isinstance(key, str) else key
+        path = split_key(key, f"override {key!r}") if isinstance(key, str) else key
         node = raw
-        for part in path[:-1]:
+        for i, part in enumerate(path[:-1]):
             child = node.get(part)
+            if child is None:
+                child = node[part] = {}
             if not isinstance(child, dict):
-                child = {} if child is None else child
-                if not isinstance(child, dict):
-                    raise ConfigError(f"override {'.'.join(path)}: {part!r} is not a section")
-                node[part] = child
+                raise ConfigError(f"override {'.'.join(path)}: {'.'.join(path[:i + 1])} is a value "
+                                  f"({child!r}), not a section")
             node = child
         node[path[-1]] = value
     return raw
 
 
+# ---------------------------------------------------------------- booleans where numbers go
+
+
+def _flatten(annotation: Any) -> list[Any]:
+    """The alternatives of a type: Union/Optional split, Annotated unwrapped."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _flatten(typing.get_args(annotation)[0])
+    if origin in (Union, types.UnionType):
+        return [t for arg in typing.get_args(annotation) for t in _flatten(arg)]
+    return [annotation]
+
+
+def _is_model(t: Any) -> bool:
+    return isinstance(t, type) and issubclass(t, BaseModel)
+
+
+def bool_problems(annotation: Any, value: Any, where: str) -> list[str]:
+    """``true``/``false`` given where the schema wants a number (pydantic would read 1/0)."""
+    alternatives = _flatten(annotation)
+    if isinstance(value, bool):
+        bases = {typing.get_origin(t) or t for t in alternatives}
+        if bases & {int, float} and bool not in bases:
+            return [f"  {where} = {value!r}: a boolean where a number is expected; write a number"]
+        return []
+    out: list[str] = []
+    models = [t for t in alternatives if _is_model(t)]
+    if isinstance(value, dict) and models:
+        model = models[0]
+        if len(models) > 1:  # a discriminated union (algorithm): the member named by `name`
+            named = [m for m in models if m.model_fields.get("name") is not None
+                     and m.model_fields["name"].default == value.get("name")]
+            if not named:
+                return []
+            model = named[0]
+        for key, sub in value.items():
+            field = model.model_fields.get(key) if isinstance(key, str) else None
+            if field is not None:
+                out += bool_problems(field.annotation, sub, f"{where}.{key}" if where else key)
+        return out
+    for t in alternatives:
+        origin, args = typing.get_origin(t), typing.get_args(t)
+        if origin is dict and isinstance(value, dict) and len(args) == 2:
+            for key, sub in value.items():
+                out += bool_problems(args[1], sub, f"{where}.{key}")
+        elif origin in (list, tuple) and isinstance(value, list) and args:
+            for i, sub in enumerate(value):
+                out += bool_problems(args[0], sub, f"{where}[{i}]")
+    return out
+
+
 def _format_errors(err: ValidationError, raw: dict[str, Any]) -> str:
     lines = []
     for e in err.errors():
-        loc = [str(p) for p in e["loc"] if not (isinstance(p, str) and p in ALGORITHMS)]
+        loc = [str(p) for p in e["loc"] if not (isinstance(p, str) and p in ALGORITHM_PARAMS)]
         field = ".".join(loc) or "<root>"
-        msg = e["msg"]
+        msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             allowed = _allowed_keys(loc[:-1])
             msg = "unknown key" + (f"; allowed keys: {', '.join(allowed)}" if allowed else "")
@@ -239,20 +387,26 @@ def _allowed_keys(loc: list[str]) -> list[str]:
 def load_config(
     source: str | Path | dict[str, Any] | None = None, overrides: list[str] | dict | None = None
 ) -> ExperimentConfig:
-    """Load, override and validate an experiment. ``None`` loads the built-in default."""
+    """Load, override and validate an experiment (schema level: each field on its own).
+
+    ``None`` loads the built-in default. Cross-field and data-dependent checks (does the model
+    fit the data, can the partition be made, ...) are :func:`engine.validate.validate_experiment`.
+    """
     if source is None:
         source = DEFAULT_CONFIG
     if isinstance(source, (str, Path)):
-        path = Path(source)
-        if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist")
-        raw = yaml.safe_load(path.read_text()) or {}
+        path = Path(expand_path(str(source)))
+        raw = read_yaml_file(path)
         if not isinstance(raw, dict):
-            raise ConfigError(f"config file {str(path)!r} must hold a mapping, got {type(raw).__name__}")
+            raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections "
+                              f"(seed:, rounds:, dataset:, ...), got a {type(raw).__name__}")
     else:
-        raw = dict(source)
+        raw = copy.deepcopy(dict(source))
     if overrides:
         raw = apply_overrides(raw, overrides)
+    problems = check_values(raw) + bool_problems(ExperimentConfig, raw, "")
+    if problems:
+        raise ConfigError("invalid experiment config:\n" + "\n".join(problems))
     try:
         return ExperimentConfig.model_validate(raw)
     except ValidationError as err:
@@ -260,4 +414,8 @@ def load_config(
 
 
 def dump_config(cfg: ExperimentConfig, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    from engine.storage import redact
+
+    raw = cfg.to_dict()
+    raw["output"]["storage_options"] = redact(raw["output"]["storage_options"])  # no credentials
+    Path(path).write_text(yaml.safe_dump(raw, sort_keys=False))

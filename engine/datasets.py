@@ -12,6 +12,7 @@ Public API
 ``DatasetNotFoundError``         raised when files are missing and cannot be downloaded
 ``DATASETS``                     name -> loader ``(*, root, download, seed, **params) -> ArrayDataset``
 ``load_dataset(name, *, root=None, download=False, seed=0, **params)``
+``load_dataset_cached(...)``     the same, keeping the last dataset loaded in this process
 ``register_dataset(name)``       decorator adding a loader to ``DATASETS``
 
 Built-in datasets
@@ -162,6 +163,20 @@ def load_dataset(
         if unknown:
             raise ValueError(f"unknown parameter(s) {unknown} for dataset {key!r}; allowed: {allowed}")
     return fn(root=root, download=bool(download), seed=int(seed), **params)
+
+
+_last_loaded: tuple[str, ArrayDataset] | None = None
+
+
+def load_dataset_cached(name: str, *, root=None, download=False, seed=0, **params) -> ArrayDataset:
+    """:func:`load_dataset`, keeping the last dataset loaded in this process: validating a run
+    and running it read the files once (mnist5k parses a CSV for seconds). Do not modify it."""
+    global _last_loaded
+    key = repr((_canonical_name(name), root, bool(download), int(seed), sorted(params.items())))
+    if _last_loaded is None or _last_loaded[0] != key:
+        _last_loaded = None  # free the old arrays before loading the new ones
+        _last_loaded = (key, load_dataset(name, root=root, download=download, seed=seed, **params))
+    return _last_loaded[1]
 
 
 # --------------------------------------------------------------------------- #

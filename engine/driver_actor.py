@@ -10,12 +10,15 @@ import json
 from pathlib import Path
 
 from engine.callbacks import CallbackLike, CallbackList, RunCallback, RunContext, Stop
-from engine.config import ExperimentConfig
+from engine.config import ConfigError, ExperimentConfig
 from engine.ray_executor import init_ray
 from engine.simulation import RoundRecord
+from engine.trace import mark
 
 POLL_S = 0.5
-STOP_GRACE_S = 120.0  # after Ctrl+C: time for the round in flight to finish and be written
+# After Ctrl+C: time for the round in flight to finish and be written; then the driver actor is
+# killed and this process closes the run folder itself (finished rounds are already on disk).
+STOP_GRACE_S = 5.0
 
 
 class _Relay(RunCallback):
@@ -36,12 +39,15 @@ def _driver_actor_class():
     @ray.remote(num_cpus=0, max_concurrency=2, max_restarts=0)
     class DriverActor:
         def __init__(self):
+            mark("driver actor: up")
             self._relay = _Relay()
 
-        def run(self, cfg: ExperimentConfig, path: str, command: list[str]) -> str:
+        def run(self, cfg: ExperimentConfig, path: str, command: list[str], resume: bool = False,
+                warnings=None) -> str:
             from engine.run import execute_run
 
-            return str(execute_run(cfg, Path(path), [self._relay], command))
+            return str(execute_run(cfg, Path(path), [self._relay], command, resume=resume,
+                                   warnings=warnings))
 
         def stop(self, message: str, status: str) -> None:
             self._relay.stop_request = Stop(message, status)
@@ -53,17 +59,28 @@ def _driver_actor_class():
     return DriverActor
 
 
+class DriverDiedError(RuntimeError):
+    """The driver actor (the round loop) died; the run folder holds every finished round."""
+
+
 def run_on_driver_actor(
-    cfg: ExperimentConfig, path: Path, callbacks: list[CallbackLike], command
+    cfg: ExperimentConfig, path: Path, callbacks: list[CallbackLike], command, resume: bool = False,
+    warnings=None,
 ) -> Path:
-    ray = init_ray(cfg.ray.address, cfg.ray.num_cpus)
+    ray = init_ray(cfg.ray.address, cfg.ray.num_cpus, num_gpus=cfg.ray.num_gpus,
+                   connect_timeout_s=cfg.ray.connect_timeout_s)
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     cbs = CallbackList(callbacks)
-    run = RunContext(cfg, Path(path), first_round=0, simulation=None)
-    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    driver = _driver_actor_class().options(scheduling_strategy=here).remote()
-    done = driver.run.remote(cfg, str(Path(path).resolve()), command)
+    run = RunContext(cfg, Path(path), first_round=_resume_round(path) if resume else 0, simulation=None)
+    node_id = ray.get_runtime_context().get_node_id()
+    here = NodeAffinitySchedulingStrategy(node_id, soft=False)
+    _check_driver_gpus(ray, node_id, cfg.executor.driver_gpus)
+    # no GPU unless asked for (executor.driver_gpus): the server aggregates on the CPU
+    driver = _driver_actor_class().options(
+        scheduling_strategy=here, num_gpus=cfg.executor.driver_gpus).remote()
+    mark("cli: driver actor requested")
+    done = driver.run.remote(cfg, str(Path(path).resolve()), command, resume, list(warnings or []))
     stop_sent = False
 
     def relay() -> None:
@@ -83,18 +100,83 @@ def run_on_driver_actor(
         try:
             result = Path(ray.get(done))
         except ray.exceptions.RayTaskError as err:
+            if isinstance(err.cause, ConfigError):  # a user mistake (e.g. device): plain message
+                raise err.cause from None
             raise err.as_instanceof_cause() from None
         status = _manifest_status(result)
         return result
+    except ray.exceptions.RayActorError as err:  # the loop's process is gone (killed, OOM, node lost)
+        raise DriverDiedError(_driver_died(Path(path), err)) from None
     except KeyboardInterrupt:
-        # let the driver finish the round in flight, mark the run interrupted and compact it
+        # let the driver finish the round in flight, mark the run interrupted and compact it;
+        # if that takes longer than the grace, stop it and close the folder from here
         status = "interrupted"
         driver.stop.remote("stopped by the caller (Ctrl+C)", "interrupted")
-        ray.wait([done], timeout=STOP_GRACE_S)
+        finished = bool(ray.wait([done], timeout=STOP_GRACE_S)[0])
+        ray.kill(driver)
+        if not finished:
+            close_abandoned_run(Path(path), "interrupted", "stopped by the caller (Ctrl+C) "
+                                "during a round; that round is lost")
         raise
     finally:
+        mark("cli: driver done")
         ray.kill(driver)
         cbs.run_end(run, status)
+
+
+def _check_driver_gpus(ray, node_id: str, driver_gpus: float) -> None:
+    """The driver actor is pinned to this node: refuse a GPU share this node cannot give
+    (Ray would wait forever)."""
+    if driver_gpus <= 0:
+        return
+    from engine.ray_executor import ExecutorError
+
+    here = next((n for n in ray.nodes() if n["NodeID"] == node_id), {"Resources": {}})
+    have = here["Resources"].get("GPU", 0.0)
+    if have + 1e-9 < driver_gpus:
+        raise ExecutorError(
+            f"executor.driver_gpus={driver_gpus:g}: the driver actor runs on this node, which has "
+            f"{have:g} GPUs; Ray would wait forever. Set driver_gpus: 0 or run from a GPU node.")
+
+
+def _resume_round(path: Path) -> int:
+    from engine.checkpoint import latest_checkpoint, read_meta
+
+    latest = latest_checkpoint(path)
+    return int(read_meta(latest)["next_round"]) if latest is not None else 0
+
+
+def _driver_died(path: Path, err: BaseException) -> str:
+    """Mark the run failed (the driver could not) and say how to continue it."""
+    from engine.checkpoint import latest_checkpoint
+
+    cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    message = f"the driver actor running the round loop died ({cause})"
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+        manifest.update(status="failed", error=message)
+        tmp = path / "manifest.json.tmp"
+        tmp.write_text(json.dumps(manifest, indent=2, default=str))
+        tmp.replace(path / "manifest.json")
+    except (OSError, ValueError):
+        pass
+    latest = latest_checkpoint(path)
+    where = f"checkpoint {latest.name}" if latest is not None else "round 0 (no checkpoint yet)"
+    return f"{message}; continue from {where} with: hetsim run --resume {path}"
+
+
+def close_abandoned_run(path: Path, status: str, message: str) -> None:
+    """Compact the parts of a run whose loop process was killed and record why it ended."""
+    from engine.results import RunWriter, utc_now
+
+    writer = RunWriter(path)
+    writer.finalize()
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except (OSError, ValueError):
+        manifest = {}
+    manifest.update(status=status, error=message, finished=utc_now())
+    writer.write_json("manifest.json", manifest)
 
 
 def _manifest_status(path: Path) -> str:

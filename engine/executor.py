@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from pathlib import Path
 
 from algorithms.base import Broadcast, ClientResult
 from engine.runtime import ClientHost, HostSetup
 
 
 class Executor(ABC):
+    # set by the run's checkpoint callback: where a replacement client host restores from
+    recovery_checkpoint: Path | None = None
+    run_dir: Path | None = None
+
     @abstractmethod
     def start(self, setup: HostSetup) -> None:
         """Ship the dataset, profiles and method to the client hosts (once)."""
@@ -22,6 +27,19 @@ class Executor(ABC):
     @abstractmethod
     def notify_dropped(self, round: int, client_ids: list[int]) -> None:
         """Tell the hosts which clients' uploads did not arrive in ``round``."""
+
+    @abstractmethod
+    def save_client_states(self, directory: Path) -> list[dict]:
+        """Write every client's state into ``directory`` (one shard per host); returns the
+        shards' descriptions (file, host, num_hosts, clients, bytes)."""
+
+    @abstractmethod
+    def load_client_states(self, directory: Path, shards: list[dict]) -> None:
+        """Give every host the states of its clients from a checkpoint's shards."""
+
+    def drain_faults(self) -> list[dict]:
+        """Incidents (a host died and was replaced) since the last call: faults.parquet rows."""
+        return []
 
     def close(self) -> None:
         """Release hosts and resources."""
@@ -42,6 +60,8 @@ class InProcessExecutor(Executor):
         import torch
 
         self._caller_threads = torch.get_num_threads()
+        self._caller_deterministic = (torch.are_deterministic_algorithms_enabled(),
+                                      torch.is_deterministic_algorithms_warn_only_enabled())
         self.host = ClientHost(setup, threads=self.threads)
 
     def close(self) -> None:
@@ -50,6 +70,8 @@ class InProcessExecutor(Executor):
         if self._caller_threads is not None:  # the host shares this process: give it back
             torch.set_num_threads(self._caller_threads)
             self._caller_threads = None
+            mode, warn_only = self._caller_deterministic
+            torch.use_deterministic_algorithms(mode, warn_only=warn_only)
 
     def run_round(self, round, client_ids, broadcast, evaluate):
         assert self.host is not None, "start() first"
@@ -58,5 +80,21 @@ class InProcessExecutor(Executor):
     def notify_dropped(self, round, client_ids):
         self.host.notify_dropped(round, client_ids)
 
+    def save_client_states(self, directory):
+        from engine.checkpoint import shard_name
+
+        info = self.host.save_states(Path(directory) / shard_name(0))
+        return [{"file": shard_name(0), "host": 0, "num_hosts": 1, **info}]
+
+    def load_client_states(self, directory, shards):
+        from engine.checkpoint import shards_for
+
+        self.host.load_states([Path(directory) / s["file"] for s in shards_for(shards, 1, 0)], 1, 0)
+
     def describe(self) -> dict:
-        return {"kind": "inprocess", "hosts": 1}
+        from engine.device import describe_device
+
+        out = {"kind": "inprocess", "hosts": 1}
+        if self.host is not None:
+            out.update(describe_device(self.host.device))
+        return out

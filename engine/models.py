@@ -24,7 +24,8 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
-from torchvision.models.resnet import BasicBlock, ResNet
+
+from engine.model_names import MODEL_NAMES
 
 __all__ = [
     "MODELS",
@@ -238,35 +239,57 @@ class CifarCNN(nn.Module):
         return self.classifier(self.features(x))
 
 
-class CifarResNet18(ResNet):
-    """CIFAR-style ResNet-18.
+@functools.lru_cache(maxsize=None)
+def _cifar_resnet18_class() -> type:
+    # torchvision's import costs ~1 s (it pulls in torch._dynamo): only this model needs it
+    from torchvision.models.resnet import BasicBlock, ResNet
 
-    Same architecture (and parameter names) as
-    ``torchvision.models.resnet18(weights=None, num_classes=num_classes)``, with
-    ``conv1`` replaced by a 3x3 / stride 1 / padding 1 conv taking C input
-    channels and ``maxpool`` replaced by ``nn.Identity``.
+    class CifarResNet18(ResNet):
+        """CIFAR-style ResNet-18.
 
-    Expected input: ``(B, C, H, W)`` with ``H, W >= 8``, designed for
-    ``(B, 3, 32, 32)``. 11,173,962 trainable parameters for 3 channels / 10
-    classes. Contains BatchNorm (train/eval modes differ; no randomness).
+        Same architecture (and parameter names) as
+        ``torchvision.models.resnet18(weights=None, num_classes=num_classes)``, with
+        ``conv1`` replaced by a 3x3 / stride 1 / padding 1 conv taking C input
+        channels and ``maxpool`` replaced by ``nn.Identity``.
+
+        Expected input: ``(B, C, H, W)`` with ``H, W >= 8``, designed for
+        ``(B, 3, 32, 32)``. 11,173,962 trainable parameters for 3 channels / 10
+        classes. Contains BatchNorm (train/eval modes differ; no randomness).
+        """
+
+        NAME = "resnet18"
+        ACCEPTS = "(C, H, W) with H, W >= 8, e.g. (3, 32, 32)"
+
+        def __init__(self, input_shape: Sequence[int] = (3, 32, 32), num_classes: int = 10):
+            shape = _as_shape(input_shape)
+            c, h, w = _require_chw(self.NAME, shape, self.ACCEPTS)
+            if min(h, w) < 8:
+                raise _shape_error(self.NAME, shape, self.ACCEPTS)
+            n = _check_num_classes(self.NAME, num_classes)
+            # == torchvision.models.resnet18(weights=None, num_classes=n)
+            super().__init__(BasicBlock, [2, 2, 2, 2], num_classes=n)
+            self.input_shape = shape
+            self.num_classes = n
+            self.conv1 = nn.Conv2d(c, 64, kernel_size=3, stride=1, padding=1, bias=False)
+            nn.init.kaiming_normal_(self.conv1.weight, mode="fan_out", nonlinearity="relu")  # as torchvision
+            self.maxpool = nn.Identity()
+
+    CifarResNet18.__module__, CifarResNet18.__qualname__ = __name__, "CifarResNet18"  # picklable
+    return CifarResNet18
+
+
+def cifar_resnet18(input_shape: Sequence[int] = (3, 32, 32), num_classes: int = 10) -> nn.Module:
+    """CIFAR-style ResNet-18 (:class:`CifarResNet18`, defined on first use).
+
+    Expected input: ``(B, C, H, W)`` with ``H, W >= 8``, designed for ``(B, 3, 32, 32)``.
     """
+    return _cifar_resnet18_class()(input_shape, num_classes)
 
-    NAME = "resnet18"
-    ACCEPTS = "(C, H, W) with H, W >= 8, e.g. (3, 32, 32)"
 
-    def __init__(self, input_shape: Sequence[int] = (3, 32, 32), num_classes: int = 10):
-        shape = _as_shape(input_shape)
-        c, h, w = _require_chw(self.NAME, shape, self.ACCEPTS)
-        if min(h, w) < 8:
-            raise _shape_error(self.NAME, shape, self.ACCEPTS)
-        n = _check_num_classes(self.NAME, num_classes)
-        # == torchvision.models.resnet18(weights=None, num_classes=n)
-        super().__init__(BasicBlock, [2, 2, 2, 2], num_classes=n)
-        self.input_shape = shape
-        self.num_classes = n
-        self.conv1 = nn.Conv2d(c, 64, kernel_size=3, stride=1, padding=1, bias=False)
-        nn.init.kaiming_normal_(self.conv1.weight, mode="fan_out", nonlinearity="relu")  # as torchvision
-        self.maxpool = nn.Identity()
+def __getattr__(name: str) -> Any:
+    if name == "CifarResNet18":
+        return _cifar_resnet18_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class MLP(nn.Module):
@@ -320,9 +343,11 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "lenet5": LeNet5,
     "lenet5_half": LeNet5Half,
     "cifar_cnn": CifarCNN,
-    "resnet18": CifarResNet18,
+    "resnet18": cifar_resnet18,
     "mlp": MLP,
 }
+if tuple(MODELS) != MODEL_NAMES:  # config validation checks names against MODEL_NAMES
+    raise ImportError(f"engine/model_names.py lists {MODEL_NAMES}, MODELS has {tuple(MODELS)}")
 
 DEFAULT_INPUT_SHAPES: dict[str, tuple[int, ...]] = {
     "cnn": (1, 28, 28),

@@ -8,6 +8,8 @@ Layout of one run (schema in ``docs/results.md``)::
     <run>/rounds.parquet     one row per round
     <run>/clients.parquet    one row per round x selected client
     <run>/<extra>.parquet    optional method traces (e.g. FedCSPACK's shared packs)
+    <run>/faults.parquet     client hosts that died and were replaced (Ray executor)
+    <run>/checkpoints/       checkpoints for resuming (engine.checkpoint)
 
 Each round is first written as its own small Parquet part under ``_parts/<table>/``
 (atomically: temp file + rename), so a crash loses at most the round in flight. When the run
@@ -15,21 +17,28 @@ ends the parts are compacted into one file per table. :func:`load_run` reads eit
 """
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
+import platform
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
+
+from engine.errors import UserError
+
+if TYPE_CHECKING:
+    from engine.storage import Storage
 
 SCHEMA_VERSION = 1
 PARTS = "_parts"
 
 # Columns every run has (methods add their own trace columns; see docs/results.md).
 ROUND_COLUMNS = (
-    "round", "num_selected", "num_run", "num_arrived", "num_unavailable", "num_dropout",
+    "round", "num_selected", "num_run", "num_arrived", "num_unavailable", "num_dropout", "num_nonfinite",
     "sim_round_s", "sim_time_s", "bytes_up", "bytes_down", "train_loss",
     "pers_acc", "pers_acc_weighted", "pers_acc_worst", "pers_acc_std", "pers_loss",
     "global_acc", "global_loss", "wall_s",
@@ -44,6 +53,15 @@ PROFILE_COLUMNS = (
     "client_id", "gflops", "down_mbps", "up_mbps", "latency_s", "memory_gb", "availability",
     "dropout", "tier", "net_tier",
 )
+# Tables that log what happened rather than one row per round: kept whole when a resumed run
+# rewinds its round tables to a checkpoint.
+HISTORY_TABLES = ("profiles", "faults")
+FAULT_COLUMNS = (
+    "round", "actor", "pid", "clients", "clients_restored", "cause", "recovery", "checkpoint",
+    "state_rounds_lost", "seconds_lost",
+)
+HEARTBEAT_S = 30.0  # a running run rewrites manifest.json's heartbeat at least this often
+STALE_AFTER_S = 5 * HEARTBEAT_S  # ... so a run silent for longer is reported as crashed
 # Host wall-clock columns: the only ones that differ between two runs with the same seed.
 WALL_COLUMNS = ("wall_s", "wall_fit_s")
 
@@ -79,6 +97,55 @@ class RunWriter:
         part_dir.mkdir(parents=True, exist_ok=True)
         _write_parquet_atomic(df, part_dir / f"{seq:07d}.parquet")
 
+    def sequence(self) -> dict[str, int]:
+        """Parts written so far per table (checkpoints record it)."""
+        return dict(self._seq)
+
+    def rewind(self, next_round: int, sequence: dict[str, int] | None = None) -> dict[str, int]:
+        """Drop every row of round >= ``next_round`` from every round table (parts and compacted
+        tables) and continue numbering parts after the ones that remain, so a resumed run
+        appends each round exactly once. ``sequence``: the part counts a checkpoint recorded
+        (parts are never numbered below them). Tables in ``HISTORY_TABLES`` are kept whole.
+        Crash-safe: every step can be redone. Returns the rows dropped per table."""
+        dropped: dict[str, int] = {}
+        names = {p.name for p in (self.dir / PARTS).glob("*") if p.is_dir()}
+        names |= {p.stem for p in self.dir.glob("*.parquet")}
+        for name in sorted(names - set(HISTORY_TABLES)):
+            dropped[name] = self._rewind_table(name, next_round)
+            part_dir = self.dir / PARTS / name
+            numbers = [int(p.stem) for p in part_dir.glob("*.parquet") if p.stem.isdigit()]
+            self._seq[name] = max([(sequence or {}).get(name, 0), *(n + 1 for n in numbers)])
+        return dropped
+
+    def _rewind_table(self, name: str, next_round: int) -> int:
+        part_dir = self.dir / PARTS / name
+        compacted = self.dir / f"{name}.parquet"
+        if compacted.exists():  # a finalized run: the compacted table is the truth; it becomes part 0
+            df = pd.read_parquet(compacted)
+            _require_round(df, name)
+            keep = df[df["round"] < next_round]
+            part_dir.mkdir(parents=True, exist_ok=True)
+            tmp = part_dir / "0000000.parquet.tmp"
+            if len(keep):
+                keep.to_parquet(tmp, index=False)
+            for p in part_dir.glob("*.parquet"):
+                p.unlink()
+            if len(keep):
+                os.replace(tmp, part_dir / "0000000.parquet")
+            compacted.unlink()
+            return len(df) - len(keep)
+        dropped = 0
+        for p in sorted(part_dir.glob("*.parquet")):
+            rounds = pd.read_parquet(p, columns=None)
+            _require_round(rounds, name)
+            late = rounds["round"] >= next_round
+            if late.all():
+                p.unlink()
+            elif late.any():
+                _write_parquet_atomic(rounds[~late].reset_index(drop=True), p)
+            dropped += int(late.sum())
+        return dropped
+
     def finalize(self) -> None:
         """Compact every table's parts into ``<table>.parquet`` and remove the parts."""
         parts_root = self.dir / PARTS
@@ -91,30 +158,111 @@ class RunWriter:
         shutil.rmtree(parts_root)
 
 
+def _require_round(df: pd.DataFrame, name: str) -> None:
+    if "round" not in df.columns:
+        raise ValueError(f"table {name!r} has no 'round' column: cannot rewind it to a checkpoint")
+
+
+class RunFolderError(UserError, FileNotFoundError):
+    """A run folder (or one of its files) is missing or unreadable."""
+
+
+def _read_parquet(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(path)
+    except Exception as err:  # pyarrow raises several types for a truncated or foreign file
+        raise RunFolderError(
+            f"{path} is unreadable ({type(err).__name__}: {str(err).strip()[:200]}); the file is "
+            "truncated or not Parquet (was the run killed while writing it?)") from None
+
+
 def _read_parts(table_dir: Path) -> pd.DataFrame | None:
     files = sorted(table_dir.glob("*.parquet"))
     if not files:
         return None
-    frames = [pd.read_parquet(f) for f in files]
+    frames = [_read_parquet(f) for f in files]
     frames = [f for f in frames if not f.empty]
     return pd.concat(frames, ignore_index=True) if frames else None
 
 
-def read_table(run_dir: str | Path, table: str) -> pd.DataFrame | None:
-    """One table of a run, finished (compacted) or still in progress / crashed (parts)."""
+def _as_storage(run_dir) -> "Storage":
+    from engine.storage import Storage, open_storage
+
+    return run_dir if isinstance(run_dir, Storage) else open_storage(run_dir)
+
+
+def read_table(run_dir, table: str) -> pd.DataFrame | None:
+    """One table of a run, finished (compacted) or still in progress / crashed (parts).
+
+    ``run_dir``: a local path, a URI (``s3://...``) or an :class:`engine.storage.Storage`.
+    """
+    if not isinstance(run_dir, (str, Path)) or "://" in str(run_dir):
+        store = _as_storage(run_dir)
+        if store.exists(f"{table}.parquet"):
+            return store.read_parquet(f"{table}.parquet")
+        parts = [p for p in store.list(f"{PARTS}/{table}", dirs=False) if p.endswith(".parquet")]
+        frames = [store.read_parquet(f"{PARTS}/{table}/{p}") for p in parts]
+        frames = [f for f in frames if not f.empty]
+        return pd.concat(frames, ignore_index=True) if frames else None
     run_dir = Path(run_dir)
     final = run_dir / f"{table}.parquet"
     if final.exists():
-        return pd.read_parquet(final)
+        return _read_parquet(final)
     table_dir = run_dir / PARTS / table
     return _read_parts(table_dir) if table_dir.exists() else None
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux), to tell a reused pid apart."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_identity(pid: int | None = None) -> dict[str, Any]:
+    """What manifest.json records of the process writing a run: pid, its start, the host."""
+    pid = os.getpid() if pid is None else pid
+    return {"pid": pid, "pid_start": _start_ticks(pid), "host": platform.node()}
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat()
+
+
+def _alive(pid: int, start: int | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        return True
+    return start is None or _start_ticks(pid) in (None, start)
+
+
+def run_status(manifest: dict[str, Any]) -> str:
+    """The manifest's status, or ``crashed`` for a run that says ``running`` (or ``starting``)
+    but whose process is gone (same host) or whose heartbeat stopped (any host)."""
+    status = manifest.get("status", "?")
+    if status not in ("running", "starting"):
+        return status
+    pid = manifest.get("pid")
+    if manifest.get("host") == platform.node() and isinstance(pid, int):
+        return status if _alive(pid, manifest.get("pid_start")) else "crashed"
+    beat = manifest.get("heartbeat")
+    if beat:
+        age = (dt.datetime.now(dt.timezone.utc) - dt.datetime.fromisoformat(beat)).total_seconds()
+        if age > STALE_AFTER_S:
+            return "crashed"
+    return status
 
 
 @dataclass
 class Run:
     """A run folder loaded into pandas."""
 
-    path: Path
+    path: Path | str  # a URI for runs in object storage
     config: dict[str, Any]
     manifest: dict[str, Any]
     rounds: pd.DataFrame
@@ -125,23 +273,43 @@ class Run:
         return read_table(self.path, name)
 
 
-def load_run(run_dir: str | Path) -> Run:
-    """Load a run folder (finished, running or crashed) into DataFrames."""
+def load_run(run_dir) -> Run:
+    """Load a run folder (finished, running or crashed) into DataFrames.
+
+    ``run_dir``: a local path, a URI (``s3://bucket/runs/x``; see :mod:`engine.storage`) or an
+    :class:`engine.storage.Storage`; ``Run.path`` is a ``Path`` for local folders, else the URI.
+    A missing folder or manifest, or an unreadable file, is a :class:`RunFolderError` naming it.
+    """
     import yaml
 
-    run_dir = Path(run_dir)
-    if not (run_dir / "manifest.json").exists():
-        raise FileNotFoundError(f"{run_dir} is not a run folder (no manifest.json)")
-    config_path = run_dir / "config.yaml"
-    config = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    rounds = read_table(run_dir, "rounds")
-    clients = read_table(run_dir, "clients")
+    if isinstance(run_dir, (str, Path)) and "://" not in str(run_dir):
+        source = path = Path(run_dir)
+        if not path.is_dir():
+            what = "is a file" if path.exists() else "does not exist"
+            raise RunFolderError(f"{path} {what}; give a run folder (it holds manifest.json)")
+        exists = lambda name: (path / name).exists()  # noqa: E731
+        read_text = lambda name: (path / name).read_text()  # noqa: E731
+    else:
+        source = store = _as_storage(run_dir)
+        path = Path(store.path) if not store.is_remote else store.uri
+        exists, read_text = store.exists, store.read_text
+    if not exists("manifest.json"):
+        raise RunFolderError(f"{path} is not a run folder (no manifest.json)")
+    try:
+        manifest = json.loads(read_text("manifest.json"))
+        config = yaml.safe_load(read_text("config.yaml")) if exists("config.yaml") else {}
+    except (OSError, ValueError, yaml.YAMLError) as err:
+        raise RunFolderError(f"{path}: manifest.json or config.yaml is unreadable "
+                             f"({type(err).__name__}: {err})") from None
+    if not isinstance(manifest, dict):
+        raise RunFolderError(f"{path}/manifest.json does not hold a manifest (a JSON object)")
+    rounds = read_table(source, "rounds")
+    clients = read_table(source, "clients")
     return Run(
-        path=run_dir,
-        config=config,
+        path=path,
+        config=config or {},
         manifest=manifest,
         rounds=rounds if rounds is not None else pd.DataFrame(),
         clients=clients if clients is not None else pd.DataFrame(),
-        profiles=read_table(run_dir, "profiles"),
+        profiles=read_table(source, "profiles"),
     )

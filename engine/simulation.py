@@ -6,6 +6,8 @@ or terminals: recording, progress, Tune reporting and checkpoints are callbacks
 """
 from __future__ import annotations
 
+import copy
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,10 +23,12 @@ from engine.config import ExperimentConfig
 from engine.executor import Executor, InProcessExecutor
 from engine.partition import FederatedData
 from engine.runtime import HostSetup, arch_spec, build_arch_model
+from engine.trace import mark
 from hardware_profiles import clock
 from hardware_profiles.sampler import assign_profiles
 
 SELECT_SALT = 0x5E1EC7
+log = logging.getLogger("hetsim")
 
 
 @dataclass
@@ -35,6 +39,7 @@ class RoundRecord:
     row: dict[str, Any]  # the rounds.parquet row
     client_rows: list[dict[str, Any]]  # the clients.parquet rows
     extra_tables: dict[str, Any] = field(default_factory=dict)  # method traces by table name
+    diverged: str | None = None  # why the run must stop under train.on_nonfinite: stop
 
     def add_metrics(self, metrics: dict[str, Any]) -> None:
         """Add columns to this round's rounds.parquet row (from a callback)."""
@@ -58,14 +63,14 @@ def select_clients(cfg: ExperimentConfig, num_clients: int, round: int) -> tuple
 
 
 def build_data(cfg: ExperimentConfig) -> FederatedData:
-    from engine.datasets import load_dataset
+    from engine.datasets import load_dataset_cached
     from engine.partition import build_federated_data
 
     ds_cfg, p = cfg.dataset, cfg.partition
     params = dict(ds_cfg.params)
     if ds_cfg.name == "synthetic":
         params.setdefault("num_clients", cfg.clients.num_clients)
-    ds = load_dataset(ds_cfg.name, root=ds_cfg.root, download=ds_cfg.download, seed=cfg.seed, **params)
+    ds = load_dataset_cached(ds_cfg.name, root=ds_cfg.root, download=ds_cfg.download, seed=cfg.seed, **params)
     return build_federated_data(
         ds,
         num_clients=cfg.clients.num_clients,
@@ -118,6 +123,7 @@ class Simulation:
         self.cfg = cfg
         self.executor = executor or InProcessExecutor()
         self.data = data if data is not None else build_data(cfg)
+        mark("sim: data built")
         n = self.data.num_clients
         self.profiles = assign_profiles(cfg.clients.profiles, n, seed=cfg.seed)
         self.arch_names, self.client_arch = assign_architectures(cfg, self.profiles)
@@ -142,9 +148,19 @@ class Simulation:
             eval_batch_size=cfg.evaluation.batch_size,
         )
         self.server = spec.server(cfg.algorithm, self.models, cfg.seed, context=context)
+        # The server aggregates on the CPU, where the uploads arrive (numpy) and a weighted sum
+        # of a few vectors costs less than moving them; only global evaluation uses a GPU, when
+        # this process holds one (in-process executor, or a driver actor with driver_gpus).
+        from engine.device import prepare_device, resolve_device
+
+        self.eval_device = resolve_device("cpu" if cfg.executor.device == "cpu" else "auto")
+        prepare_device(self.eval_device, cfg.executor.cuda_deterministic)
+        self._eval_models: dict[str, torch.nn.Module] = {}
         self.sim_time_s = 0.0
         self.next_round = 0  # the first round run() will run (a resumed run starts later)
         self.stop: Stop | None = None  # why the last run() ended early, if it did
+        self.in_round = False  # True while a round runs (its state is then incomplete)
+        self._warned_sleep = False
         self._started = False
 
     # ------------------------------------------------------------------ set-up
@@ -157,6 +173,10 @@ class Simulation:
             client_arch=self.client_arch,
             flops_per_sample=self.flops,
         )
+
+    @property
+    def started(self) -> bool:
+        return self._started
 
     def start(self) -> None:
         if not self._started:
@@ -179,11 +199,16 @@ class Simulation:
         status = "failed"
         try:
             cbs.run_begin(run)
+            mark("loop: rounds begin")
             status = "finished"
             while self.next_round < self.cfg.rounds:
+                self.in_round = True
                 record = self.run_round(self.next_round)
                 self.next_round += 1
+                self.in_round = False
                 self.stop = cbs.round_end(run, record)
+                if self.stop is None and record.diverged is not None:
+                    self.stop = Stop(record.diverged, "diverged")
                 if self.stop is not None:
                     status = self.stop.status
                     break
@@ -194,10 +219,11 @@ class Simulation:
             status = "failed"
             raise
         finally:
-            try:
-                self.executor.close()
-            finally:
+            mark("loop: rounds end")
+            try:  # before the hosts go: an interrupted run's checkpoint gathers their state
                 cbs.run_end(run, status)
+            finally:
+                self.executor.close()
         return status
 
     def run_round(self, r: int) -> RoundRecord:
@@ -230,11 +256,29 @@ class Simulation:
             measured_compute_s=measured,
         )
         outcome = clock.resolve_round(times, runnable, policy, target_k=target)
+        nonfinite = nonfinite_results(results)
+        guard = cfg.train.on_nonfinite
+        if guard != "ignore" and nonfinite.any():
+            # the server received these uploads and rejects them (they are not aggregated)
+            outcome.made_deadline &= ~nonfinite
+            outcome.drop_reason[nonfinite] = "nonfinite"
         arrived = [res for res, ok in zip(results, outcome.made_deadline) if ok]
-        lost = [res.client_id for res, ok in zip(results, outcome.made_deadline) if not ok]
+        # a non-finite upload is not put back into error-feedback residuals
+        lost = [res.client_id for res, ok, bad in zip(results, outcome.made_deadline, nonfinite)
+                if not ok and not bad]
         if lost:
             self.executor.notify_dropped(r, lost)
         server_metrics = self.server.aggregate(r, arrived) or {}
+        diverged = None
+        if guard != "ignore":
+            bad_ids = [res.client_id for res, bad in zip(results, nonfinite) if bad]
+            if bad_ids and guard == "stop":
+                diverged = (f"round {r}: client(s) {bad_ids[:10]} uploaded non-finite values "
+                            "(NaN or inf); train.on_nonfinite is 'stop' ('skip_client' drops such "
+                            "uploads, 'ignore' keeps them); lower train.lr?")
+            elif not all(_finite_model(m) for m in self.server.global_models().values()):
+                diverged = (f"round {r}: the global model has non-finite weights after "
+                            "aggregation; lower train.lr?")
         round_s = outcome.round_time_s
         # The server cannot tell a client that dropped out or is late from a slow one: if one
         # of them was needed to reach the target, it waits until the deadline.
@@ -255,6 +299,7 @@ class Simulation:
             "bytes_up": int(sum(res.upload.nbytes for res in arrived)),
             "bytes_down": int(bytes_down.sum()),
             "train_loss": _mean([res.metrics.get("train_loss") for res in arrived]),
+            "num_nonfinite": int(nonfinite.sum()),
         }
         row.update(_personalized_summary(results) if is_eval else _personalized_summary([]))
         row.update(self.evaluate_global() if is_eval else self._empty_global())
@@ -263,16 +308,37 @@ class Simulation:
             r, selected, available, dropped, results, times, bytes_down, outcome
         )
         if policy.mode == "realtime":
+            if round_s * policy.time_scale > policy.max_sleep_s and not self._warned_sleep:
+                self._warned_sleep = True
+                log.warning("hetsim: warning: round %d would sleep %.3g s (sim %.3g s x clock."
+                            "time_scale %g); sleeping clock.max_sleep_s = %g s per round instead",
+                            r, round_s * policy.time_scale, round_s, policy.time_scale,
+                            policy.max_sleep_s)
             time.sleep(policy.realtime_sleep_s(round_s))
         row["wall_s"] = time.perf_counter() - wall0
-        return RoundRecord(r, row, client_rows, self.server.drain_tables())
+        tables = self.server.drain_tables()
+        faults = self.executor.drain_faults()
+        if faults:
+            tables["faults"] = faults
+        return RoundRecord(r, row, client_rows, tables, diverged=diverged)
 
     # ------------------------------------------------------------------ evaluation
     def _global_test(self) -> tuple[torch.Tensor, torch.Tensor]:
         if not hasattr(self, "_gtest"):
             idx = self.data.global_test_idx
-            self._gtest = (torch.from_numpy(self.data.x[idx]), torch.from_numpy(self.data.y[idx]))
+            self._gtest = (torch.from_numpy(self.data.x[idx]).to(self.eval_device),
+                           torch.from_numpy(self.data.y[idx]).to(self.eval_device))
         return self._gtest
+
+    def _eval_model(self, arch: str, model: torch.nn.Module) -> torch.nn.Module:
+        """``model`` itself on the CPU; else a copy on the evaluation device, refreshed."""
+        if self.eval_device.type == "cpu":
+            return model
+        mirror = self._eval_models.get(arch)
+        if mirror is None:
+            mirror = self._eval_models[arch] = copy.deepcopy(model).to(self.eval_device)
+        mirror.load_state_dict(model.state_dict())
+        return mirror
 
     def evaluate_global(self) -> dict[str, float]:
         if not self.cfg.evaluation.global_model:
@@ -281,7 +347,8 @@ class Simulation:
         out: dict[str, float] = {}
         accs, losses = [], []
         for arch, model in self.server.global_models().items():
-            loss_sum, correct, n = evaluate(model, x, y, self.cfg.evaluation.batch_size)
+            loss_sum, correct, n = evaluate(self._eval_model(arch, model), x, y,
+                                            self.cfg.evaluation.batch_size)
             accs.append(correct / n)
             losses.append(loss_sum / n)
             if arch:
@@ -333,6 +400,27 @@ class Simulation:
             row.update(res.metrics)
             rows.append(row)
         return rows
+
+
+def nonfinite_results(results: list[ClientResult]) -> np.ndarray:
+    """True where a client's upload (any float array) or training loss is NaN or inf."""
+    bad = np.zeros(len(results), dtype=bool)
+    for i, res in enumerate(results):
+        loss = res.metrics.get("train_loss")
+        if loss is not None and not np.isfinite(loss):
+            bad[i] = True
+            continue
+        for a in res.upload.arrays.values():
+            a = np.asarray(a)
+            if a.dtype.kind == "f" and not np.isfinite(a).all():
+                bad[i] = True
+                break
+    return bad
+
+
+def _finite_model(model: torch.nn.Module) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in (*model.parameters(), *model.buffers())
+               if t.is_floating_point())
 
 
 def _mean(values) -> float:

@@ -32,7 +32,7 @@ from .sampler import ProfileTable
 
 OPS_TO_FLOPS = 1.0  # one reported compression op costs one training flop
 
-DROP_REASONS = ("", "unavailable", "dropout", "deadline", "over_selected")
+DROP_REASONS = ("", "unavailable", "dropout", "deadline", "over_selected", "nonfinite")
 
 # Salts keep the availability / dropout / failure-point streams independent.
 SALT_AVAILABILITY = 0xA7A1
@@ -129,7 +129,8 @@ class RoundPolicy(BaseModel):
       * ``measured`` – compute time = host seconds × ``host_to_device_ratio``
         (the engine measures host time; everything else stays virtual).
       * ``realtime`` – virtual times, and the engine sleeps
-        sim_seconds × ``time_scale`` (exposed by :meth:`realtime_sleep_s`).
+        sim_seconds × ``time_scale`` per round, at most ``max_sleep_s``
+        (exposed by :meth:`realtime_sleep_s`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -141,6 +142,7 @@ class RoundPolicy(BaseModel):
     mode: Literal["virtual", "measured", "realtime"] = "virtual"
     host_to_device_ratio: float = 1.0
     time_scale: float = 1.0
+    max_sleep_s: float = 3600.0  # realtime: the longest the engine sleeps for one round
 
     @model_validator(mode="after")
     def _check(self) -> "RoundPolicy":
@@ -152,6 +154,8 @@ class RoundPolicy(BaseModel):
             raise ValueError(f"host_to_device_ratio={self.host_to_device_ratio!r} is not allowed: must be > 0")
         if not (math.isfinite(self.time_scale) and self.time_scale >= 0):
             raise ValueError(f"time_scale={self.time_scale!r} is not allowed: must be >= 0")
+        if not (math.isfinite(self.max_sleep_s) and self.max_sleep_s > 0):
+            raise ValueError(f"max_sleep_s={self.max_sleep_s!r} is not allowed: must be > 0")
         return self
 
     def num_to_select(self, k: int, pool_size: int | None = None) -> int:
@@ -163,7 +167,8 @@ class RoundPolicy(BaseModel):
         return np.asarray(host_seconds, dtype=np.float64) * self.host_to_device_ratio
 
     def realtime_sleep_s(self, sim_seconds: float) -> float:
-        return float(sim_seconds) * self.time_scale
+        """sim_seconds x time_scale, at most ``max_sleep_s`` (a huge scale must not sleep for days)."""
+        return min(float(sim_seconds) * self.time_scale, self.max_sleep_s)
 
 
 # --------------------------------------------------------------------------- seeded draws

@@ -46,7 +46,7 @@ FIELD_RULES: dict[str, str] = {
     "dropout": "prob",
 }
 
-_RANGE_HINT = "pass allow_out_of_range=True to permit bandwidths outside the catalog range"
+RANGE_HINT = "pass allow_out_of_range=True to permit bandwidths outside the catalog range"
 
 
 def rule_violation(field: str, value: float, allow_out_of_range: bool = False) -> str | None:
@@ -67,7 +67,7 @@ def rule_violation(field: str, value: float, allow_out_of_range: bool = False) -
     if rule == "bw" and not allow_out_of_range and not (BANDWIDTH_MIN_MBPS <= v <= BANDWIDTH_MAX_MBPS):
         return (
             f"{field}={v!r} Mbps is outside the catalog range "
-            f"[{BANDWIDTH_MIN_MBPS:g}, {BANDWIDTH_MAX_MBPS:g}] Mbps; {_RANGE_HINT}"
+            f"[{BANDWIDTH_MIN_MBPS:g}, {BANDWIDTH_MAX_MBPS:g}] Mbps; {RANGE_HINT}"
         )
     return None
 

@@ -23,13 +23,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 import numpy as np
-import pandas as pd
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from .catalog import Catalog, default_catalog
+
+if TYPE_CHECKING:  # pandas is imported where a table is read or built (config validation needs none)
+    import pandas as pd
 from .profile import (
     FIELD_RULES,
     LABEL_FIELDS,
@@ -235,6 +237,8 @@ class ProfileTable:
 
     def to_frame(self) -> pd.DataFrame:
         """One row per client: ``client_id`` then the HardwareProfile columns."""
+        import pandas as pd
+
         data: dict[str, Any] = {"client_id": np.arange(len(self), dtype=np.int64)}
         for f in TABLE_COLUMNS:
             data[f] = getattr(self, f)
@@ -287,6 +291,8 @@ def _mix_labels(mix: dict[str, float], n: int, seed: int, salt: int) -> np.ndarr
 
 
 def _labels(col: pd.Series) -> np.ndarray:
+    import pandas as pd
+
     return np.array(["" if pd.isna(v) else str(v) for v in col], dtype=object)
 
 
@@ -302,6 +308,8 @@ def _order_by_client_id(df: pd.DataFrame, n: int) -> pd.DataFrame:
 
 
 def read_table(path: str | Path) -> pd.DataFrame:
+    import pandas as pd
+
     p = Path(path)
     suffix = p.suffix.lower()
     if suffix == ".csv":

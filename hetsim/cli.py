@@ -1,21 +1,35 @@
-"""The ``hetsim`` command line: the layer above ``engine`` and ``sweeps`` (neither imports it)."""
+"""The ``hetsim`` command line: the layer above ``engine`` and ``sweeps`` (neither imports it).
+
+Exit status: 0 success; 2 a mistake the user can fix (one message, no traceback: a bad config,
+a missing file, an unreachable cluster, ...); 3 the run diverged (``train.on_nonfinite: stop``);
+130 interrupted; 1 an unexpected error, i.e. a bug: a short message, and the traceback in
+``error.log`` inside the run folder (or a temporary file) whose path is printed; ``--debug``
+also prints it.
+"""
 from __future__ import annotations
 
 import argparse
+import logging
 import math
+import os
 import sys
+import tempfile
+import traceback
 from pathlib import Path
 
 from engine.callbacks import RunCallback  # light: no torch, no Ray
+from engine.trace import mark
+from hetsim import results_cli  # report / compare / whatif: argparse only at import
 
 EPILOG = """examples:
   hetsim run                                   # the built-in default experiment
   hetsim run -c exp.yaml --set train.lr=0.01 --set clients.num_clients=50
+  hetsim run --resume runs/fedavg-digits-20261129-120000   # continue an unfinished run
   hetsim validate -c exp.yaml                  # check a config without running it
   hetsim show runs/fedavg-digits-20261129-120000
   hetsim sweep sweeps/examples/fedavg_lr.yaml  # a Ray Tune sweep (docs/sweeps.md)
   hetsim sweep --resume sweeps_out/fedavg_lr   # continue an interrupted sweep
-"""
+""" + results_cli.EPILOG_LINES
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -37,20 +51,29 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--debug", action="store_true", help="print tracebacks of unexpected errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="print tracebacks of unexpected errors")
 
-    p = sub.add_parser("run", help="run one experiment and write its run folder")
+    p = sub.add_parser("run", help="run one experiment and write its run folder", parents=[common])
     _add_config_args(p)
-    p.add_argument("-o", "--out", help="run folder (default: <output.dir>/<algorithm>-<dataset>-<time>)")
+    p.add_argument("-o", "--out", help="run folder, a path or a URI such as s3://bucket/runs/x "
+                   "(default: <output.dir>/<algorithm>-<dataset>-<time>)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue an unfinished run from its newest checkpoint; -c/--set may change "
+                   "only fields that cannot change results (docs/checkpoints.md)")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("validate", help="validate a config and print it resolved")
+    p = sub.add_parser("validate", help="check a config (and its data) without running it; print it resolved",
+                       parents=[common])
     _add_config_args(p)
     p.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("show", help="summarise a run folder")
-    p.add_argument("run_dir")
+    p = sub.add_parser("show", help="summarise a run folder", parents=[common])
+    p.add_argument("run_dir", help="a run folder: a path or a URI (s3://bucket/runs/x)")
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser(
@@ -58,14 +81,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a Ray Tune sweep over experiment configs (docs/sweeps.md)",
         description="Run every configuration of a sweep spec as one Tune trial; results in "
         "<storage>/trials.parquet and rounds.parquet (load with sweeps.load_sweep).",
+        parents=[common],
     )
     p.add_argument("spec", nargs="?", help="sweep spec YAML (not with --resume)")
     p.add_argument("--resume", metavar="PATH", help="continue the interrupted sweep in folder PATH")
     p.add_argument("--retry-errored", action="store_true", help="with --resume: rerun errored trials")
     p.add_argument("--address", help="existing Ray cluster to run on (overrides ray.address)")
-    p.add_argument("--storage", metavar="DIR", help="sweep folder (default: spec storage or sweeps_out/<name>)")
+    p.add_argument("--storage", metavar="DIR", help="sweep folder, a path or a URI such as s3://bucket/sweeps/x "
+                   "(default: spec storage or sweeps_out/<name>)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_sweep)
+
+    results_cli.add_commands(sub)
     return parser
 
 
@@ -78,8 +105,15 @@ def _load(args):
 def cmd_validate(args) -> int:
     import yaml
 
+    from engine.device import check_device_request
+    from engine.validate import validate_experiment
+
     cfg = _load(args)
+    check_device_request(cfg)  # e.g. device: cuda on a machine without CUDA
+    warnings = validate_experiment(cfg)
     print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
+    for text in warnings:
+        print(f"hetsim: warning: {text}", file=sys.stderr)
     return 0
 
 
@@ -112,26 +146,61 @@ class ProgressBar(RunCallback):
 
 
 def cmd_run(args) -> int:
-    from engine.run import run_experiment
+    from engine.driver_actor import DriverDiedError
+    from engine.errors import UserError
+    from engine.ray_executor import ExecutorError
+    from engine.results import load_run, run_status
+    from engine.run import RunStateError, prepare_run, resume_config, resume_run, run_in_folder
 
-    cfg = _load(args)
-    bar = None if args.quiet else ProgressBar(cfg.rounds)
-    path = run_experiment(cfg, run_dir=args.out, callbacks=[bar] if bar else [], command=sys.argv)
+    if args.resume:
+        if args.out:
+            print("hetsim run: --out does not apply to --resume (the run stays in its folder)", file=sys.stderr)
+            return 2
+        path = Path(args.resume)
+        cfg = resume_config(path, args.config, args.overrides)
+        warnings: list[str] = []
+    else:
+        cfg = _load(args)
+        path, warnings = prepare_run(cfg, args.out)
+    args.run_path = path  # for the error log and the interruption message
+    mark("cli: config loaded")
+    callbacks = [] if args.quiet else [ProgressBar(cfg.rounds)]
+    try:
+        if args.resume:
+            resume_run(path, cfg, callbacks=callbacks, command=sys.argv)
+        else:
+            run_in_folder(cfg, path, callbacks, sys.argv, warnings)
+    except KeyboardInterrupt:
+        print(f"{_interrupted(args)}. Continue with: hetsim run --resume {path}", file=sys.stderr)
+        return 130
+    except RunStateError as err:
+        print(f"hetsim: {err}", file=sys.stderr)
+        return 2
+    except (ExecutorError, DriverDiedError) as err:  # their messages say how to continue
+        if isinstance(err, UserError):
+            raise
+        print(f"hetsim: {err}", file=sys.stderr)
+        return 1
+    mark("cli: run returned")
     print(summary_table(path))
     print(f"\nresults: {path}")
+    manifest = load_run(path).manifest
+    if run_status(manifest) == "diverged":
+        print(f"hetsim: the run diverged: {manifest.get('error')}", file=sys.stderr)
+        return 3
     return 0
 
 
 def cmd_sweep(args) -> int:
     from sweeps import runner
 
+    from engine.errors import UserError
+
     if bool(args.spec) == bool(args.resume):
-        print("hetsim sweep: give a spec file or --resume PATH (one of them)", file=sys.stderr)
-        return 2
+        raise UserError("sweep: give a spec file or --resume PATH (one of them)")
     if args.resume:
         if args.storage:
-            print("hetsim sweep: --storage does not apply to --resume", file=sys.stderr)
-            return 2
+            raise UserError("sweep: --storage does not apply to --resume")
         sweep = runner.resume_sweep(args.resume, address=args.address, quiet=args.quiet,
                                     retry_errored=args.retry_errored)
     else:
@@ -146,26 +215,32 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_show(args) -> int:
-    print(summary_table(Path(args.run_dir)))
+    print(summary_table(args.run_dir))  # a path or a URI (s3://...)
     return 0
 
 
-def summary_table(path: Path) -> str:
-    from engine.results import load_run
+def summary_table(path: Path | str) -> str:
+    from engine.results import load_run, run_status
 
     run = load_run(path)
+    m = run.manifest
+    status = run_status(m)
+    if status == "crashed":
+        status += (f" (its process {m.get('pid')} on {m.get('host')} is gone; last heartbeat "
+                   f"{m.get('heartbeat', 'never')})")
     r = run.rounds
     if r.empty:
-        return f"{path}: no finished rounds (status: {run.manifest.get('status')})"
+        return f"{path}: no finished rounds (status: {status})"
     last = r.iloc[-1]
     evaluated = r.dropna(subset=["global_acc"]) if "global_acc" in r else r.iloc[0:0]
 
     def pct(v):
         return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.2f}%"
 
+    wall = m.get("wall_s", r["wall_s"].sum() if "wall_s" in r else float("nan"))
     lines = [
-        ("status", run.manifest.get("status", "?")),
-        ("algorithm / dataset", f"{run.manifest.get('algorithm')} / {run.manifest.get('dataset')}"),
+        ("status", status),
+        ("algorithm / dataset", f"{m.get('algorithm')} / {m.get('dataset')}"),
         ("rounds", f"{len(r)}"),
         ("global accuracy (final)", pct(last.get("global_acc"))),
         ("global accuracy (best)", pct(evaluated["global_acc"].max() if len(evaluated) else None)),
@@ -175,8 +250,17 @@ def summary_table(path: Path) -> str:
         ("upload total", _human_bytes(r["bytes_up"].sum())),
         ("download total", _human_bytes(r["bytes_down"].sum())),
         ("simulated time", f"{last['sim_time_s']:.1f} s"),
-        ("wall time", f"{run.manifest.get('wall_s', r['wall_s'].sum()):.1f} s"),
+        ("wall time", f"{wall:.1f} s"),
     ]
+    if m.get("resumes"):
+        froms = ", ".join(str(e.get("from_round")) for e in m["resumes"])
+        lines.append(("resumed", f"{len(m['resumes'])}x (from round {froms})"))
+    if m.get("faults"):
+        lines.append(("client hosts replaced", f"{m['faults']} (faults.parquet)"))
+    if m.get("error") and status != "finished":
+        lines.append(("reason", str(m["error"]).splitlines()[-1][:200]))
+    for text in m.get("warnings") or []:
+        lines.append(("warning", text[:200]))
     width = max(len(k) for k, _ in lines)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
 
@@ -189,21 +273,80 @@ def _human_bytes(n: float) -> str:
     return str(n)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from engine.config import ConfigError
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from engine.errors import UserError
 
-    args = build_parser().parse_args(argv)
+    return (UserError, FileNotFoundError, FileExistsError, NotADirectoryError,
+            IsADirectoryError, PermissionError)
+
+
+def _interrupted(args) -> str:
+    path = getattr(args, "run_path", None)
+    if path is None:
+        return "hetsim: interrupted; nothing was written"
+    from engine.results import read_table
+
+    try:
+        rounds = read_table(path, "rounds")
+    except Exception:  # noqa: BLE001 - the message must not fail
+        rounds = None
+    done = 0 if rounds is None else len(rounds)
+    if done == 0:
+        return f"hetsim: interrupted before a round finished; {path} holds the config only"
+    return f"hetsim: interrupted; {done} finished round(s) are saved in {path}"
+
+
+def _unexpected(err: BaseException, args, argv) -> int:
+    text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+    run_path = getattr(args, "run_path", None)
+    log_path = None
+    try:
+        if run_path is not None and Path(run_path).is_dir():
+            log_path = Path(run_path) / "error.log"
+        else:
+            fd, name = tempfile.mkstemp(prefix="hetsim-error-", suffix=".log")
+            os.close(fd)
+            log_path = Path(name)
+        log_path.write_text(f"hetsim {' '.join(argv)}\n\n{text}")
+    except OSError:
+        log_path = None
+    if getattr(args, "debug", False):
+        print(text, file=sys.stderr, end="")
+    where = f"the traceback is in {log_path.resolve()}" if log_path else "the traceback could not be saved"
+    print(f"hetsim: unexpected error ({type(err).__name__}: {str(err).strip()[:300]}). This is a "
+          f"bug: {where}" + ("" if getattr(args, "debug", False) else "; --debug prints it"),
+          file=sys.stderr)
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    mark("cli: main")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as stop:  # argparse: usage message already printed, status 2
+        return int(stop.code or 0)
+    # the engine's warnings (logger "hetsim") go to this command's stderr, as bare messages
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger("hetsim")
+    logger.addHandler(handler)
+    logger.propagate = False
     try:
         return args.func(args)
-    except ConfigError as err:
-        print(f"hetsim: {err}", file=sys.stderr)
-        return 2
-    except (FileNotFoundError, FileExistsError) as err:
-        print(f"hetsim: {err}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
-        print("hetsim: interrupted; finished rounds are saved", file=sys.stderr)
+        print(_interrupted(args), file=sys.stderr)
         return 130
+    except _user_errors() as err:
+        message = str(err) if not isinstance(err, OSError) or not err.filename else (
+            f"{err.filename}: {err.strerror or err}")
+        print(f"hetsim: {message}", file=sys.stderr)
+        return 2
+    except Exception as err:  # noqa: BLE001 - the error boundary
+        return _unexpected(err, args, argv)
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = True
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@ Layout of a sweep folder (``storage``)::
     <storage>/trials.parquet        one row per trial: hyperparameters, status, final/best metrics
     <storage>/rounds.parquet        every trial's rounds.parquet rows + trial_id + hyperparameters
     <storage>/runs/<trial_id>/      each trial's own run folder (engine.results.load_run reads it)
-    <storage>/tune/                 Ray Tune's experiment state (used by --resume)
+    <storage>/tune/                 Ray Tune's experiment state and trial checkpoints (--resume)
+
+``storage`` is a local path or a URI (``s3://bucket/prefix``; see :mod:`engine.storage`): every
+read here goes through its pyarrow filesystem.
 
 Hyperparameter columns are named by the last component of their dotted key (``train.lr`` ->
 ``lr``) unless two keys share it (then the full dotted key); ``Sweep.param_columns`` maps keys
@@ -20,10 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import yaml
 
 from engine.results import ROUND_COLUMNS, read_table
+from engine.storage import Storage, open_storage
 
 SWEEP_FILE = "sweep.yaml"
 TRIALS_FILE = "trials.parquet"
@@ -34,7 +39,11 @@ TUNE_DIR = "tune"
 # Summarised per trial as final_<m> (last evaluated value) and best_<m>.
 SUMMARY_METRICS = ("global_acc", "global_loss", "pers_acc", "pers_acc_weighted",
                    "pers_acc_worst", "pers_loss", "train_loss")
-STATUSES = ("finished", "error", "early_stopped", "unfinished")
+STATUSES = ("finished", "error", "early_stopped", "diverged", "unfinished")
+# Trials whose metrics are not results: they are ranked last and their summaries are NaN.
+NOT_RANKED = ("error", "diverged")
+# Population Based Training: the trial whose checkpoint a trial continued from, per round
+RESTORED_FROM = "restored_from"
 
 
 @dataclass
@@ -52,12 +61,13 @@ class TrialState:
 class Sweep:
     """A sweep folder loaded into pandas."""
 
-    path: Path
+    path: Path | str  # a URI for sweeps in object storage
     trials: pd.DataFrame
     rounds: pd.DataFrame
     spec: dict[str, Any]
     param_columns: dict[str, str] = field(default_factory=dict)
     num_trials: int | None = None  # planned: grid points x num_samples
+    storage: Storage | None = field(default=None, repr=False)
 
     @property
     def complete(self) -> bool:
@@ -76,14 +86,15 @@ class Sweep:
     def best(self, n: int = 1) -> pd.DataFrame:
         """The ``n`` best trials by ``best_<metric>`` (the spec's metric and mode)."""
         col = f"best_{self.metric}"
-        ok = self.trials[self.trials["status"] != "error"]
+        ok = self.trials[~self.trials["status"].isin(NOT_RANKED)]
         return ok.sort_values(col, ascending=self.mode == "min", na_position="last").head(n)
 
     def run(self, trial_id: str):
         """One trial's run folder as :class:`engine.results.Run`."""
         from engine.results import load_run
 
-        return load_run(self.path / RUNS_DIR / trial_id)
+        store = self.storage or open_storage(self.path)
+        return load_run(store.child(RUNS_DIR, trial_id))
 
 
 def _best_fn(metric: str, spec_metric: str, spec_mode: str):
@@ -109,6 +120,8 @@ def _normalize_params(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
 
 def _trial_status(tune_status: str | None, info_status: str | None, rounds_done: int, rounds: int,
                   scheduler: str) -> str:
+    if info_status == "diverged":  # the run ended itself (train.on_nonfinite: stop)
+        return "diverged"
     if tune_status is not None:
         if tune_status == "ERROR":
             return "error"
@@ -127,31 +140,42 @@ def _trial_status(tune_status: str | None, info_status: str | None, rounds_done:
 
 def _planned_rounds(spec: dict[str, Any], params: dict[str, Any]) -> int:
     from engine.config import apply_overrides, load_config
+    from sweeps.spec import expand_params
 
     try:
-        return load_config(apply_overrides(spec.get("base") or {}, dict(params))).rounds
+        return load_config(apply_overrides(spec.get("base") or {},
+                                           expand_params(spec.get("space") or {}, params))).rounds
     except Exception:
         return int(params.get("rounds", (spec.get("base") or {}).get("rounds", 20)))
 
 
+def _param_segments(info: dict[str, Any], params: dict[str, Any]) -> list[tuple[int, dict[str, Any], str]]:
+    """(first round, swept values, restored-from trial) of each stretch of a trial's rounds.
+
+    One stretch unless Population Based Training made the trial continue from another trial's
+    checkpoint with new values (``trial.json`` ``history``)."""
+    segments = []
+    for h in info.get("history", []):
+        if h.get("restored_from") and h.get("restored_from") != info.get("trial_id"):
+            segments.append((int(h["first_round"]), h.get("params", params), h["restored_from"]))
+    first = info.get("history", [{}])[0].get("params", params) if info.get("history") else params
+    return [(0, first, "")] + segments
+
+
 def summarize_trial(
-    storage: Path,
+    storage: Storage,
     state: TrialState,
     sweep: dict[str, Any],
 ) -> tuple[dict[str, Any], pd.DataFrame]:
     """One trials.parquet row (without hyperparameters) and the trial's rounds."""
     spec = sweep["spec"]
     rounds_total = _planned_rounds(spec, state.params)
-    run_dir = storage / RUNS_DIR / state.trial_id
-    info, manifest = {}, {}
-    if (run_dir / "trial.json").exists():
-        info = json.loads((run_dir / "trial.json").read_text())
-    if (run_dir / "manifest.json").exists():
-        manifest = json.loads((run_dir / "manifest.json").read_text())
-    config_path = run_dir / "config.yaml"
-    if config_path.exists():
-        rounds_total = int((yaml.safe_load(config_path.read_text()) or {}).get("rounds", rounds_total))
-    rounds = read_table(run_dir, "rounds") if run_dir.exists() else None
+    run = storage.child(RUNS_DIR, state.trial_id)
+    info = run.read_json("trial.json") if run.exists("trial.json") else {}
+    manifest = run.read_json("manifest.json") if run.exists("manifest.json") else {}
+    if run.exists("config.yaml"):
+        rounds_total = int((yaml.safe_load(run.read_text("config.yaml")) or {}).get("rounds", rounds_total))
+    rounds = read_table(run, "rounds") if run.exists() else None
     if rounds is None:
         rounds = state.tune_rounds if state.tune_rounds is not None else pd.DataFrame()
     rounds = rounds.reset_index(drop=True)
@@ -161,6 +185,8 @@ def summarize_trial(
     error = None
     if status == "error":
         error = info.get("error") or manifest.get("error") or state.error or "unknown error"
+    elif status == "diverged":
+        error = info.get("error") or manifest.get("error") or "diverged"
     metric, mode = spec.get("metric", "global_acc"), spec.get("mode", "max")
     row: dict[str, Any] = {"trial_id": state.trial_id, "status": status, "rounds_done": n}
     metrics = list(SUMMARY_METRICS)
@@ -168,6 +194,8 @@ def summarize_trial(
     metrics += [m for m in extra if m not in metrics]
     for m in metrics:
         s = pd.to_numeric(rounds[m], errors="coerce").dropna() if m in rounds.columns else pd.Series(dtype=float)
+        if status == "diverged":  # the metric of a diverged run is missing, not a number
+            s = s.iloc[0:0]
         row[f"final_{m}"] = float(s.iloc[-1]) if len(s) else math.nan
         row[f"best_{m}"] = float(_best_fn(m, metric, mode)(s)) if len(s) else math.nan
     row["total_sim_time_s"] = float(rounds["sim_time_s"].iloc[-1]) if n and "sim_time_s" in rounds else math.nan
@@ -176,80 +204,110 @@ def summarize_trial(
     wall = manifest.get("wall_s")
     row["wall_s"] = float(wall) if wall is not None else (float(rounds["wall_s"].sum()) if n and "wall_s" in rounds else math.nan)
     row["node_id"] = info.get("node_id", "")
+    row["attempts"] = int(info.get("attempts", 1 if info else 0))
+    resumed = info.get("resumed_from_round")
+    row["resumed_from_round"] = int(resumed) if resumed is not None else -1
+    segments = _param_segments(info, state.params)
+    row["exploits"] = len(segments) - 1
     row["error"] = error or ""
     row["run_dir"] = f"{RUNS_DIR}/{state.trial_id}"
+    rounds.attrs["segments"] = segments
     return row, rounds
 
 
-def collect(storage: Path, sweep: dict[str, Any], states: list[TrialState]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _round_params(rounds: pd.DataFrame, segments, param_columns: dict[str, str]) -> pd.DataFrame:
+    """The hyperparameter values in force at each round (+ ``restored_from`` under PBT)."""
+    first_rounds = [first for first, _, _ in segments]
+    which = np.searchsorted(first_rounds, rounds["round"].to_numpy(), side="right") - 1
+    out = pd.DataFrame({col: [segments[i][1].get(key) for i in which] for key, col in param_columns.items()},
+                       index=rounds.index)
+    if len(segments) > 1:
+        out[RESTORED_FROM] = [segments[i][2] for i in which]
+    return out
+
+
+def collect(storage: Storage, sweep: dict[str, Any], states: list[TrialState]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Build trials.parquet and rounds.parquet frames from the trials' run folders."""
     param_columns: dict[str, str] = sweep["param_columns"]
     cols = list(param_columns.values())
+    pbt = sweep["spec"].get("scheduler", {}).get("name") == "pbt"
     trial_rows, round_frames = [], []
     for state in sorted(states, key=lambda s: s.trial_id):
         row, rounds = summarize_trial(storage, state, sweep)
         params = {param_columns[k]: state.params.get(k) for k in param_columns}
         trial_rows.append({"trial_id": row.pop("trial_id"), **params, **row})
         if len(rounds):
-            round_frames.append(rounds.assign(trial_id=state.trial_id))
+            per_round = _round_params(rounds, rounds.attrs.pop("segments"), param_columns)
+            if pbt and RESTORED_FROM not in per_round:
+                per_round[RESTORED_FROM] = ""
+            lead = pd.DataFrame({"trial_id": state.trial_id}, index=rounds.index)
+            round_frames.append(pd.concat([lead, per_round, rounds.drop(columns=list(per_round.columns),
+                                                                        errors="ignore")], axis=1))
     trials = pd.DataFrame(trial_rows)
     if trials.empty:
         trials = pd.DataFrame(columns=["trial_id", *cols, "status", "rounds_done", "error", "run_dir"])
     trials = _normalize_params(trials, cols)
     if round_frames:
         rounds = pd.concat(round_frames, ignore_index=True)
-        rounds = rounds.merge(trials[["trial_id", *cols]], on="trial_id", how="left")
-        lead = ["trial_id", *cols]
-        rounds = rounds[lead + [c for c in rounds.columns if c not in lead]]
+        rounds = _normalize_params(rounds, cols)
     else:
         rounds = pd.DataFrame({c: pd.Series(dtype=trials[c].dtype) for c in ["trial_id", *cols]})
     return trials, rounds
 
 
-def write(storage: Path, trials: pd.DataFrame, rounds: pd.DataFrame) -> None:
-    from engine.results import _write_parquet_atomic
-
-    _write_parquet_atomic(trials, storage / TRIALS_FILE)
-    _write_parquet_atomic(rounds, storage / ROUNDS_FILE)
+def write(storage: Storage, trials: pd.DataFrame, rounds: pd.DataFrame) -> None:
+    storage.write_parquet(TRIALS_FILE, trials)
+    storage.write_parquet(ROUNDS_FILE, rounds)
 
 
-def read_sweep_file(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    sweep_file = path / SWEEP_FILE
-    if not sweep_file.is_file():
-        raise FileNotFoundError(f"{path} is not a sweep folder (no {SWEEP_FILE})")
-    return yaml.safe_load(sweep_file.read_text())
+def read_sweep_file(path: str | Path | Storage, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    from engine.errors import ConfigError
+    from engine.yamlio import parse_yaml
+
+    store = open_storage(path, storage_options)
+    if not store.exists(SWEEP_FILE):
+        raise FileNotFoundError(f"{store.uri} is not a sweep folder (no {SWEEP_FILE})")
+    where = f"{store.uri}/{SWEEP_FILE}"
+    data = parse_yaml(store.read_text(SWEEP_FILE), where)
+    if not isinstance(data, dict) or not {"spec", "param_columns"} <= set(data):
+        raise ConfigError(f"{where} is not a sweep file written by hetsim (no spec / "
+                          "param_columns); was it edited?")
+    return data
 
 
-def states_from_folders(storage: Path) -> list[TrialState]:
+def states_from_folders(storage: Storage) -> list[TrialState]:
     """Trials known from their run folders alone (no Tune state)."""
     states = []
-    runs = storage / RUNS_DIR
-    for run_dir in sorted(p for p in runs.iterdir() if p.is_dir()) if runs.exists() else []:
-        info_path = run_dir / "trial.json"
-        info = json.loads(info_path.read_text()) if info_path.exists() else {}
-        states.append(TrialState(run_dir.name, info.get("params", {})))
+    for name in storage.list(RUNS_DIR, dirs=True):
+        run = storage.child(RUNS_DIR, name)
+        info = run.read_json("trial.json") if run.exists("trial.json") else {}
+        states.append(TrialState(name, info.get("params", {})))
     return states
 
 
-def load_sweep(path: str | Path, refresh: bool = False) -> Sweep:
-    """Load a sweep folder: ``Sweep(trials, rounds, spec)``.
+def load_sweep(path: str | Path | Storage, refresh: bool = False,
+               storage_options: dict[str, Any] | None = None) -> Sweep:
+    """Load a sweep folder (a local path or a URI such as ``s3://bucket/sweeps/lr``).
 
     ``trials.parquet``/``rounds.parquet`` are written when a sweep (or a resume) ends. For a
     folder without them (a sweep still running, or killed) or with ``refresh=True`` the frames
     are rebuilt from the trials' run folders, with the status each trial recorded itself.
+    ``storage_options``: options of the URI's filesystem (see :mod:`engine.storage`).
     """
-    path = Path(path)
-    if path.is_file() and path.name in (TRIALS_FILE, ROUNDS_FILE, SWEEP_FILE):
-        path = path.parent
-    sweep = read_sweep_file(path)
-    if refresh or not (path / TRIALS_FILE).exists():
-        trials, rounds = collect(path, sweep, states_from_folders(path))
+    if isinstance(path, (str, Path)) and not isinstance(path, Storage) and "://" not in str(path):
+        p = Path(path)
+        if p.is_file() and p.name in (TRIALS_FILE, ROUNDS_FILE, SWEEP_FILE):
+            path = p.parent
+    store = open_storage(path, storage_options)
+    sweep = read_sweep_file(store)
+    if refresh or not store.exists(TRIALS_FILE):
+        trials, rounds = collect(store, sweep, states_from_folders(store))
     else:
-        trials = pd.read_parquet(path / TRIALS_FILE)
-        rounds = pd.read_parquet(path / ROUNDS_FILE) if (path / ROUNDS_FILE).exists() else pd.DataFrame()
-    return Sweep(path=path, trials=trials, rounds=rounds, spec=sweep["spec"],
-                 param_columns=dict(sweep["param_columns"]), num_trials=sweep.get("num_trials"))
+        trials = store.read_parquet(TRIALS_FILE)
+        rounds = store.read_parquet(ROUNDS_FILE) if store.exists(ROUNDS_FILE) else pd.DataFrame()
+    return Sweep(path=store.uri if store.is_remote else Path(store.path), trials=trials, rounds=rounds,
+                 spec=sweep["spec"], param_columns=dict(sweep["param_columns"]),
+                 num_trials=sweep.get("num_trials"), storage=store)
 
 
 def tune_rounds_frame(metrics_df: pd.DataFrame | None) -> pd.DataFrame | None:

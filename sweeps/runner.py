@@ -4,8 +4,14 @@
 starts or joins Ray, runs one Tune trial per configuration (:func:`sweeps.trainable.hetsim_trial`)
 and writes ``trials.parquet`` and ``rounds.parquet``. ``resume_sweep(storage)`` rebuilds the
 trainable from ``sweep.yaml`` and continues with ``Tuner.restore``: finished trials are not
-rerun, unfinished ones restart from scratch (a trial is one simulation, without checkpoints),
-errored ones are kept as errors unless ``retry_errored``.
+rerun, unfinished ones continue from their last checkpoint (from round 0 without one), errored
+ones are kept as errors unless ``retry_errored`` (then they continue the same way, keeping
+their trial id).
+
+Storage is Tune's: ``RunConfig(storage_path, storage_filesystem)`` with the pyarrow filesystem
+of :func:`engine.storage.open_storage`. A local path on a cluster that the driver joined gets a
+:func:`engine.storage.node_disk_filesystem`: nodes that do not share the folder send their
+results to this node through Ray.
 
 Quiet by default: Tune runs with ``verbose=0`` and ``RAY_AIR_NEW_OUTPUT=0`` (no tables), its
 per-trial error logs are muted (errors land in ``trials.parquet``), and one tqdm bar over trials
@@ -29,6 +35,7 @@ for _key, _value in QUIET_TUNE_ENV.items():  # before ray.tune is imported
 
 from ray.tune import Callback  # noqa: E402
 
+from engine.storage import Storage, check_writable  # noqa: E402
 from sweeps.results import (SWEEP_FILE, TUNE_DIR, Sweep, TrialState, collect,  # noqa: E402
                             load_sweep, read_sweep_file, tune_rounds_frame, write)
 from sweeps.spec import ResolvedSweep, SweepSpecError, resolve  # noqa: E402
@@ -71,8 +78,34 @@ class SweepCallbacks(Callback):
     def on_trial_error(self, iteration, trials, trial, **info):
         self._each("on_trial_error", iteration=iteration, trials=trials, trial=trial, **info)
 
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        self._each("on_trial_recover", iteration=iteration, trials=trials, trial=trial, **info)
+
     def on_experiment_end(self, trials, **info):
         self._each("on_experiment_end", trials=trials, **info)
+
+
+class FailureNotices:
+    """One line on stderr (also with -q) when a trial fails and Tune retries it (a worker or a
+    whole node lost, an error with ``max_failures`` > 0): what failed and where it continues."""
+
+    def __init__(self, max_failures: int):
+        self.max_failures = max_failures
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        where = "its last checkpoint" if trial.checkpoint is not None else "round 0 (no checkpoint yet)"
+        _say(f"trial {trial.trial_id} failed ({_last_failure(trial)}); retry {trial.num_failures} of "
+             f"{self.max_failures}, from {where}")
+
+
+def _last_failure(trial) -> str:
+    """The first line of the trial's last failure in Tune's error file (e.g. its worker died)."""
+    try:
+        text = Path(trial.error_file).read_text().rsplit("Failure # ", 1)[-1]
+        lines = [line.strip() for line in text.splitlines()[1:] if line.strip()]
+        return lines[0][:200] if lines else "unknown error"
+    except Exception:  # noqa: BLE001 - a notice must never break the sweep
+        return "unknown error"
 
 
 class SweepProgress:
@@ -154,25 +187,91 @@ def _quiet_tune():
 # ---------------------------------------------------------------- building the Tuner
 
 
+def _say(message: str) -> None:
+    print(f"hetsim sweep: {message}", file=sys.stderr, flush=True)
+
+
+def _alive_nodes(ray) -> list[dict]:
+    return [n for n in ray.nodes() if n.get("Alive")]
+
+
 def _init_ray(resolved: ResolvedSweep):
     for key, value in QUIET_TUNE_ENV.items():
         os.environ.setdefault(key, value)
     from engine.ray_executor import init_ray
 
-    return init_ray(resolved.spec.ray.address, resolved.spec.ray.num_cpus)
+    ray = init_ray(resolved.spec.ray.address, resolved.spec.ray.num_cpus,
+                   num_gpus=resolved.spec.ray.num_gpus, connect_timeout_s=resolved.spec.ray.connect_timeout_s)
+    if resolved.spec.ray.address:
+        nodes = _alive_nodes(ray)
+        cpus = [n["Resources"].get("CPU", 0.0) for n in nodes]
+        _say(f"joined the Ray cluster at {resolved.spec.ray.address}: {len(nodes)} node(s), "
+             f"{sum(cpus):g} CPUs (largest node {max(cpus, default=0):g})")
+    return ray
 
 
 def _check_fits(ray, resolved: ResolvedSweep) -> None:
-    """A trial that cannot fit the cluster would wait forever in Tune: refuse it up front."""
+    """A trial that cannot fit the cluster would wait forever in Tune: refuse it up front.
+
+    Each bundle of a trial's placement group must fit on one node (the in-process executor's
+    trial is a single bundle), and all of them on the cluster."""
     from sweeps.trainable import trial_resources
 
-    need = sum(b.get("CPU", 0.0) for b in trial_resources(resolved).bundles)
-    have = ray.cluster_resources().get("CPU", 0.0)
-    if need > have + 1e-9:
+    specs = trial_resources(resolved).bundles
+    bundles = [b.get("CPU", 0.0) for b in specs]
+    nodes = _alive_nodes(ray)
+    node_cpus = [n["Resources"].get("CPU", 0.0) for n in nodes] or [ray.cluster_resources().get("CPU", 0.0)]
+    largest, total = max(node_cpus), sum(node_cpus)
+    hint = ("lower resources_per_trial.cpus (or executor.num_actors x executor.cpus_per_actor of "
+            "the base experiment)")
+    if max(bundles) > largest + 1e-9:
         raise SweepSpecError(
-            f"invalid sweep spec:\n  resources_per_trial: one trial needs {need:g} CPUs but the Ray "
-            f"cluster has {have:g}; lower resources_per_trial.cpus (or executor.num_actors x "
-            "executor.cpus_per_actor of the base experiment)")
+            f"invalid sweep spec:\n  resources_per_trial: one trial needs {max(bundles):g} CPUs on "
+            f"one node but the largest node of the Ray cluster has {largest:g} "
+            f"({len(node_cpus)} node(s), {total:g} CPUs in all); {hint}")
+    if sum(bundles) > total + 1e-9:
+        raise SweepSpecError(
+            f"invalid sweep spec:\n  resources_per_trial: one trial needs {sum(bundles):g} CPUs but "
+            f"the Ray cluster has {total:g}; {hint}")
+    _check_gpus_fit(ray, specs)
+
+
+def _check_gpus_fit(ray, bundles: list[dict]) -> None:
+    """GPUs as for CPUs: the trial's total, and each bundle's share from one node."""
+    from engine.ray_executor import gpu_capacity
+
+    need = sum(b.get("GPU", 0.0) for b in bundles)
+    if need <= 0:
+        return
+    have = ray.cluster_resources().get("GPU", 0.0)
+    node_gpus = [n["Resources"].get("GPU", 0.0) for n in ray.nodes() if n["Alive"]]
+    shares = [b["GPU"] for b in bundles if b.get("GPU", 0.0) > 0]
+    fits = need <= have + 1e-9 and all(
+        gpu_capacity(g, have, node_gpus) >= shares.count(g) for g in set(shares))
+    if not fits:
+        raise SweepSpecError(
+            f"invalid sweep spec:\n  resources_per_trial: one trial needs {need:g} GPUs (bundles "
+            f"{shares}) but the Ray cluster has {have:g} (per node: "
+            f"{', '.join(f'{g:g}' for g in node_gpus)}); Tune would wait forever. Lower "
+            "resources_per_trial.gpus (or executor.num_actors x executor.gpus_per_actor of the base "
+            "experiment)")
+
+
+def _tune_storage(ray, resolved: ResolvedSweep, store: Storage | None = None) -> Storage:
+    """The sweep's storage as Tune will use it (see the module docstring)."""
+    from engine.storage import node_disk_filesystem, nodes_sharing
+
+    store = store or resolved.open_storage()
+    if store.is_remote or not resolved.spec.ray.address:
+        return store
+    fs = node_disk_filesystem(store.path)
+    seen = nodes_sharing(store.path)
+    private = [name for name, shared in seen.items() if not shared]
+    if private:
+        _say(f"storage {store.path} is this node's local disk and {len(private)} of {len(seen)} "
+             f"node(s) do not see it ({', '.join(private)}): their trials send their results here "
+             "through Ray. For large sweeps use a shared filesystem or an s3:// URI.")
+    return Storage(fs, store.path, store.uri)
 
 
 def _trainable(resolved: ResolvedSweep):
@@ -185,22 +284,46 @@ def _trainable(resolved: ResolvedSweep):
 
 
 def _scheduler(resolved: ResolvedSweep):
+    from sweeps.trainable import LAST_PREFIX
+
     s = resolved.spec.scheduler
-    if s.name != "asha":
-        return None
-    from ray.tune.schedulers import ASHAScheduler
+    metric = LAST_PREFIX + (s.metric or resolved.spec.metric)
+    mode = s.mode or resolved.spec.mode
+    if s.name == "asha":
+        from ray.tune.schedulers import ASHAScheduler
 
-    return ASHAScheduler(
-        time_attr="rounds_done",
-        metric=s.metric or resolved.spec.metric,
-        mode=s.mode or resolved.spec.mode,
-        max_t=s.max_t or resolved.rounds,
-        grace_period=s.grace_period,
-        reduction_factor=s.reduction_factor,
-    )
+        return ASHAScheduler(
+            time_attr="rounds_done",
+            metric=metric,
+            mode=mode,
+            max_t=s.max_t or resolved.rounds,
+            grace_period=s.grace_period,
+            reduction_factor=s.reduction_factor,
+        )
+    if s.name == "pbt":
+        from ray.tune.schedulers import PopulationBasedTraining
+
+        from sweeps.space import ClipToSpace, tune_mutations
+
+        keys = s.hyperparam_mutations or list(resolved.spec.space)
+        return PopulationBasedTraining(
+            time_attr="rounds_done",
+            metric=metric,
+            mode=mode,
+            perturbation_interval=s.perturbation_interval,
+            hyperparam_mutations=tune_mutations({k: resolved.spec.space[k] for k in keys}),
+            quantile_fraction=s.quantile_fraction,
+            resample_probability=s.resample_probability,
+            custom_explore_fn=ClipToSpace(resolved.spec.space),
+            synch=s.synch,
+        )
+    return None
 
 
-def _new_tuner(resolved: ResolvedSweep):
+CHECKPOINTS_KEPT = 3  # per trial, in <storage>/tune/<trial_id>/checkpoint_* (PBT warns below 3)
+
+
+def _new_tuner(resolved: ResolvedSweep, store: Storage):
     from ray import tune
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
@@ -223,34 +346,36 @@ def _new_tuner(resolved: ResolvedSweep):
         ),
         run_config=tune.RunConfig(
             name=TUNE_DIR,
-            storage_path=str(resolved.storage),
+            storage_path=store.path,
+            storage_filesystem=store.fs,
             verbose=0,
-            failure_config=tune.FailureConfig(max_failures=0),
+            failure_config=tune.FailureConfig(max_failures=spec.max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=CHECKPOINTS_KEPT),
             callbacks=[SweepCallbacks()],
         ),
     )
 
 
-def _fit(tuner, resolved: ResolvedSweep, quiet: bool, callbacks: Iterable[Any]) -> Sweep:
+def _fit(tuner, resolved: ResolvedSweep, store: Storage, quiet: bool, callbacks: Iterable[Any]) -> Sweep:
     progress = None
     if not quiet:
         progress = SweepProgress(resolved.num_trials, resolved.spec.metric, resolved.spec.mode,
                                  resolved.name)
-    _ACTIVE[:] = [*([progress] if progress else []), *callbacks]
+    _ACTIVE[:] = [*([progress] if progress else []), FailureNotices(resolved.spec.max_failures), *callbacks]
     try:
         with _quiet_tune():
             grid = tuner.fit()
-            states = _states(grid, resolved.storage / TUNE_DIR)
+            states = _states(grid, store)
     finally:
         _ACTIVE.clear()
         if progress:
             progress.close()
-    trials, rounds = collect(resolved.storage, read_sweep_file(resolved.storage), states)
-    write(resolved.storage, trials, rounds)
-    return load_sweep(resolved.storage)
+    trials, rounds = collect(store, read_sweep_file(store), states)
+    write(store, trials, rounds)
+    return load_sweep(store)
 
 
-def _saved_statuses(tune_dir: Path) -> dict[str, str]:
+def _saved_statuses(store: Storage) -> dict[str, str]:
     """Trial statuses as saved in Tune's experiment state: what a resume will act on.
 
     (After an interruption Tune's in-memory trials all read TERMINATED; the saved state keeps
@@ -258,14 +383,15 @@ def _saved_statuses(tune_dir: Path) -> dict[str, str]:
     """
     from ray.tune import ExperimentAnalysis
 
-    return {t.trial_id: t.status for t in ExperimentAnalysis(str(tune_dir)).trials}
+    analysis = ExperimentAnalysis(store.child(TUNE_DIR).path, storage_filesystem=store.fs)
+    return {t.trial_id: t.status for t in analysis.trials}
 
 
-def _states(grid, tune_dir: Path) -> list[TrialState]:
+def _states(grid, store: Storage) -> list[TrialState]:
     from sweeps.space import plain
     from sweeps.trainable import error_text
 
-    saved = _saved_statuses(tune_dir)
+    saved = _saved_statuses(store)
     analysis = grid._experiment_analysis  # Tune's trials, in the order of the ResultGrid
     states = []
     for trial, result in zip(analysis.trials, grid):
@@ -301,19 +427,22 @@ def run_sweep(
 ) -> Sweep:
     """Validate ``source`` (a spec file or mapping), run it, return the loaded :class:`Sweep`.
 
-    ``callbacks`` are extra Ray Tune callbacks (objects with ``on_trial_result`` etc.).
+    ``storage``: a local path or a URI (``s3://bucket/prefix``); ``callbacks`` are extra Ray Tune
+    callbacks (objects with ``on_trial_result`` etc.).
     """
     resolved = resolve(source, storage=storage, address=address,
                        command=command if command is not None else list(sys.argv))
-    if (resolved.storage / SWEEP_FILE).exists():
+    store = resolved.open_storage()
+    if store.exists(SWEEP_FILE):
         raise FileExistsError(
             f"sweep folder {resolved.storage} already exists; continue it with "
             f"`hetsim sweep --resume {resolved.storage}` or choose another storage")
+    check_writable(store)
     ray = _init_ray(resolved)
     _check_fits(ray, resolved)
-    resolved.storage.mkdir(parents=True, exist_ok=True)
-    (resolved.storage / SWEEP_FILE).write_text(yaml.safe_dump(resolved.to_dict(), sort_keys=False))
-    return _fit(_new_tuner(resolved), resolved, quiet, callbacks)
+    store.write_text(SWEEP_FILE, yaml.safe_dump(resolved.to_dict(), sort_keys=False))
+    store = _tune_storage(ray, resolved, store)
+    return _fit(_new_tuner(resolved, store), resolved, store, quiet, callbacks)
 
 
 def resume_sweep(
@@ -323,28 +452,38 @@ def resume_sweep(
     quiet: bool = False,
     callbacks: Iterable[Any] = (),
     retry_errored: bool = False,
+    storage_options: dict[str, Any] | None = None,
 ) -> Sweep:
-    """Continue an interrupted sweep: finished trials are kept, unfinished ones rerun."""
+    """Continue an interrupted sweep: finished trials are kept, unfinished ones continue from
+    their last checkpoint; with ``retry_errored`` errored ones too (same trial ids).
+
+    ``storage_options`` add to those saved in ``sweep.yaml`` (which has no credentials)."""
     from ray import tune
 
-    storage = Path(path).expanduser().resolve()
-    resolved = ResolvedSweep.from_dict(read_sweep_file(storage), storage=storage)
+    from sweeps.spec import storage_location
+
+    location = storage_location(path)
+    saved = read_sweep_file(location, storage_options)
+    resolved = ResolvedSweep.from_dict(saved, storage=location, storage_options=storage_options)
     if address is not None:
         resolved.spec.ray.address = address
-    tune_dir = storage / TUNE_DIR
     ray = _init_ray(resolved)
-    if not tune.Tuner.can_restore(str(tune_dir)):
-        raise FileNotFoundError(f"{storage} has no Tune state to resume ({tune_dir}/tuner.pkl missing)")
+    store = _tune_storage(ray, resolved)
+    tune_dir = store.child(TUNE_DIR).path
+    if not tune.Tuner.can_restore(tune_dir, storage_filesystem=store.fs):
+        raise FileNotFoundError(f"{resolved.storage} has no Tune state to resume ({TUNE_DIR}/tuner.pkl missing)")
     _check_fits(ray, resolved)
     with _quiet_tune():
         tuner = tune.Tuner.restore(
-            str(tune_dir),
+            tune_dir,
             trainable=_trainable(resolved),
             resume_unfinished=True,
-            resume_errored=False,
-            restart_errored=retry_errored,
+            # errored trials continue under their own id (Tune's restart_errored would give
+            # them new ids, i.e. a second row for the same configuration)
+            resume_errored=retry_errored,
+            storage_filesystem=store.fs,
         )
-    return _fit(tuner, resolved, quiet, callbacks)
+    return _fit(tuner, resolved, store, quiet, callbacks)
 
 
 def is_complete(sweep: Sweep) -> bool:
@@ -358,7 +497,8 @@ def summary_table(sweep: Sweep, top: int = 10) -> str:
         return f"{sweep.path}: no trials"
     counts = t["status"].value_counts()
     head = "trials: " + ", ".join(f"{counts[s]} {s}" for s in
-                                  ("finished", "early_stopped", "error", "unfinished") if s in counts)
+                                  ("finished", "early_stopped", "diverged", "error", "unfinished")
+                                  if s in counts)
     metric = sweep.metric
     cols = ["trial_id", *sweep.param_columns.values(), "status", "rounds_done",
             f"final_{metric}", f"best_{metric}", "total_sim_time_s"]
@@ -366,9 +506,12 @@ def summary_table(sweep: Sweep, top: int = 10) -> str:
     best = sweep.best(top)[cols]
     lines = [head, f"best {min(top, len(best))} by best_{metric} ({sweep.mode}):",
              best.to_string(index=False, float_format=lambda v: f"{v:.4g}")]
-    errors = t[t["status"] == "error"]
+    retried = t[t["attempts"] > 1] if "attempts" in t.columns else t.iloc[0:0]
+    if len(retried):
+        lines.append(f"{len(retried)} trial(s) needed more than one attempt (attempts column)")
+    errors = t[t["status"].isin(("error", "diverged"))]
     for _, row in errors.head(5).iterrows():
-        lines.append(f"error {row['trial_id']}: {row['error']}")
+        lines.append(f"{row['status']} {row['trial_id']}: {row['error']}")
     if len(errors) > 5:
-        lines.append(f"... {len(errors) - 5} more errors in trials.parquet")
+        lines.append(f"... {len(errors) - 5} more errored or diverged trials in trials.parquet")
     return "\n".join(lines)

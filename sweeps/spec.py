@@ -8,13 +8,17 @@ A spec is one YAML file (or a mapping)::
     space:
       train.lr: {loguniform: [1.0e-3, 1.0e-1]}
       algorithm.mu: {grid: [0.0, 0.01, 0.1]}
+      clients.profiles: {named: {fast: {...}, slow: {...}}}   # a grid over named values
+    columns: {clients.profiles: fleet}   # optional column names (default: the key's last part)
     num_samples: 4                 # samples of the random dimensions (x the grid)
     metric: global_acc             # rank trials by this rounds.parquet column ...
     mode: max                      # ... maximised (or `min`)
-    scheduler: {name: asha, grace_period: 2, reduction_factor: 2}
+    scheduler: {name: asha, grace_period: 2, reduction_factor: 2}   # or fifo, or {name: pbt, ...}
     max_concurrent_trials: 2
     resources_per_trial: {cpus: 1}
-    storage: sweeps_out/fedprox-lr-mu
+    max_failures: 0                # retries of a failed trial, from its last checkpoint
+    checkpoint_every: null         # default: the experiment's checkpoint.every (PBT: its interval)
+    storage: sweeps_out/fedprox-lr-mu   # or s3://bucket/prefix (storage_options: {...})
     ray: {address: null}
 
 Everything is checked before anything starts. The spec itself is a pydantic model with
@@ -32,22 +36,28 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from engine.config import DEFAULT_CONFIG, ConfigError, ExperimentConfig, apply_overrides, load_config
+from engine.config import (DEFAULT_CONFIG, ConfigError, ExperimentConfig, apply_overrides,
+                           expand_path, load_config)
+from engine.yamlio import read_yaml_file
 from engine.results import ROUND_COLUMNS
+from engine.storage import is_uri, redact
 
-DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "randint")
+DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "randint", "named")
+# Grid-like kinds: every value is a trial (x num_samples). `named` is a grid over named values
+# (mappings, lists, ...): Tune and the tables see the names, the trial applies the value.
+GRID_KINDS = ("grid", "named")
 # Columns a sweep's metric may name: every rounds.parquet column, plus the method's
 # `server_*` metrics and the per-architecture `global_acc_<arch>` of heterogeneous models.
 METRIC_PREFIXES = ("server_", "global_acc_", "global_loss_")
 # Keys the sweep itself owns: where trials write, how they reach Ray, what a trial reserves.
-RESERVED_KEYS = ("output", "ray", "executor.kind", "executor.num_actors",
-                 "executor.cpus_per_actor", "executor.clients_per_actor")
+RESERVED_KEYS = ("output", "ray", "checkpoint", "executor.kind", "executor.num_actors",
+                 "executor.cpus_per_actor", "executor.gpus_per_actor", "executor.clients_per_actor")
 # trials.parquet columns besides the hyperparameters (a hyperparameter never takes these names)
 TRIAL_COLUMNS = ("trial_id", "status", "error", "rounds_done", "total_sim_time_s",
-                 "total_bytes_up", "total_bytes_down", "wall_s", "node_id", "run_dir")
+                 "total_bytes_up", "total_bytes_down", "wall_s", "node_id", "run_dir", "attempts",
+                 "resumed_from_round", "exploits", "restored_from")
 
 # YAML 1.1 (PyYAML) reads `1e-3` as a string; numbers written that way are meant as floats.
 _FLOAT_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
@@ -69,23 +79,38 @@ class _Model(BaseModel):
 
 
 class SchedulerSpec(_Model):
-    name: Literal["fifo", "asha"] = "fifo"
-    metric: str | None = Field(None, description="ASHA's metric; default: the sweep's metric")
+    name: Literal["fifo", "asha", "pbt"] = "fifo"
+    metric: str | None = Field(None, description="the scheduler's metric; default: the sweep's metric")
     mode: Literal["max", "min"] | None = Field(None, description="default: the sweep's mode")
-    grace_period: int = Field(1, ge=1, description="rounds before a trial may be stopped")
+    # ASHA
+    grace_period: int = Field(1, ge=1, description="ASHA: rounds before a trial may be stopped")
     reduction_factor: float = Field(2.0, gt=1)
     max_t: int | None = Field(None, ge=1, description="default: the experiment's rounds")
+    # Population Based Training
+    perturbation_interval: int = Field(
+        2, ge=1, description="PBT: rounds between exploit/explore steps (each one a checkpoint)")
+    hyperparam_mutations: list[str] | None = Field(
+        None, description="PBT: space keys it may change; default: every key of the space")
+    quantile_fraction: float = Field(0.25, ge=0, le=0.5,
+                                     description="PBT: bottom fraction that copies the top fraction")
+    resample_probability: float = Field(0.25, ge=0, le=1)
+    synch: bool = Field(False, description="PBT: pause trials at each interval until all reach it "
+                        "(checkpoints every round)")
 
 
 class ResourcesSpec(_Model):
     cpus: float | None = Field(
         None, gt=0, description="CPUs of one trial; default 1 (in-process), 0.01 (Ray executor)")
-    gpus: float = Field(0.0, ge=0)
+    gpus: float = Field(
+        0.0, ge=0, description="GPUs of one trial's own process (the Ray executor's client actors "
+        "add executor.gpus_per_actor each)")
 
 
 class RaySpec(_Model):
     address: str | None = Field(None, description="existing cluster; None starts a local Ray")
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a local Ray")
+    num_gpus: int | None = Field(None, ge=0, description="GPUs of a local Ray (default: detected)")
+    connect_timeout_s: float = Field(30.0, gt=0, description="give up joining the address after this")
 
 
 class SweepSpec(_Model):
@@ -100,9 +125,18 @@ class SweepSpec(_Model):
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     max_concurrent_trials: int | None = Field(None, ge=1)
     resources_per_trial: ResourcesSpec = Field(default_factory=ResourcesSpec)
-    storage: str | None = Field(None, description="output folder; default sweeps_out/<name>")
+    storage: str | None = Field(
+        None, description="sweep folder: a path or a URI (s3://bucket/prefix); default sweeps_out/<name>")
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict, description="options of the URI's pyarrow filesystem (endpoint_override, ...)")
+    max_failures: int = Field(0, ge=0, description="retries of a failed trial, from its last checkpoint")
+    checkpoint_every: int | None = Field(
+        None, ge=1, description="rounds between trial checkpoints; default: the experiment's checkpoint.every")
     search_seed: int | None = Field(0, ge=0, description="seed of the random sampling (None: fresh)")
     ray: RaySpec = Field(default_factory=RaySpec)
+    columns: dict[str, str] = Field(
+        default_factory=dict, description="dotted key -> its column name in the tables (default: "
+        "the key's last component)")
 
     @field_validator("scheduler", mode="before")
     @classmethod
@@ -126,12 +160,12 @@ class ResolvedSweep:
     ``to_dict()`` is what ``<storage>/sweep.yaml`` holds and what resume rebuilds from.
     """
 
-    def __init__(self, spec: SweepSpec, base_raw: dict[str, Any], storage: Path,
+    def __init__(self, spec: SweepSpec, base_raw: dict[str, Any], storage: str,
                  param_columns: dict[str, str], base_cfg: ExperimentConfig,
                  num_trials: int | None, command: list[str] | None = None):
         self.spec = spec
         self.base_raw = base_raw  # the base mapping with the spec's overrides applied
-        self.storage = storage
+        self.storage = storage  # an absolute local path or a URI
         self.param_columns = param_columns
         self.base_cfg = base_cfg
         self.num_trials = num_trials
@@ -145,14 +179,36 @@ class ResolvedSweep:
     def rounds(self) -> int:
         return self.base_cfg.rounds
 
+    def open_storage(self):
+        """The sweep folder as :class:`engine.storage.Storage`."""
+        from engine.storage import open_storage
+
+        return open_storage(self.storage, self.spec.storage_options)
+
+    @property
+    def checkpoint_every(self) -> int | None:
+        """Rounds between trial checkpoints: the spec's, PBT's interval, else the experiment's."""
+        s = self.spec
+        if s.checkpoint_every is not None:
+            return s.checkpoint_every
+        if s.scheduler.name != "pbt":
+            return None
+        # synch PBT pauses a trial at whatever round it waits in, and a paused function trial
+        # restarts from its last checkpoint: with fewer, it would redo rounds and pause again
+        return 1 if s.scheduler.synch else s.scheduler.perturbation_interval
+
     def trial_raw(self, params: dict[str, Any]) -> dict[str, Any]:
-        return apply_overrides(self.base_raw, dict(params))
+        raw = apply_overrides(self.base_raw, expand_params(self.spec.space, params))
+        every = self.checkpoint_every
+        return apply_overrides(raw, {"checkpoint.every": every}) if every is not None else raw
 
     def to_dict(self) -> dict[str, Any]:
         spec = self.spec.model_dump(mode="json")
         spec["base"] = self.base_raw
         spec["overrides"] = []  # already applied to `base`
         spec["storage"] = str(self.storage)
+        # credentials stay out of sweep.yaml: resume takes them from the environment again
+        spec["storage_options"] = redact(self.spec.storage_options)
         return {
             "spec": spec,
             "param_columns": self.param_columns,
@@ -161,10 +217,13 @@ class ResolvedSweep:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], storage: Path | None = None) -> "ResolvedSweep":
+    def from_dict(cls, d: dict[str, Any], storage: str | Path | None = None,
+                  storage_options: dict[str, Any] | None = None) -> "ResolvedSweep":
         spec = SweepSpec.model_validate(d["spec"])
-        storage = Path(storage if storage is not None else spec.storage).resolve()
-        spec.storage = str(storage)
+        if storage_options:
+            spec.storage_options = {**spec.storage_options, **storage_options}
+        storage = storage_location(storage if storage is not None else spec.storage)
+        spec.storage = storage
         base_raw = spec.base if isinstance(spec.base, dict) else {}
         base_cfg = _validate_experiment(base_raw, "base")
         return cls(spec, base_raw, storage, dict(d["param_columns"]), base_cfg,
@@ -174,21 +233,22 @@ class ResolvedSweep:
 # ---------------------------------------------------------------- loading and validation
 
 
-def _format_spec_errors(err: ValidationError) -> str:
+def _format_spec_errors(err: ValidationError, root: type[BaseModel] | None = None,
+                        title: str = "invalid sweep spec") -> str:
     lines = []
     for e in err.errors():
         loc = [str(p) for p in e["loc"]]
         field = ".".join(loc) or "<root>"
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
-            parent: Any = SweepSpec
+            parent: Any = root or SweepSpec
             for part in loc[:-1]:
                 info = getattr(parent, "model_fields", {}).get(part)
                 parent = info.annotation if info is not None else None
             allowed = list(getattr(parent, "model_fields", {}) or {})
             msg = "unknown key" + (f"; allowed keys: {', '.join(allowed)}" if allowed else "")
         lines.append(f"  {field} = {e.get('input')!r}: {msg}")
-    return "invalid sweep spec:\n" + "\n".join(lines)
+    return f"{title}:\n" + "\n".join(lines)
 
 
 def _config_problem(err: ConfigError) -> str:
@@ -199,29 +259,52 @@ def _config_problem(err: ConfigError) -> str:
     return "; ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
-def _validate_experiment(raw: dict[str, Any], where: str) -> ExperimentConfig:
+def _check_experiment(raw: dict[str, Any], storage: Path | None = None) -> ExperimentConfig:
+    """Schema check; with ``storage`` also the whole validation pass a run makes (data too)."""
+    from engine.validate import validate_experiment
+
+    cfg = load_config(raw)
+    if storage is not None:
+        validate_experiment(cfg, run_dir=storage / "runs")
+    return cfg
+
+
+def _validate_experiment(raw: dict[str, Any], where: str, storage: Path | None = None) -> ExperimentConfig:
     try:
-        return load_config(raw)
+        return _check_experiment(raw, storage)
     except ConfigError as err:
         raise SweepSpecError(f"invalid sweep spec:\n  {where}: {_config_problem(err)}") from None
 
 
-def _load_base(spec: SweepSpec, spec_dir: Path | None) -> dict[str, Any]:
-    base = spec.base
+def read_mapping_file(path: Path, what: str) -> dict[str, Any]:
+    """A YAML file that must hold a mapping (a spec); errors name the file."""
+    raw = read_yaml_file(path, what)  # strict: duplicate keys, file:line:col, empty or binary files
+    if not isinstance(raw, dict):
+        raise SweepSpecError(f"{what} {str(path)!r} must hold a mapping, got {type(raw).__name__}")
+    return raw
+
+
+def load_base(base: str | Path | dict[str, Any] | None, spec_dir: Path | None,
+              title: str = "invalid sweep spec") -> dict[str, Any]:
+    """The base experiment: a mapping, a YAML path (relative to ``spec_dir``) or None (the default)."""
     if base is None:
         base = DEFAULT_CONFIG
     if isinstance(base, (str, Path)):
-        path = Path(base).expanduser()
+        path = Path(expand_path(str(base)))
         if not path.is_absolute() and spec_dir is not None:
             path = spec_dir / path
         if not path.is_file():
             raise SweepSpecError(
-                f"invalid sweep spec:\n  base = {str(spec.base)!r}: experiment file {str(path)!r} does not exist")
-        raw = yaml.safe_load(path.read_text()) or {}
+                f"{title}:\n  base = {str(base)!r}: experiment file {str(path)!r} does not exist")
+        raw = read_yaml_file(path, "experiment file (sweep base)")
         if not isinstance(raw, dict):
-            raise SweepSpecError(f"invalid sweep spec:\n  base = {str(path)!r}: must hold a mapping")
+            raise SweepSpecError(f"{title}:\n  base = {str(path)!r}: must hold a mapping")
         return raw
     return copy.deepcopy(base)
+
+
+def _load_base(spec: SweepSpec, spec_dir: Path | None) -> dict[str, Any]:
+    return load_base(spec.base, spec_dir)
 
 
 def _check_distribution(key: str, dist: dict[str, Any]) -> tuple[str, Any]:
@@ -231,8 +314,19 @@ def _check_distribution(key: str, dist: dict[str, Any]) -> tuple[str, Any]:
         raise SweepSpecError(
             f"invalid sweep spec:\n  {where} = {dist!r}: must be one of "
             + ", ".join(f"{{{d}: ...}}" for d in DISTRIBUTIONS)
-            + " (grid/choice: a list of values; uniform/loguniform/randint: [low, high])")
+            + " (grid/choice: a list of values; uniform/loguniform/randint: [low, high]; "
+            "named: a mapping name -> value)")
     kind, args = next(iter(dist.items()))
+    if kind == "named":
+        if not isinstance(args, dict) or not args:
+            raise SweepSpecError(
+                f"invalid sweep spec:\n  {where}.named = {args!r}: must be a non-empty mapping name -> value")
+        for name in args:
+            if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", name):
+                raise SweepSpecError(
+                    f"invalid sweep spec:\n  {where}.named: name {name!r} must be a string of letters, "
+                    "digits, . _ + - (it becomes a value in the tables)")
+        return kind, dict(args)
     if kind in ("grid", "choice"):
         if not isinstance(args, list) or not args:
             raise SweepSpecError(
@@ -261,6 +355,8 @@ def _probe_values(kind: str, args: list[Any]) -> list[Any]:
     """The values substituted into the base to validate a dimension."""
     if kind in ("grid", "choice"):
         return args
+    if kind == "named":
+        return list(args.values())
     if kind == "randint":
         return [args[0], args[1] - 1]
     return args
@@ -276,14 +372,30 @@ def _algorithm_hint(key: str, cfg: ExperimentConfig) -> str:
             + (f"keys: {', '.join(keys)})" if keys else "no parameters)"))
 
 
-def param_column_names(keys: list[str]) -> dict[str, str]:
-    """Dotted key -> column: its last component when unique and not a reserved column."""
+def param_column_names(keys: list[str], chosen: dict[str, str] | None = None) -> dict[str, str]:
+    """Dotted key -> column: ``chosen[key]``, else its last component when unique and not a
+    reserved column, else the dotted key."""
+    chosen = chosen or {}
     reserved = set(TRIAL_COLUMNS) | set(ROUND_COLUMNS)
-    last = [k.split(".")[-1] for k in keys]
+    last = [chosen.get(k, k.split(".")[-1]) for k in keys]
     out = {}
     for key, short in zip(keys, last):
         clash = last.count(short) > 1 or short in reserved or short.startswith(("final_", "best_"))
+        if key in chosen and clash:
+            raise SweepSpecError(
+                f"invalid sweep spec:\n  columns.{key} = {short!r}: clashes with another column "
+                f"(a trials.parquet / rounds.parquet column or another hyperparameter)")
         out[key] = key if clash else short
+    return out
+
+
+def expand_params(space: dict[str, dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
+    """A trial's ``{dotted key: value}`` with the names of ``named`` dimensions replaced by their values."""
+    out = dict(params)
+    for key, dist in space.items():
+        (kind, args), = dist.items()
+        if kind == "named" and key in out:
+            out[key] = copy.deepcopy(args[out[key]])
     return out
 
 
@@ -297,6 +409,11 @@ def check_metric(metric: str, where: str) -> None:
 
 
 def _resources_check(spec: SweepSpec, cfg: ExperimentConfig) -> None:
+    if cfg.executor.kind == "inprocess" and cfg.executor.device == "cuda" and not spec.resources_per_trial.gpus:
+        raise SweepSpecError(
+            "invalid sweep spec:\n  resources_per_trial.gpus = 0: the base experiment trains on "
+            "executor.device = 'cuda' in the trial's own process (in-process executor), which then "
+            "holds no GPU; give each trial a share (e.g. gpus: 0.5) or use device: auto")
     if cfg.executor.kind == "ray" and cfg.executor.num_actors is None:
         raise SweepSpecError(
             "invalid sweep spec:\n  base executor.num_actors = None: a sweep with executor.kind=ray "
@@ -304,10 +421,57 @@ def _resources_check(spec: SweepSpec, cfg: ExperimentConfig) -> None:
             "+ num_actors bundles of executor.cpus_per_actor CPUs) can be sized before it starts")
 
 
+def storage_location(location: str | Path) -> str:
+    """An absolute local path, or the URI unchanged."""
+    from engine.storage import is_uri
+
+    text = str(location)
+    return text.rstrip("/") if is_uri(text) else str(Path(expand_path(text)).resolve())
+
+
+def _check_schedule(spec: SweepSpec, cfg: ExperimentConfig, dims: dict[str, tuple[str, Any]]) -> None:
+    """Schedulers compare the last evaluated value of their metric: each decision point must
+    come after the first evaluated round, and PBT may only change keys of the space."""
+    s = spec.scheduler
+    every = cfg.evaluation.eval_every
+    if s.name == "asha" and every > 1 and s.grace_period < min(every, cfg.rounds):
+        raise SweepSpecError(
+            f"invalid sweep spec:\n  scheduler.grace_period = {s.grace_period}: ASHA's first decision "
+            f"comes after {s.grace_period} round(s) but the experiment evaluates every "
+            f"{every} rounds (evaluation.eval_every), so no trial has a value then; set "
+            f"grace_period >= {min(every, cfg.rounds)} (the scheduler compares the last evaluated value)")
+    if s.name == "pbt":
+        if s.perturbation_interval >= cfg.rounds:
+            raise SweepSpecError(
+                f"invalid sweep spec:\n  scheduler.perturbation_interval = {s.perturbation_interval}: "
+                f"must be < the experiment's rounds ({cfg.rounds}) for PBT to act")
+        if every > 1 and s.perturbation_interval < every:
+            raise SweepSpecError(
+                f"invalid sweep spec:\n  scheduler.perturbation_interval = {s.perturbation_interval}: the "
+                f"experiment evaluates every {every} rounds (evaluation.eval_every); set "
+                f"perturbation_interval >= {every}")
+        every = spec.checkpoint_every
+        if every is not None and s.synch and every != 1:
+            raise SweepSpecError(
+                f"invalid sweep spec:\n  checkpoint_every = {every}: synchronous PBT (scheduler.synch) "
+                "pauses trials at any round and they restart from their last checkpoint; it needs "
+                "checkpoint_every: 1 (the default with synch)")
+        if every is not None and s.perturbation_interval % every:
+            raise SweepSpecError(
+                f"invalid sweep spec:\n  checkpoint_every = {every}: PBT copies checkpoints every "
+                f"{s.perturbation_interval} rounds (scheduler.perturbation_interval); checkpoint_every "
+                "must divide it")
+        for key in s.hyperparam_mutations or []:
+            if key not in dims:
+                raise SweepSpecError(
+                    f"invalid sweep spec:\n  scheduler.hyperparam_mutations: {key!r} is not a key of "
+                    f"the space; allowed: {', '.join(dims)}")
+
+
 def count_trials(space: dict[str, tuple[str, Any]], num_samples: int) -> int:
     grid = 1
     for kind, args in space.values():
-        if kind == "grid":
+        if kind in GRID_KINDS:
             grid *= len(args)
     return grid * num_samples
 
@@ -322,15 +486,8 @@ def resolve(
     spec_dir = None
     default_name = None
     if isinstance(source, (str, Path)):
-        path = Path(source)
-        if not path.is_file():
-            raise SweepSpecError(f"sweep spec {str(path)!r} does not exist")
-        try:
-            raw = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise SweepSpecError(f"sweep spec {str(path)!r} is not valid YAML: {err}") from None
-        if not isinstance(raw, dict):
-            raise SweepSpecError(f"sweep spec {str(path)!r} must hold a mapping, got {type(raw).__name__}")
+        path = Path(expand_path(str(source)))
+        raw = read_mapping_file(path, "sweep spec")
         spec_dir, default_name = path.resolve().parent, path.stem
     else:
         raw = copy.deepcopy(dict(source))
@@ -349,7 +506,9 @@ def resolve(
             base_raw = apply_overrides(base_raw, spec.overrides)
         except ConfigError as err:
             raise SweepSpecError(f"invalid sweep spec:\n  overrides: {err}") from None
-    base_cfg = _validate_experiment(base_raw, "base")
+    storage_path = storage_location(storage if storage is not None else (spec.storage or Path("sweeps_out") / spec.name))
+    local_storage = None if is_uri(storage_path) else Path(storage_path)  # run folders' checks
+    base_cfg = _validate_experiment(base_raw, "base", local_storage)
 
     if not spec.space:
         raise SweepSpecError("invalid sweep spec:\n  space = {}: give at least one dotted key to sweep")
@@ -365,7 +524,7 @@ def resolve(
         kind, args = _check_distribution(key, dist)
         for value in _probe_values(kind, args):
             try:
-                load_config(apply_overrides(base_raw, {key: value}))
+                _check_experiment(apply_overrides(base_raw, {key: value}), local_storage)
             except ConfigError as err:
                 raise SweepSpecError(
                     f"invalid sweep spec:\n  space.{key}.{kind} = {args!r}: value {value!r} is "
@@ -374,10 +533,10 @@ def resolve(
         dims[key] = (kind, args)
     spec.space = {k: {kind: args} for k, (kind, args) in dims.items()}
     # Grid values are validated together too (fields can constrain each other) when few.
-    grid_keys = [k for k, (kind, _) in dims.items() if kind == "grid"]
+    grid_keys = [k for k, (kind, _) in dims.items() if kind in GRID_KINDS]
     combos = math.prod(len(dims[k][1]) for k in grid_keys)
     if len(grid_keys) > 1 and combos <= 256:
-        for values in itertools.product(*(dims[k][1] for k in grid_keys)):
+        for values in itertools.product(*(_probe_values(*dims[k]) for k in grid_keys)):
             combo = dict(zip(grid_keys, values))
             try:
                 load_config(apply_overrides(base_raw, combo))
@@ -386,6 +545,11 @@ def resolve(
                     f"invalid sweep spec:\n  space: the grid point {combo!r} is rejected by the "
                     f"experiment config: {_config_problem(err)}") from None
 
+    for key in spec.columns:
+        if key not in dims:
+            raise SweepSpecError(
+                f"invalid sweep spec:\n  columns.{key}: not a key of space; allowed: {', '.join(dims)}")
+    param_columns = param_column_names(list(dims), spec.columns)
     check_metric(spec.metric, "metric")
     if spec.scheduler.metric is not None:
         check_metric(spec.scheduler.metric, "scheduler.metric")
@@ -400,10 +564,15 @@ def resolve(
             f"<= max_t ({max_t or base_cfg.rounds} rounds)")
     _resources_check(spec, base_cfg)
 
-    storage_path = Path(storage if storage is not None else (spec.storage or Path("sweeps_out") / spec.name))
-    storage_path = storage_path.expanduser().resolve()
-    spec.storage = str(storage_path)
+    _check_schedule(spec, base_cfg, dims)
+    spec.storage = storage_path
+    try:
+        from engine.storage import open_storage
+
+        open_storage(storage_path, spec.storage_options)
+    except ValueError as err:
+        raise SweepSpecError(f"invalid sweep spec:\n  storage = {storage_path!r}: {err}") from None
     return ResolvedSweep(
-        spec, base_raw, storage_path, param_column_names(list(dims)), base_cfg,
+        spec, base_raw, storage_path, param_columns, base_cfg,
         count_trials(dims, spec.num_samples), command,
     )

@@ -434,8 +434,10 @@ def test_engine_run_with_rollbacks_table(tmp_path):
     from engine.results import load_run
     from engine.run import run_experiment
 
-    # lr 2.0 diverges: the guard rolls every round back and the models never move
-    run = load_run(run_experiment(_engine_cfg(tmp_path, "spike", "train.lr=2.0", "rounds=3", "algorithm.k=0.1")))
+    # lr 2.0 diverges: the guard rolls every round back and the models never move (the
+    # engine's own divergence policy is off here so that ASCEND's guard sees the uploads)
+    run = load_run(run_experiment(_engine_cfg(tmp_path, "spike", "train.lr=2.0", "rounds=3", "algorithm.k=0.1",
+                                              "train.on_nonfinite=ignore")))
     rb = run.table("rollbacks")
     assert list(rb.columns[:5]) == ["round", "loss_before", "loss_after", "threshold", "forced_until"]
     assert set(rb["action"]) == {"rolled_back"}  # 3 rounds: the cap (3 in a row) is never reached

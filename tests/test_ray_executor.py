@@ -7,7 +7,8 @@ import pytest
 from engine.config import load_config
 from engine.ray_executor import ExecutorError, plan_pool
 from engine.results import WALL_COLUMNS, load_run
-from engine.run import run_experiment
+from engine.config import ConfigError
+from engine.run import run_experiment, run_in_folder
 
 pytestmark = pytest.mark.ray
 
@@ -74,8 +75,13 @@ def test_one_client_per_actor(tmp_path, local_ray):
 def test_unplaceable_pool_fails_fast_with_clear_message(tmp_path, local_ray):
     cfg = load_config(None, [*TINY, "clients.num_clients=30", "executor.kind=ray",
                              "executor.clients_per_actor=1", "executor.cpus_per_actor=0.1"])
-    with pytest.raises(ExecutorError, match="needs 30 actors"):
+    # refused by validation (against the running Ray's CPUs), before a run folder exists ...
+    with pytest.raises(ConfigError, match="needs 30 actors.*2 CPUs of the running Ray"):
         run_experiment(cfg, tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()
+    # ... and by the executor itself, for a caller that skips validation
+    with pytest.raises(ExecutorError, match="needs 30 actors"):
+        run_in_folder(cfg, tmp_path / "bad")
     assert load_run(tmp_path / "bad").manifest["status"] == "failed"
 
 

@@ -1,10 +1,7 @@
 """Ray Tune sweeps: spec validation (no Ray), results equal to direct runs, failures, resume,
-the Ray executor inside trials, the CLI and a multi-node cluster."""
+the Ray executor inside trials and the CLI (multi-node clusters: test_cluster.py)."""
 import os
 import signal
-import subprocess
-import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -74,7 +71,7 @@ def spec(**kw):
          r"scheduler\.metric = 'accuracy': not a rounds\.parquet column; allowed: round, .*global_acc"),
         ({"metric": "acc"}, r"metric = 'acc': not a rounds\.parquet column"),
         ({"mode": "maximize"}, r"mode = 'maximize': Input should be 'max' or 'min'"),
-        ({"scheduler": "hyperband"}, r"scheduler\.name = 'hyperband': Input should be 'fifo' or 'asha'"),
+        ({"scheduler": "hyperband"}, r"scheduler\.name = 'hyperband': Input should be 'fifo', 'asha' or 'pbt'"),
         ({"scheduler": {"name": "asha", "max_t": 5}}, r"scheduler\.max_t = 5: must be <= the experiment's rounds \(2\)"),
         ({"samples": 3}, r"samples = 3: unknown key; allowed keys: name, base, overrides, space, num_samples"),
         ({"num_samples": 0}, r"num_samples = 0: Input should be greater than or equal to 1"),
@@ -107,7 +104,7 @@ def test_spec_resolution_counts_trials_names_columns_and_reads_yaml_floats(tmp_p
     )
     r = resolve(spec_file)
     assert r.name == "my_sweep"
-    assert r.storage == (Path.cwd() / "sweeps_out" / "my_sweep").resolve()
+    assert r.storage == str((Path.cwd() / "sweeps_out" / "my_sweep").resolve())
     assert r.spec.space["train.lr"] == {"loguniform": [0.001, 0.1]}
     assert r.spec.space["algorithm.mu"] == {"grid": [0, 0.01]}
     assert r.num_trials == 2 * 3
@@ -122,6 +119,8 @@ def test_spec_resolution_counts_trials_names_columns_and_reads_yaml_floats(tmp_p
 def test_example_specs_validate():
     r = resolve(EXAMPLES / "fedavg_lr.yaml")
     assert r.num_trials == 6 and set(r.param_columns.values()) == {"lr", "participation"}
+    r = resolve(EXAMPLES / "fedprox_lr_mu.yaml")
+    assert r.num_trials == 6 and r.param_columns == {"train.lr": "lr", "algorithm.mu": "mu"}
     if "ascend" in ALGORITHMS:
         r = resolve(EXAMPLES / "ascend_eps_gamma.yaml")
         assert r.num_trials == 6
@@ -257,25 +256,48 @@ def test_grid_sweep_writes_parquet_and_matches_direct_runs(tmp_path, local_ray):
 
 @pytest.mark.ray
 def test_a_failing_trial_is_recorded_and_the_others_finish(tmp_path, local_ray, capsys):
-    # `mnist` passes validation but its files are not under dataset.root: it fails at run time.
+    # a client that raises at run time (validation cannot see it coming) fails one trial
+    fleet = {"num_clients": 10, "participation": 1.0, "profiles": {"availability": 1.0, "dropout": 0.0}}
+    spec_file = tmp_path / "fail.yaml"
+    spec_file.write_text(yaml.safe_dump(spec(
+        base={**BASE, "clients": fleet},
+        space={"executor.inject_failure": {"grid": [None, {"round": 1, "client": 3}]}},
+    )))
+    assert main(["sweep", str(spec_file), "--storage", str(tmp_path / "sw"), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "1 finished, 1 error" in out and "client 3 failed in round 1" in out
+    trials = load_sweep(tmp_path / "sw").trials
+    ok, failed = trials[trials["status"] == "finished"], trials[trials["status"] == "error"]
+    assert len(ok) == len(failed) == 1
+    assert (ok["rounds_done"] == 2).all() and (failed["rounds_done"] == 1).all()
+    assert failed["error"].str.contains(
+        "ClientFailure: client 3 failed in round 1: RuntimeError: failure injected").all()
+    # the failed trial's own run folder says so too
+    run = load_run(tmp_path / "sw" / failed["run_dir"].iloc[0])
+    assert run.manifest["status"] == "failed"
+    # retried, it keeps its identity: still one row per configuration, now with 2 attempts
+    assert main(["sweep", "--resume", str(tmp_path / "sw"), "--retry-errored", "-q"]) == 0
+    for again in (load_sweep(tmp_path / "sw"), load_sweep(tmp_path / "sw", refresh=True)):
+        t = again.trials.set_index("trial_id")
+        assert len(t) == 2
+        assert t.loc[failed["trial_id"].iloc[0], "attempts"] == 2
+        assert t.loc[failed["trial_id"].iloc[0], "status"] == "error"
+        assert t.loc[ok["trial_id"].iloc[0], "attempts"] == 1
+        assert t.loc[ok["trial_id"].iloc[0], "status"] == "finished"
+
+
+def test_a_trial_value_the_data_cannot_take_is_refused_before_the_sweep_starts(tmp_path, capsys):
+    # `mnist` is a valid name, but its files are not under dataset.root: the validation pass
+    # (run on every value of the space) finds out before any trial runs
     spec_file = tmp_path / "fail.yaml"
     spec_file.write_text(yaml.safe_dump(spec(
         base={**BASE, "dataset": {"name": "digits", "root": str(tmp_path / "no-data")}},
         space={"dataset.name": {"grid": ["mnist", "digits"]}},
     )))
-    assert main(["sweep", str(spec_file), "--storage", str(tmp_path / "sw"), "-q"]) == 0
-    out = capsys.readouterr().out
-    assert "1 finished, 1 error" in out and "missing 4 file(s)" in out
-    trials = load_sweep(tmp_path / "sw").trials
-    ok, failed = trials[trials["name"] == "digits"], trials[trials["name"] == "mnist"]
-    assert len(ok) == len(failed) == 1
-    assert (ok["status"] == "finished").all() and (ok["rounds_done"] == 2).all()
-    assert (failed["status"] == "error").all() and (failed["rounds_done"] == 0).all()
-    assert failed["error"].str.contains("DatasetNotFoundError: dataset 'mnist': missing 4 file").all()
-    assert failed["error"].str.contains(str(tmp_path / "no-data")).all()
-    # the failed trial's own run folder says so too
-    run = load_run(tmp_path / "sw" / failed["run_dir"].iloc[0])
-    assert run.manifest["status"] == "failed"
+    assert main(["sweep", str(spec_file), "--storage", str(tmp_path / "sw"), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "space.dataset.name.grid" in err and "value 'mnist'" in err and "missing 4 file(s)" in err
+    assert not (tmp_path / "sw").exists()
 
 
 @pytest.mark.ray
@@ -294,6 +316,26 @@ def test_asha_stops_worse_trials_early_and_keeps_their_rounds(tmp_path, local_ra
     assert sweep.rounds.groupby("lr").size().to_dict() == t["rounds_done"].to_dict()
     manifest = sweep.run(stopped["trial_id"].iloc[0]).manifest
     assert manifest["status"] == "stopped" and "stopped by Tune after 1 round" in manifest["error"]
+
+
+@pytest.mark.ray
+def test_asha_compares_the_last_evaluated_value_when_rounds_are_not_all_evaluated(tmp_path, local_ray):
+    from sweeps import run_sweep
+
+    base = {**BASE, "rounds": 4, "algorithm": {"name": "fedavg"}, "evaluation": {"eval_every": 2}}
+    asha = {"name": "asha", "grace_period": 1, "reduction_factor": 2}
+    with pytest.raises(SweepSpecError, match=r"scheduler.grace_period = 1: ASHA's first decision comes after "
+                                             r"1 round\(s\) but the experiment evaluates every 2 rounds"):
+        resolve(spec(base=base, space={"train.lr": {"grid": [0.1]}}, scheduler=asha))
+    # decisions after 2 rounds (an evaluated one): the later, worse trials are stopped there
+    sweep = run_sweep(spec(base=base, space={"train.lr": {"grid": [0.2, 0.003, 0.001]}}, max_concurrent_trials=1,
+                           scheduler={**asha, "grace_period": 2}), storage=tmp_path / "sw", quiet=True)
+    t = sweep.trials.set_index("lr")
+    assert t.loc[0.2, "status"] == "finished" and t.loc[0.2, "rounds_done"] == 4
+    stopped = t[t["status"] == "early_stopped"]
+    assert len(stopped) == 2 and (stopped["rounds_done"] == 2).all()
+    # the unevaluated rounds stay NaN in the results
+    assert sweep.rounds.loc[sweep.rounds["round"] % 2 == 0, "global_acc"].isna().all()
 
 
 class InterruptAfterFirstTrial:
@@ -364,32 +406,27 @@ def test_ray_executor_trials_run_their_actors_in_the_trial_placement_group(tmp_p
         assert run.rounds["global_acc"].tolist() == direct["global_acc"].tolist()
 
 
-@pytest.mark.ray
-@pytest.mark.slow
-def test_sweep_on_a_multi_node_cluster_via_address(tmp_path):
-    """A head and a worker node (1 CPU each); the sweep runs from a separate `hetsim` process."""
-    from ray.cluster_utils import Cluster
+def test_named_dimension_and_column_names(tmp_path):
+    """`named`: a grid over named values (Tune and the tables see the names, the trial applies
+    the values); `columns` renames a hyperparameter column. What-if fleets are built on both."""
+    fleets = {"fast": {"network": {"500mbps": 1.0}}, "slow": {"network": {"5mbps": 1.0}}}
+    r = resolve(spec(space={"clients.profiles": {"named": fleets}, "train.lr": {"grid": [0.05, 0.1]}},
+                     columns={"clients.profiles": "fleet"}))
+    assert r.param_columns == {"clients.profiles": "fleet", "train.lr": "lr"}
+    assert r.num_trials == 4
+    raw = r.trial_raw({"clients.profiles": "slow", "train.lr": 0.1})
+    assert raw["clients"]["profiles"] == fleets["slow"] and raw["train"]["lr"] == 0.1
+    assert load_config(raw).clients.profiles.network == {"5mbps": 1.0}
+    from sweeps.space import tune_param_space
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    try:
-        cluster.add_node(num_cpus=1)
-        cluster.wait_for_nodes()
-        spec_file = tmp_path / "cluster.yaml"
-        spec_file.write_text(yaml.safe_dump(spec()))
-        t0 = time.perf_counter()
-        proc = subprocess.run(
-            [sys.executable, "-m", "hetsim", "sweep", str(spec_file), "--storage",
-             str(tmp_path / "sw"), "--address", cluster.address, "-q"],
-            capture_output=True, text=True, timeout=240,
-            env={**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"},
-        )
-        elapsed = time.perf_counter() - t0
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        trials = load_sweep(tmp_path / "sw").trials
-        assert (trials["status"] == "finished").all()
-        assert trials["node_id"].nunique() == 2, "trials ran on both nodes"
-        sw = yaml.safe_load((tmp_path / "sw" / "sweep.yaml").read_text())
-        assert sw["spec"]["ray"]["address"] == cluster.address
-        print(f"cluster sweep: 4 trials in {elapsed:.1f} s")
-    finally:
-        cluster.shutdown()
+    assert tune_param_space(r.spec.space)["clients.profiles"] == {"grid_search": ["fast", "slow"]}
+    for bad, pattern in [
+        ({"space": {"clients.profiles": {"named": {}}}}, r"named = \{\}: must be a non-empty mapping"),
+        ({"space": {"clients.profiles": {"named": {"a b": {}}}}}, r"name 'a b' must be a string of letters"),
+        ({"space": {"clients.profiles": {"named": {"x": {"availability": 2.0}}}}},
+         r"value \{'availability': 2\.0\} is rejected by the experiment config"),
+        ({"columns": {"train.momentum": "m"}}, r"columns\.train\.momentum: not a key of space"),
+        ({"columns": {"train.lr": "round"}}, r"columns\.train\.lr = 'round': clashes with another column"),
+    ]:
+        with pytest.raises(SweepSpecError, match=pattern):
+            resolve(spec(**bad))

@@ -1,0 +1,589 @@
+"""Where run folders and sweeps live: a local path, a shared filesystem, or any URI pyarrow reads.
+
+Storage follows Ray Tune's model (``RunConfig(storage_path, storage_filesystem)``): a location
+is a pyarrow filesystem plus a path on it.
+
+* ``/data/x`` or ``runs/x`` (relative to the current directory): the local filesystem; on a
+  cluster this is only shared if every node mounts it (NFS) at the same path.
+* ``s3://bucket/prefix``: :class:`pyarrow.fs.S3FileSystem`. Options (``storage_options`` of a
+  sweep, ``output.storage_options`` of a run) are its keyword arguments, e.g.
+  ``{endpoint_override: "http://10.0.0.9:9000", region: us-east-1}`` for an S3-compatible
+  server; credentials come from the standard AWS variables (``AWS_ACCESS_KEY_ID``,
+  ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``, ...) or ``access_key`` / ``secret_key``.
+  Query parameters of the URI (``?endpoint_override=...&scheme=http``) are options too.
+* ``gs://bucket/prefix``: :class:`pyarrow.fs.GcsFileSystem` (options are its arguments);
+  any other URI: :meth:`pyarrow.fs.FileSystem.from_uri`.
+
+Runs are always written on the local disk of the process that runs them; a run whose storage is
+elsewhere is written to a local staging folder and copied there by :class:`DirectoryMirror`
+(new and changed files only). :func:`node_disk_filesystem` makes a local folder of one node
+reachable from every node of a Ray cluster through a small actor on that node (how a sweep with
+a local ``storage`` brings home the results of trials that ran on nodes that do not share it).
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import posixpath
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlparse
+
+import pyarrow.fs as pafs
+
+from engine.callbacks import RunCallback
+from engine.errors import UserError
+
+SECRET_OPTIONS = ("access_key", "secret_key", "session_token")
+MARKER = ".hetsim-storage"  # written by the owner of a local storage: who sees it, shares it
+_BOOL_OPTIONS = ("allow_bucket_creation", "allow_bucket_deletion", "force_virtual_addressing",
+                 "background_writes", "anonymous")
+
+
+class StorageError(UserError, ValueError):
+    """A storage location or option that cannot be used; the message says what to set."""
+
+
+def is_uri(location: str | os.PathLike) -> bool:
+    text = str(location)
+    return "://" in text and not text.startswith("file://")
+
+
+def redact(options: dict[str, Any] | None) -> dict[str, Any]:
+    """Options without credentials (what may be written into a folder)."""
+    return {k: v for k, v in (options or {}).items() if k not in SECRET_OPTIONS}
+
+
+@dataclass
+class Storage:
+    """A folder on a pyarrow filesystem: ``fs`` and ``path`` (without scheme) plus the ``uri``
+    as the user gave it (absolute for local paths)."""
+
+    fs: pafs.FileSystem
+    path: str
+    uri: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------ locations
+    def child(self, *parts: str) -> "Storage":
+        rel = posixpath.join(*parts) if parts else ""
+        return Storage(self.fs, self._join(rel), self.uri.rstrip("/") + ("/" + rel if rel else ""),
+                       self.options)
+
+    def _join(self, rel: str = "") -> str:
+        return posixpath.join(self.path, rel) if rel else self.path
+
+    def local_path(self) -> Path | None:
+        """This folder as a local path, if it is on this process's own disk; else None."""
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            return Path(self.path)
+        handler = getattr(self.fs, "handler", None)
+        if isinstance(handler, NodeDiskHandler) and handler.is_local():
+            return Path(self.path)
+        return None
+
+    @property
+    def is_remote(self) -> bool:
+        return is_uri(self.uri)
+
+    def __str__(self) -> str:
+        return self.uri
+
+    # ------------------------------------------------------------ reading
+    def exists(self, rel: str = "") -> bool:
+        return self.fs.get_file_info(self._join(rel)).type != pafs.FileType.NotFound
+
+    def is_dir(self, rel: str = "") -> bool:
+        return self.fs.get_file_info(self._join(rel)).type == pafs.FileType.Directory
+
+    def read_bytes(self, rel: str) -> bytes:
+        with self.fs.open_input_stream(self._join(rel)) as f:
+            return f.read()
+
+    def read_text(self, rel: str) -> str:
+        return self.read_bytes(rel).decode()
+
+    def read_json(self, rel: str) -> dict[str, Any]:
+        return json.loads(self.read_text(rel))
+
+    def read_parquet(self, rel: str):
+        import pandas as pd
+
+        with self.fs.open_input_file(self._join(rel)) as f:
+            return pd.read_parquet(f)
+
+    def list(self, rel: str = "", dirs: bool | None = None) -> list[str]:
+        """Names in a folder (sorted; [] if missing). ``dirs``: only folders / only files."""
+        infos = self.fs.get_file_info(pafs.FileSelector(self._join(rel), allow_not_found=True))
+        out = []
+        for info in infos:
+            is_dir = info.type == pafs.FileType.Directory
+            if dirs is None or dirs == is_dir:
+                out.append(posixpath.basename(info.path.rstrip("/")))
+        return sorted(out)
+
+    def files(self, rel: str = "") -> list[str]:
+        """Every file under a folder, as paths relative to it."""
+        base = self._join(rel).rstrip("/")
+        infos = self.fs.get_file_info(pafs.FileSelector(base, allow_not_found=True, recursive=True))
+        return sorted(posixpath.relpath(i.path, base) for i in infos if i.type == pafs.FileType.File)
+
+    # ------------------------------------------------------------ writing
+    def makedirs(self, rel: str = "") -> None:
+        self.fs.create_dir(self._join(rel), recursive=True)
+
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        """Write a file whole. Local files are replaced atomically (temp file + rename)."""
+        target = self._join(rel)
+        parent = posixpath.dirname(target)
+        if parent:
+            self.fs.create_dir(parent, recursive=True)
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            tmp = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, target)
+            return
+        with self.fs.open_output_stream(target) as f:  # object stores: a PUT is atomic
+            f.write(data)
+
+    def write_text(self, rel: str, text: str) -> None:
+        self.write_bytes(rel, text.encode())
+
+    def write_parquet(self, rel: str, df) -> None:
+        buf = io.BytesIO()
+        df.to_parquet(buf, index=False)
+        self.write_bytes(rel, buf.getvalue())
+
+    def delete(self, rel: str) -> None:
+        info = self.fs.get_file_info(self._join(rel))
+        if info.type == pafs.FileType.Directory:
+            self.fs.delete_dir(self._join(rel))
+        elif info.type == pafs.FileType.File:
+            self.fs.delete_file(self._join(rel))
+
+    def upload(self, local_dir: str | Path) -> None:
+        """Copy a local folder here (every file; see :class:`DirectoryMirror` for increments)."""
+        DirectoryMirror(local_dir, self).sync()
+
+    def download(self, local_dir: str | Path) -> None:
+        """Copy this folder's files into a local folder."""
+        local_dir = Path(local_dir)
+        for rel in self.files():
+            target = local_dir / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(self.read_bytes(rel))
+
+
+# ---------------------------------------------------------------- opening a location
+
+
+def _filesystem_for(scheme: str, options: dict[str, Any]) -> pafs.FileSystem:
+    try:
+        if scheme in ("s3", "s3a"):
+            return pafs.S3FileSystem(**options)
+        if scheme in ("gs", "gcs"):
+            return pafs.GcsFileSystem(**options)
+    except TypeError as err:  # an option the filesystem does not take
+        name = "S3FileSystem" if scheme in ("s3", "s3a") else "GcsFileSystem"
+        raise StorageError(f"storage options for {scheme}:// (pyarrow.fs.{name}): {err}") from None
+    raise StorageError(f"storage options are only supported for s3:// and gs:// (got {scheme}://)")
+
+
+def _query_options(query: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in parse_qsl(query):
+        out[key] = value.lower() in ("1", "true", "yes") if key in _BOOL_OPTIONS else value
+    return out
+
+
+def _aws_environment() -> dict[str, Any]:
+    """The standard AWS variables of this process as S3FileSystem options.
+
+    pyarrow reads them lazily where the filesystem is used, so a filesystem pickled to another
+    node (a Tune trial) would use *that* node's environment; as options they travel with it.
+    Without credentials here, each node keeps its own default chain (e.g. an instance role).
+    """
+    env = os.environ
+    out: dict[str, Any] = {}
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        out["endpoint_override"] = endpoint
+    # without a region pyarrow may ask AWS where the bucket is (no network on clusters with
+    # private S3-compatible servers); us-east-1 is what such servers accept
+    out["region"] = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1"
+    if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
+        out["access_key"], out["secret_key"] = env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]
+        if env.get("AWS_SESSION_TOKEN"):
+            out["session_token"] = env["AWS_SESSION_TOKEN"]
+    return out
+
+
+def open_storage(location: str | os.PathLike | Storage, options: dict[str, Any] | None = None) -> Storage:
+    """A :class:`Storage` for a local path or a URI (see the module docstring)."""
+    if isinstance(location, Storage):
+        return location
+    text = str(location)
+    options = dict(options or {})
+    if not is_uri(text):
+        if options:
+            raise StorageError(
+                f"storage options {sorted(options)} apply to URIs (s3://, gs://), not to the local "
+                f"path {text!r}")
+        if text.startswith("file://"):
+            text = text[len("file://"):]
+        path = Path(text).expanduser().resolve()
+        return Storage(pafs.LocalFileSystem(), path.as_posix(), str(path))
+    parsed = urlparse(text)
+    scheme = parsed.scheme.lower()
+    if scheme in ("s3", "s3a", "gs", "gcs"):
+        if not parsed.netloc:
+            raise StorageError(f"storage {text!r}: the URI has no bucket ({scheme}://BUCKET/prefix)")
+        opts = {**_query_options(parsed.query), **options}
+        if scheme in ("s3", "s3a"):
+            opts = {**_aws_environment(), **opts}
+        fs = _filesystem_for(scheme, opts)
+        path = (parsed.netloc + parsed.path).rstrip("/")
+        uri = f"{scheme}://{path}"
+        return Storage(fs, path, uri, opts)
+    if options:
+        _filesystem_for(scheme, options)  # raises: options unsupported for this scheme
+    try:
+        fs, path = pafs.FileSystem.from_uri(text)
+    except Exception as err:  # pyarrow raises ArrowInvalid / OSError for unknown schemes
+        raise StorageError(f"storage {text!r}: pyarrow cannot open this URI: {err}") from None
+    return Storage(fs, path.rstrip("/"), text.rstrip("/"), {})
+
+
+def check_writable(storage: Storage) -> None:
+    """Create the folder and write/read/delete a probe file: fail early with a clear message."""
+    probe = f".hetsim-probe-{uuid.uuid4().hex[:8]}"
+    try:
+        storage.makedirs()
+        storage.write_bytes(probe, b"ok")
+        ok = storage.read_bytes(probe) == b"ok"
+        storage.delete(probe)
+    except Exception as err:
+        raise StorageError(
+            f"storage {storage.uri}: cannot write there ({type(err).__name__}: {err}); check the "
+            "path, the bucket, the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) and "
+            "endpoint options") from None
+    if not ok:
+        raise StorageError(f"storage {storage.uri}: a file written there reads back differently")
+
+
+# ---------------------------------------------------------------- mirroring a local folder
+
+
+class DirectoryMirror:
+    """Keeps ``remote`` a copy of the local folder ``local_dir``.
+
+    :meth:`sync` uploads files that are new or changed (size or mtime) since the last sync and
+    deletes remote files that were removed locally (e.g. a run's ``_parts/`` once compacted).
+    ``manifest.json`` and ``trial.json`` go last, so a reader never sees a status that is newer
+    than the tables. The first sync also removes remote files that do not exist locally (left
+    by an earlier attempt).
+    """
+
+    LAST = ("manifest.json", "trial.json")
+
+    def __init__(self, local_dir: str | Path, remote: Storage):
+        self.local_dir = Path(local_dir)
+        self.remote = remote
+        self._sent: dict[str, tuple[int, int]] | None = None
+
+    def _local_files(self) -> dict[str, tuple[int, int]]:
+        out = {}
+        if not self.local_dir.exists():
+            return out
+        for root, _, names in os.walk(self.local_dir):
+            for name in names:
+                if ".tmp" in name:  # a file being written atomically (temp + rename)
+                    continue
+                p = Path(root) / name
+                try:
+                    st = p.stat()
+                except FileNotFoundError:
+                    continue
+                out[p.relative_to(self.local_dir).as_posix()] = (st.st_size, st.st_mtime_ns)
+        return out
+
+    def sync(self) -> int:
+        """Upload what changed; returns the number of files uploaded."""
+        if self._sent is None:
+            self._sent = {rel: (-1, -1) for rel in self.remote.files()}
+        now = self._local_files()
+        changed = [rel for rel, stamp in now.items() if self._sent.get(rel) != stamp]
+        changed.sort(key=lambda rel: (posixpath.basename(rel) in self.LAST, rel))
+        for rel in changed:
+            try:
+                data = (self.local_dir / rel).read_bytes()
+            except FileNotFoundError:  # removed while we were syncing: next time
+                continue
+            self.remote.write_bytes(rel, data)
+            self._sent[rel] = now[rel]
+        gone = [rel for rel in self._sent if rel not in now]
+        for rel in gone:
+            self.remote.delete(rel)
+            del self._sent[rel]
+        folders = set()
+        for rel in gone:  # every folder above a deleted file that no longer exists locally
+            folder = posixpath.dirname(rel)
+            while folder and not (self.local_dir / folder).exists():
+                folders.add(folder)
+                folder = posixpath.dirname(folder)
+        for folder in sorted(folders, key=len, reverse=True):
+            self.remote.delete(folder)
+        return len(changed)
+
+
+class MirrorCallback(RunCallback):
+    """A round-loop callback that syncs a :class:`DirectoryMirror` at most every ``every_s``
+    seconds (0: after every round) and after rounds that wrote a checkpoint."""
+
+    def __init__(self, mirror: DirectoryMirror, every_s: float = 0.0):
+        self.mirror = mirror
+        self.every_s = every_s
+        self._last = time.monotonic()
+        self._checkpoints = 0
+
+    def on_round_end(self, run, record) -> None:
+        checkpoints = self.mirror.local_dir / "checkpoints"
+        count = sum(1 for _ in checkpoints.iterdir()) if checkpoints.is_dir() else 0
+        if time.monotonic() - self._last >= self.every_s or count != self._checkpoints:
+            self.mirror.sync()
+            self._last, self._checkpoints = time.monotonic(), count
+
+
+# ---------------------------------------------------------------- one node's disk, from any node
+
+
+class NodeDiskHandler(pafs.FileSystemHandler):
+    """A pyarrow filesystem handler for the local disk of one Ray node (the owner).
+
+    On the owner, and on any node that sees the same folder (a shared mount: the owner's marker
+    file is there with the same token), operations go straight to the local filesystem; on the
+    others they go through the owner's :func:`_node_disk_actor`. Pickles to its few fields, so
+    it can travel inside Tune's storage context to every trial.
+    """
+
+    def __init__(self, actor_name: str, namespace: str, root: str, token: str):
+        self.actor_name, self.namespace, self.root, self.token = actor_name, namespace, root, token
+        self._local: bool | None = None
+        self._actor = None
+
+    def __reduce__(self):
+        return (NodeDiskHandler, (self.actor_name, self.namespace, self.root, self.token))
+
+    def is_local(self) -> bool:
+        if self._local is None:
+            try:
+                self._local = (Path(self.root) / MARKER).read_text().strip() == self.token
+            except OSError:
+                self._local = False
+        return self._local
+
+    def _call(self, name: str, *args):
+        if self.is_local():
+            return getattr(_LOCAL_OPS, name)(*args)
+        import ray
+
+        if self._actor is None:
+            self._actor = ray.get_actor(self.actor_name, namespace=self.namespace)
+        return ray.get(getattr(self._actor, name).remote(*args))
+
+    # the FileSystemHandler interface
+    def get_type_name(self):
+        return "hetsim-node-disk"
+
+    def normalize_path(self, path):
+        return path
+
+    def equals(self, other):
+        return isinstance(other, NodeDiskHandler) and (other.actor_name, other.root) == (self.actor_name, self.root)
+
+    def get_file_info(self, paths):
+        return [pafs.FileInfo(p, pafs.FileType(t), size=s, mtime_ns=m)
+                for p, (t, s, m) in zip(paths, self._call("file_info", list(paths)))]
+
+    def get_file_info_selector(self, selector):
+        rows = self._call("file_info_selector", selector.base_dir, selector.allow_not_found,
+                          selector.recursive)
+        return [pafs.FileInfo(p, pafs.FileType(t), size=s, mtime_ns=m) for p, t, s, m in rows]
+
+    def create_dir(self, path, recursive):
+        self._call("create_dir", path, recursive)
+
+    def delete_dir(self, path):
+        self._call("delete_dir", path)
+
+    def delete_dir_contents(self, path, missing_dir_ok=False):
+        self._call("delete_dir_contents", path, missing_dir_ok)
+
+    def delete_root_dir_contents(self):
+        raise OSError("refusing to delete the contents of the root folder")
+
+    def delete_file(self, path):
+        self._call("delete_file", path)
+
+    def move(self, src, dest):
+        self._call("move", src, dest)
+
+    def copy_file(self, src, dest):
+        self._call("copy_file", src, dest)
+
+    def open_input_stream(self, path):
+        import pyarrow as pa
+
+        return pa.BufferReader(self._call("read", path))
+
+    def open_input_file(self, path):
+        return self.open_input_stream(path)
+
+    def open_output_stream(self, path, metadata):
+        import pyarrow as pa
+
+        return pa.PythonFile(_UploadOnClose(self, path, append=False), mode="w")
+
+    def open_append_stream(self, path, metadata):
+        import pyarrow as pa
+
+        return pa.PythonFile(_UploadOnClose(self, path, append=True), mode="w")
+
+
+class _UploadOnClose(io.RawIOBase):
+    """A writable file whose bytes are written at the owner when it is closed."""
+
+    def __init__(self, handler: NodeDiskHandler, path: str, append: bool):
+        self.handler, self.path, self.append = handler, path, append
+        self.buf = io.BytesIO()
+
+    def writable(self):
+        return True
+
+    def write(self, data):
+        return self.buf.write(data)
+
+    def close(self):
+        if not self.closed:
+            self.handler._call("write", self.path, self.buf.getvalue(), self.append)
+        super().close()
+
+
+class _LocalOps:
+    """The operations a :class:`NodeDiskHandler` needs, on this process's local disk."""
+
+    fs = pafs.LocalFileSystem()
+
+    def file_info(self, paths):
+        return [(int(i.type), i.size, i.mtime_ns) for i in self.fs.get_file_info(paths)]
+
+    def file_info_selector(self, base_dir, allow_not_found, recursive):
+        sel = pafs.FileSelector(base_dir, allow_not_found=allow_not_found, recursive=recursive)
+        return [(i.path, int(i.type), i.size, i.mtime_ns) for i in self.fs.get_file_info(sel)]
+
+    def create_dir(self, path, recursive):
+        self.fs.create_dir(path, recursive=recursive)
+
+    def delete_dir(self, path):
+        self.fs.delete_dir(path)
+
+    def delete_dir_contents(self, path, missing_dir_ok):
+        self.fs.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
+
+    def delete_file(self, path):
+        self.fs.delete_file(path)
+
+    def move(self, src, dest):
+        self.fs.move(src, dest)
+
+    def copy_file(self, src, dest):
+        self.fs.copy_file(src, dest)
+
+    def read(self, path) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+
+    def write(self, path, data: bytes, append: bool) -> None:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        if append:
+            with open(path, "ab") as f:
+                f.write(data)
+            return
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+
+
+_LOCAL_OPS = _LocalOps()
+
+
+def _node_disk_actor_class():
+    import ray
+
+    @ray.remote(num_cpus=0, max_concurrency=8, max_restarts=0)
+    class NodeDisk(_LocalOps):
+        def ready(self) -> str:
+            return ray.get_runtime_context().get_node_id()
+
+    return NodeDisk
+
+
+def node_disk_filesystem(root: str | Path, namespace: str = "hetsim") -> pafs.PyFileSystem:
+    """A pyarrow filesystem for the local folder ``root`` of this node, usable from every node
+    of the Ray cluster (call it in the Ray driver; the actor lives as long as the driver).
+
+    Writes ``<root>/.hetsim-storage`` with a fresh token: nodes that find it with that token
+    share the folder and write directly, the others go through an actor pinned to this node.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    root = Path(root).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    token = uuid.uuid4().hex
+    (root / MARKER).write_text(token + "\n")
+    name = f"hetsim-storage-{token[:16]}"
+    here = ray.get_runtime_context().get_node_id()
+    actor = _node_disk_actor_class().options(
+        name=name, namespace=namespace,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote()
+    ray.get(actor.ready.remote())
+    _KEEP_ALIVE[name] = actor  # the handle keeps the (non-detached) actor alive
+    return pafs.PyFileSystem(NodeDiskHandler(name, namespace, root.as_posix(), token))
+
+
+_KEEP_ALIVE: dict[str, Any] = {}
+
+
+def nodes_sharing(root: str | Path, timeout_s: float = 60.0) -> dict[str, bool]:
+    """For every alive Ray node: does it see ``<root>/.hetsim-storage`` as this node wrote it?
+
+    Runs one tiny task per node (0 CPUs). Returns ``{node_ip (node id prefix): shared}``.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    marker = (Path(root) / MARKER).read_text()
+
+    @ray.remote(num_cpus=0, max_retries=0)
+    def _sees(path: str, expected: str) -> bool:
+        try:
+            return Path(path).read_text() == expected
+        except OSError:
+            return False
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    refs = {
+        f"{n['NodeManagerAddress']} ({n['NodeID'][:8]})": _sees.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+        ).remote(str(Path(root) / MARKER), marker)
+        for n in nodes
+    }
+    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+    return {name: (ref in ready and bool(ray.get(ref))) for name, ref in refs.items()}

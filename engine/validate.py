@@ -1,0 +1,343 @@
+"""One validation pass: everything a run would later trip on, checked before any folder is written.
+
+:func:`engine.config.load_config` checks each field on its own (types, ranges, unknown keys,
+YAML pitfalls). :func:`validate_experiment` checks what needs several fields or the data: it
+loads the dataset (sizes, shapes, classes; cached for the run that follows), partitions it,
+assigns profiles and architectures, builds every model and the method's server, exactly as the
+run will, but trains nothing. ``hetsim validate``, ``hetsim run`` (through
+:func:`engine.run.run_experiment`) and the sweep spec check (:mod:`sweeps.spec`) all call it.
+
+Every problem is one line ``<yaml field> = <value>: <what is wrong>; <what is allowed>``; all the
+problems of a stage are reported together in one :class:`~engine.errors.ConfigError`.
+Experiments that can run but hardly mean anything (a few samples per client, a failure injected
+into a client that is never selected, ...) give warnings, which the run prints and records in
+``manifest.json``. The rule families are listed in ``docs/validation.md``.
+
+Not here: per-field rules (:mod:`engine.config`), divergence during a run (``train.on_nonfinite``
+in :mod:`engine.simulation`).
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.config import ExperimentConfig
+from engine.errors import ConfigError
+
+HEADER = "invalid experiment config:\n"
+FEW_SAMPLES = 10  # mean local training samples per client below which a run is mostly noise
+
+
+def _fail(problems: list[str]) -> None:
+    if problems:
+        raise ConfigError(HEADER + "\n".join(problems))
+
+
+def validate_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None) -> list[str]:
+    """Raise :class:`ConfigError` listing what would make ``cfg`` fail or mean nothing; return
+    the warnings (runs that can be made but are probably not what was meant)."""
+    warnings: list[str] = []
+    _fail(_static_problems(cfg, run_dir))
+    data = _build_data(cfg)
+    profiles = _build_profiles(cfg, data.num_clients)
+    arch_names, client_arch, flops, sizes = _build_models(cfg, data, profiles)
+    n = data.num_clients
+    problems = _method_problems(cfg, sizes)
+    problems += _pool_problems(cfg, n)
+    problems += _fleet_problems(cfg, data, profiles, arch_names, client_arch, flops, warnings)
+    problems += _failure_injection_problems(cfg, n, profiles, warnings)
+    if cfg.evaluation.global_model and len(data.global_test_idx) == 0:
+        problems.append(f"  partition.global_test_fraction = {cfg.partition.global_test_fraction!r}: "
+                        "leaves no global test samples; raise it, or set evaluation.global_model: false")
+    _fail(problems)
+    _build_server(cfg, data)
+    train = data.client_num_train()
+    if train.mean() < FEW_SAMPLES:
+        warnings.append(
+            f"clients hold {train.mean():.1f} local training samples on average (min {train.min()}, "
+            f"max {train.max()}) after partition.public_fraction={cfg.partition.public_fraction}, "
+            f"partition.global_test_fraction and partition.test_fraction={cfg.partition.test_fraction}: "
+            "results will be mostly noise; use fewer clients or smaller held-out fractions")
+    return warnings
+
+
+# ---------------------------------------------------------------- without data
+
+
+def _static_problems(cfg: ExperimentConfig, run_dir) -> list[str]:
+    problems = []
+    if cfg.executor.kind == "ray" and cfg.ray.address is not None:
+        from engine.ray_executor import RayConnectError, check_reachable, resolve_address
+
+        try:  # at most ray.connect_timeout_s; a run would otherwise fail after creating its folder
+            check_reachable(resolve_address(cfg.ray.address), cfg.ray.connect_timeout_s,
+                            cfg.ray.address)
+        except RayConnectError as err:  # its message names ray.address
+            problems.append(f"  {err}")
+    if cfg.ray.address is not None and cfg.ray.num_cpus is not None:
+        problems.append(f"  ray.num_cpus = {cfg.ray.num_cpus}: sizes a local Ray only, but ray.address "
+                        f"= {cfg.ray.address!r} joins a cluster; remove one of them")
+    problems += _params_problems(cfg)
+    fault = cfg.executor.inject_failure
+    if fault is not None and fault.round >= cfg.rounds:
+        problems.append(f"  executor.inject_failure.round = {fault.round}: the run has rounds "
+                        f"0..{cfg.rounds - 1} (rounds = {cfg.rounds})")
+    if run_dir is None:
+        problem = folder_problem(cfg.output.dir, "output.dir")
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def folder_problem(path: str | Path, field: str) -> str | None:
+    """Why a run folder cannot be created under ``path`` (None if it can)."""
+    p = Path(path)
+    probe = p
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        return (f"  {field} = {str(path)!r}: {str(probe)!r} is a file, not a folder; "
+                "give a folder path")
+    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
+        return (f"  {field} = {str(path)!r}: the folder {str(probe)!r} is not writable by this "
+                "user; give a writable folder")
+    return None
+
+
+def _signature_params(fn, skip: tuple[str, ...]) -> list[str] | None:
+    """Keyword parameters ``fn`` accepts (None: any, it takes ``**kwargs``)."""
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return [p.name for p in params if p.name not in skip and p.name != "self"]
+
+
+def _unknown_keys(given: dict, allowed: list[str] | None, field: str, owner: str) -> list[str]:
+    if allowed is None:
+        return []
+    return [f"  {field}.{key} = {value!r}: unknown parameter of {owner}; allowed: "
+            f"{', '.join(allowed) or 'none'}" for key, value in given.items() if key not in allowed]
+
+
+def _params_problems(cfg: ExperimentConfig) -> list[str]:
+    from engine.datasets import _COMMON_ARGS, DATASETS
+    from engine.models import MODELS
+
+    m = cfg.model
+    problems = _unknown_keys(
+        cfg.dataset.params, _signature_params(DATASETS[cfg.dataset.name], _COMMON_ARGS),
+        "dataset.params", f"dataset {cfg.dataset.name!r}")
+    model_args = ("input_shape", "num_classes")
+    problems += _unknown_keys(m.params, _signature_params(MODELS[m.name], model_args),
+                              "model.params", f"model {m.name!r}")
+    used = {m.name, *(r.arch for r in m.zoo), *m.per_client.values()}
+    for arch, params in m.arch_params.items():
+        if arch not in used:
+            problems.append(f"  model.arch_params.{arch} = {params!r}: {arch!r} is not an architecture "
+                            f"of this run; used: {', '.join(sorted(used))}")
+        elif arch in MODELS:
+            problems += _unknown_keys(params, _signature_params(MODELS[arch], model_args),
+                                      f"model.arch_params.{arch}", f"model {arch!r}")
+    return problems
+
+
+# ---------------------------------------------------------------- data, profiles, models
+
+
+def _build_data(cfg: ExperimentConfig):
+    from engine.datasets import DatasetNotFoundError
+    from engine.simulation import build_data
+
+    p = cfg.partition
+    try:
+        return build_data(cfg)
+    except DatasetNotFoundError as err:
+        raise ConfigError(f"{HEADER}  dataset.name = {cfg.dataset.name!r}: {err}") from None
+    except (ValueError, TypeError) as err:
+        text = str(err)
+        if "partition" in text or "split" in text or "natural" in text or "num_clients" in text:
+            where = (f"partition.scheme = {p.scheme!r} with clients.num_clients = "
+                     f"{cfg.clients.num_clients}")
+        else:
+            where = f"dataset {cfg.dataset.name!r} (dataset.params = {cfg.dataset.params!r})"
+        raise ConfigError(f"{HEADER}  {where}: {text}") from None
+
+
+def _build_profiles(cfg: ExperimentConfig, n: int):
+    from hardware_profiles.profile import RANGE_HINT
+    from hardware_profiles.sampler import assign_profiles
+
+    try:
+        return assign_profiles(cfg.clients.profiles, n, seed=cfg.seed)
+    except (ValueError, KeyError, OSError) as err:
+        text = str(err).replace(RANGE_HINT, "set clients.profiles.allow_out_of_range: true to "
+                                "permit bandwidths outside the catalog range")
+        raise ConfigError(f"{HEADER}  clients.profiles: {text}") from None
+
+
+def _build_models(cfg: ExperimentConfig, data, profiles):
+    """Architectures per client, then every model built and its training FLOPs counted (which
+    runs one forward and backward pass: a model that does not fit the data fails here)."""
+    from algorithms.training import num_params
+    from engine.models import training_flops_per_sample
+    from engine.runtime import arch_spec, build_arch_model
+    from engine.simulation import assign_architectures
+
+    try:
+        arch_names, client_arch = assign_architectures(cfg, profiles)
+    except ValueError as err:
+        text = str(err).removeprefix("model.per_client: ")
+        raise ConfigError(f"{HEADER}  model.per_client = {cfg.model.per_client!r}: {text} "
+                          f"(clients.num_clients = {data.num_clients})") from None
+    flops, sizes, problems = {}, {}, []
+    for arch in arch_names:
+        name, params = arch_spec(cfg, arch)
+        field = "model.name" if arch in ("", cfg.model.name) else f"model architecture {arch!r}"
+        try:
+            model = build_arch_model(cfg, arch, data.input_shape, data.num_classes)
+            flops[arch] = float(training_flops_per_sample(
+                name, data.input_shape, data.num_classes, **params))
+            sizes[arch] = num_params(model)
+        except (ValueError, RuntimeError, TypeError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            problems.append(
+                f"  {field} = {name!r} (params {params!r}): cannot be built for dataset "
+                f"{cfg.dataset.name!r} (input shape {data.input_shape}, {data.num_classes} "
+                f"classes): {first}")
+    _fail(problems)
+    return arch_names, client_arch, flops, sizes
+
+
+def _build_server(cfg: ExperimentConfig, data) -> None:
+    """The method's server, built as the run builds it (ASCEND needs a public split, ...)."""
+    from engine.executor import InProcessExecutor
+    from engine.simulation import Simulation
+
+    try:
+        Simulation(cfg, InProcessExecutor(), data=data)
+    except (ValueError, RuntimeError, TypeError) as err:
+        raise ConfigError(f"{HEADER}  algorithm.name = {cfg.algorithm.name!r}: {err}") from None
+
+
+# ---------------------------------------------------------------- cross-field rules
+
+
+def _method_problems(cfg: ExperimentConfig, sizes: dict[str, int]) -> list[str]:
+    """Sizes a method's options refer to: K coordinates, packs of the model."""
+    from algorithms.params import k_allowed  # the words of check_k, which validated k's type and range
+
+    a = cfg.algorithm
+    smallest_arch = min(sizes, key=sizes.get)
+    d = sizes[smallest_arch]
+    which = f"{d:,} parameters" + (f" (architecture {smallest_arch!r})" if smallest_arch else "")
+    problems = []
+    if a.name in ("fedavg_compressed", "ascend") and isinstance(a.k, int) and a.k > d and not a.clamp_k:
+        problems.append(f"  algorithm.k = {a.k}: more coordinates than the model has ({which}); "
+                        f"give k <= {d} (k is {k_allowed('coordinates')}), or algorithm.clamp_k: true")
+    if a.name == "fedcspack":
+        if a.pack_size > d:
+            problems.append(f"  algorithm.pack_size = {a.pack_size}: larger than the model ({which}), "
+                            f"so it would be one pack; give pack_size <= {d}")
+        else:
+            packs = math.ceil(d / a.pack_size)
+            if isinstance(a.k, int) and a.k > packs:
+                allowed = k_allowed("packs", allow_all=True, one_is_ambiguous=True)
+                problems.append(f"  algorithm.k = {a.k}: more packs than the model has ({packs} packs "
+                                f"of {a.pack_size} for {which}); give k <= {packs} (k is {allowed})")
+    return problems
+
+
+def _pool_problems(cfg: ExperimentConfig, n: int) -> list[str]:
+    """A Ray pool larger than a local Ray (a cluster's free CPUs are checked when it starts)."""
+    ex = cfg.executor
+    if ex.kind != "ray" or cfg.ray.address is not None:
+        return []
+    from engine.ray_executor import PoolSizeError, plan_pool
+
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():  # the run will use this Ray (init_ray)
+        cpus, source = ray.cluster_resources().get("CPU", 0.0), "the running Ray"
+    else:
+        cpus = cfg.ray.num_cpus or os.cpu_count() or 1
+        source = "ray.num_cpus" if cfg.ray.num_cpus else "this machine's CPU count"
+    try:
+        plan_pool(n, cpus, ex.cpus_per_actor, ex.num_actors, ex.clients_per_actor)
+    except PoolSizeError as err:
+        return [f"  {err} ({cpus:g} CPUs of {source})"]
+    return []
+
+
+def _fleet_problems(cfg, data, profiles, arch_names, client_arch, flops, warnings) -> list[str]:
+    """Fleets in which no selected client can ever arrive."""
+    policy, n = cfg.clock, data.num_clients
+    can = np.ones(n, dtype=bool)
+    reasons = []
+    if policy.apply_availability:
+        never_online = profiles.availability <= 0
+        can &= ~never_online
+        if never_online.all():
+            reasons.append("availability is 0 for every client")
+    if policy.apply_dropout:
+        always_drops = profiles.dropout >= 1
+        can &= ~always_drops
+        if always_drops.all():
+            reasons.append("dropout is 1 for every client")
+    if not can.any():
+        why = "; ".join(reasons) or "every client has availability 0 or dropout 1"
+        return [f"  clients.profiles: no client can ever arrive ({why}); give some clients "
+                "availability > 0 and dropout < 1, or set clock.apply_availability / "
+                "clock.apply_dropout: false"]
+    # Lower bound of a client's round: two latencies (download, upload) and, unless compute is
+    # measured, its training FLOPs; transfers and compression only add to it.
+    fastest = 2 * profiles.latency_s
+    if policy.mode != "measured":
+        per_sample = np.asarray([flops[a] for a in arch_names])[client_arch]
+        samples = data.client_num_train() * cfg.train.local_epochs
+        fastest = fastest + per_sample * samples / (profiles.gflops * 1e9)
+    if policy.mode == "realtime" and "max_sleep_s" not in policy.model_fields_set:
+        # (a max_sleep_s given on purpose caps the sleeps; the default one must not hide a typo)
+        least = float(np.min(np.where(can, fastest, np.inf))) * policy.time_scale
+        if least > policy.max_sleep_s:
+            return [f"  clock.time_scale = {policy.time_scale!r}: every round would sleep at least "
+                    f"{least:.3g} s in realtime mode, more than clock.max_sleep_s = "
+                    f"{policy.max_sleep_s:g}; lower time_scale, or set clock.max_sleep_s to cap "
+                    "each round's sleep"]
+    if policy.deadline_s is None:
+        return []
+    meets = can & (fastest <= policy.deadline_s)
+    if not meets.any():
+        best = int(np.argmin(np.where(can, fastest, np.inf)))
+        return [f"  clock.deadline_s = {policy.deadline_s!r}: no client can finish a round in time; "
+                f"the fastest (client {best}) needs at least {fastest[best]:.3g} s; give "
+                f"deadline_s >= {fastest[best]:.3g} or null"]
+    target = max(1, int(round(cfg.clients.participation * n)))
+    if meets.sum() < target:
+        warnings.append(
+            f"clock.deadline_s = {policy.deadline_s!r}: only {int(meets.sum())} of {n} clients can "
+            f"ever meet it, fewer than the {target} a round aims for")
+    return []
+
+
+def _failure_injection_problems(cfg, n: int, profiles, warnings) -> list[str]:
+    fault = cfg.executor.inject_failure
+    if fault is None:
+        return []
+    if fault.client >= n:
+        return [f"  executor.inject_failure.client = {fault.client}: no such client; client ids "
+                f"are 0..{n - 1} (clients.num_clients = {n})"]
+    from engine.simulation import select_clients
+
+    selected, _ = select_clients(cfg, n, fault.round)
+    if fault.client not in set(selected.tolist()):
+        warnings.append(
+            f"executor.inject_failure: client {fault.client} is not selected in round {fault.round}, "
+            "so no failure will be injected")
+    return []

@@ -1,0 +1,71 @@
+"""``hetsim whatif``: one experiment once per fleet (sweeps.whatif), then the compare report.
+
+    hetsim whatif -c exp.yaml --fleet fast=fast.yaml --fleet slow=slow.yaml [--set KEY=VALUE ...]
+    hetsim whatif whatif.yaml          # base, overrides, fleets, target, storage in one file
+
+Writes the sweep folder (``trials.parquet`` / ``rounds.parquet`` with a ``fleet`` column, one run
+folder per fleet) and ``compare.html`` in it; prints the compare table and whether accuracy and
+arrivals are the same in every fleet.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+COMPARE_FILE = "compare.html"
+
+
+def run_whatif_command(args) -> int:
+    from sweeps import whatif
+
+    spec, fleets, spec_dir = None, {}, None
+    if args.spec:
+        spec, fleets, spec_dir = whatif.load_whatif_file(args.spec)
+    for item in args.fleets:
+        name, profiles = whatif.parse_fleet_arg(item)
+        if name in fleets:
+            raise whatif.SweepSpecError(f"invalid what-if:\n  --fleet {item}: fleet {name!r} is given twice")
+        fleets[name] = profiles
+    base = whatif.base_experiment(args.config, None) if args.config else \
+        whatif.base_experiment(spec.base if spec else None, spec_dir)
+    name = (spec.name if spec else None) or (Path(args.config).stem + "-whatif" if args.config else "whatif")
+    overrides = [*(spec.overrides if spec else []), *args.overrides]
+    target = args.target if args.target is not None else (spec.target if spec else None)
+    metric = spec.metric if spec else "global_acc"
+    storage = args.storage or (spec.storage if spec else None)
+    extra = {}
+    if spec:
+        extra = {"max_concurrent_trials": spec.max_concurrent_trials,
+                 "resources_per_trial": spec.resources_per_trial.model_dump(exclude_none=True),
+                 "ray": spec.ray.model_dump()}
+    sweep = whatif.run_whatif(base, fleets, name=name, overrides=overrides, storage=storage,
+                              address=args.address, quiet=args.quiet, command=sys.argv,
+                              metric=metric, **extra)
+    return report_whatif(sweep, metric, target)
+
+
+def report_whatif(sweep, metric: str = "global_acc", target: float | None = None) -> int:
+    """Print the compare table and the fleets' differences; write compare.html in the folder."""
+    from hetsim.compare import compare_page, load_entries, text_table
+    from sweeps import whatif
+
+    errors = sweep.trials[sweep.trials["status"] == "error"]
+    for _, row in errors.iterrows():
+        print(f"fleet {row[whatif.FLEET_COLUMN]}: error: {row['error']}", file=sys.stderr)
+    entries = load_entries([sweep.path])
+    if not entries:
+        print("hetsim whatif: no fleet finished a round", file=sys.stderr)
+        return 1
+    page, table, target = compare_page(entries, metric, target, title=f"hetsim whatif: {sweep.path.name}")
+    print(text_table(table, metric, target))
+    for d in whatif.fleet_differences(sweep):
+        acc = "the same accuracy" if d["same_accuracy"] else f"different accuracy from round {d['first_round_acc']}"
+        arr = "the same arrivals" if d["same_arrivals"] else f"different arrivals from round {d['first_round_arrivals']}"
+        print(f"{d['fleet']} vs {d['reference']}: {acc}, {arr}")
+    out = page.write(Path(sweep.path) / COMPARE_FILE)
+    print(f"\nresults: {sweep.path}  (trials.parquet, rounds.parquet with a `fleet` column)")
+    print(f"report: {out}")
+    if not sweep.complete:
+        print(f"interrupted: continue with `hetsim sweep --resume {sweep.path}`", file=sys.stderr)
+        return 130
+    return 1 if len(errors) == len(sweep.trials) else 0

@@ -1,0 +1,316 @@
+"""Checkpoints and resume (in-process executor): bit-identical continuation for every method,
+the run folder's checkpoints, config checks on resume, and real kills of `hetsim run`."""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from algorithms import ALGORITHMS
+from engine.callbacks import RunCallback, Stop
+from engine.checkpoint import CheckpointError, list_checkpoints, restore_checkpoint, write_checkpoint
+from engine.config import ConfigError, load_config
+from engine.results import WALL_COLUMNS, RunWriter, load_run, read_table
+from engine.run import RunStateError, make_executor, resume_run, run_experiment
+from engine.simulation import Simulation
+from hetsim.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = [
+    "dataset.name=digits", "model.name=mlp", "clients.num_clients=8", "clients.participation=0.5",
+    "clients.profiles={devices: {rpi4: 0.5, laptop_cpu: 0.5}, network: {5mbps: 0.5, 500mbps: 0.5}}",
+    "partition.public_fraction=0.1",
+    "clock.over_selection=1.5",  # over-selected clients are dropped: exercises on_dropped state
+]
+# every method with the options whose state differs; the ASCEND ones close rewards, roll back
+METHODS = {
+    "fedavg": ["algorithm={name: fedavg}"],
+    "fedprox": ["algorithm={name: fedprox, mu: 0.1}"],
+    "fedavg_compressed-topk": ["algorithm={name: fedavg_compressed, compressor: topk, k: 0.1}"],
+    "fedavg_compressed-randomk-local": [
+        "algorithm={name: fedavg_compressed, compressor: randomk, k: 0.1, buffers: local}"],
+    "fedavg_compressed-periodick": ["algorithm={name: fedavg_compressed, compressor: periodick, k: 0.1}"],
+    "fedavg_compressed-qsgd8": ["algorithm={name: fedavg_compressed, compressor: qsgd8}"],
+    "fedcspack-own_mask": ["algorithm={name: fedcspack, pack_size: 64, personalization: own_mask}"],
+    "fedcspack-global_mask": ["algorithm={name: fedcspack, pack_size: 64, personalization: global_mask, k: 0.5}"],
+    "ascend-egreedy": ["algorithm={name: ascend, k: 0.1, warmup: 1, distill_steps: 3, gamma: 0.0, distill_lr: 0.05}",
+                       "train.lr=1.0"],  # rolls back in rounds 1, 2 and 4
+    "ascend-exp3": ["algorithm={name: ascend, k: 0.1, policy: exp3, distill_steps: 3}"],
+    # reward v2 (the default above) with the qsgd8 arm; reward v1 (the architecture's D history)
+    "ascend-qsgd8": ["algorithm={name: ascend, k: 0.1, warmup: 1, distill_steps: 3, "
+                     "arms: [topk, randomk, periodick, qsgd8]}"],
+    "ascend-v1": ["algorithm={name: ascend, k: 0.1, warmup: 1, distill_steps: 3, reward: v1, gamma: 0.0, "
+                  "distill_lr: 0.05}", "train.lr=1.0"],
+}
+
+
+def cfg_of(*extra):
+    return load_config(None, [*BASE, *extra])
+
+
+def simulation(cfg):
+    return Simulation(cfg, make_executor(cfg))  # one torch thread, as `hetsim run`
+
+
+def frames(run_or_records):
+    """rounds, clients and trace tables without the wall-clock columns."""
+    if isinstance(run_or_records, list):  # RoundRecords
+        recs = run_or_records
+        out = {"rounds": pd.DataFrame([r.row for r in recs]),
+               "clients": pd.DataFrame([c for r in recs for c in r.client_rows])}
+        for name in sorted({n for r in recs for n in r.extra_tables}):
+            parts = [pd.DataFrame(r.extra_tables[name]) for r in recs if name in r.extra_tables]
+            out[name] = pd.concat(parts, ignore_index=True)
+    else:
+        run = run_or_records
+        out = {"rounds": run.rounds, "clients": run.clients}
+        for p in sorted(run.path.glob("*.parquet")):
+            if p.stem not in out and p.stem not in ("profiles", "faults"):
+                out[p.stem] = pd.read_parquet(p)
+    return {k: v.drop(columns=[c for c in v.columns if c in WALL_COLUMNS]).reset_index(drop=True)
+            for k, v in out.items()}
+
+
+def assert_same_tables(a: dict, b: dict):
+    assert sorted(a) == sorted(b)
+    for name in a:
+        pd.testing.assert_frame_equal(a[name], b[name], check_dtype=False, obj=name)
+
+
+class Collect(RunCallback):
+    def __init__(self, checkpoint_after=None, directory=None):
+        self.records, self.after, self.directory = [], checkpoint_after, directory
+
+    def on_round_end(self, run, record):
+        self.records.append(record)
+        if record.round == self.after:
+            write_checkpoint(run.simulation, self.directory)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_method_continues_bit_identically_from_a_checkpoint(tmp_path, method):
+    """Run 5 rounds, checkpoint after round 1; a fresh Simulation restored from it runs rounds
+    2-4 exactly as the uninterrupted run did (every table, every column but wall_*). State a
+    method keeps but does not checkpoint makes this test fail."""
+    cfg = cfg_of(*METHODS[method], "rounds=5")
+    full = Collect(checkpoint_after=1, directory=tmp_path / "ckpt")
+    simulation(cfg).run([full])
+    resumed = simulation(cfg)
+    meta = restore_checkpoint(resumed, tmp_path / "ckpt")
+    assert meta["next_round"] == resumed.next_round == 2
+    tail = Collect()
+    assert resumed.run([tail]) == "finished"
+    assert [r.round for r in tail.records] == [2, 3, 4]
+    assert_same_tables(frames(tail.records), frames(full.records[2:]))
+
+
+def test_every_registered_method_is_covered_by_the_continuation_test():
+    assert {m.split("-")[0] for m in METHODS} == set(ALGORITHMS)
+    from algorithms.compressors import COMPRESSORS
+
+    compressed = {m.split("-")[1] for m in METHODS if m.startswith("fedavg_compressed-")}
+    assert compressed == set(COMPRESSORS)  # every compressor's client state (residual, sent)
+
+
+def test_a_checkpoint_refuses_another_config_and_the_middle_of_a_round(tmp_path):
+    cfg = cfg_of("rounds=2")
+    simulation(cfg).run([Collect(checkpoint_after=0, directory=tmp_path / "c")])
+    with pytest.raises(CheckpointError, match="another config"):
+        restore_checkpoint(simulation(cfg_of("rounds=2", "train.lr=0.01")), tmp_path / "c")
+    sim = simulation(cfg)
+    sim.start()
+    sim.in_round = True
+    with pytest.raises(CheckpointError, match="middle of a round"):
+        write_checkpoint(sim, tmp_path / "d")
+
+
+def test_run_folder_keeps_the_newest_checkpoints_with_an_index(tmp_path):
+    path = run_experiment(cfg_of("rounds=7", "checkpoint.every=2", "checkpoint.keep=2"), tmp_path / "r")
+    assert [n for n, _ in list_checkpoints(path)] == [4, 6]
+    names = sorted(p.name for p in (path / "checkpoints").iterdir())
+    assert names == ["index.json", "round-000004", "round-000006"]  # no leftovers of writes
+    index = json.loads((path / "checkpoints" / "index.json").read_text())
+    assert [e["next_round"] for e in index["checkpoints"]] == [4, 6]
+    meta = json.loads((path / "checkpoints" / "round-000006" / "checkpoint.json").read_text())
+    assert meta["tables"]["rounds"] == 6 and meta["client_states"][0]["file"] == "clients-0000.pt"
+    assert meta["bytes"] == sum(f.stat().st_size for f in (path / "checkpoints/round-000006").glob("*.pt"))
+
+
+def test_every_zero_checkpoints_only_when_the_run_ends_early(tmp_path):
+    path = tmp_path / "r"
+    run_experiment(cfg_of("rounds=6", "checkpoint.every=0"), path,
+                   callbacks=[lambda rec: Stop("enough") if rec.round == 2 else None])
+    assert [n for n, _ in list_checkpoints(path)] == [3]
+    run = load_run(path)
+    assert run.manifest["status"] == "stopped"
+    assert json.loads((path / "checkpoints/round-000003/checkpoint.json").read_text())["reason"] == "run stopped"
+
+
+def test_resume_continues_a_stopped_run_with_each_round_once(tmp_path):
+    overrides = [*METHODS["fedcspack-own_mask"], "rounds=6", "checkpoint.every=4"]
+    ref = load_run(run_experiment(cfg_of(*overrides), tmp_path / "ref"))
+    path = tmp_path / "r"
+    run_experiment(cfg_of(*overrides), path, callbacks=[lambda rec: rec.round == 1])
+    assert load_run(path).manifest["status"] == "stopped"
+    assert resume_run(path, command=["test"]) == path
+    run = load_run(path)
+    assert_same_tables(frames(run), frames(ref))
+    assert run.manifest["status"] == "finished" and "error" not in run.manifest
+    (entry,) = run.manifest["resumes"]
+    assert entry["from_round"] == 2 and entry["checkpoint"] == "checkpoints/round-000002"
+    assert entry["previous_status"] == "stopped" and entry["command"] == ["test"]
+    with pytest.raises(RunStateError, match="nothing to resume"):
+        resume_run(path)
+
+
+def test_resume_falls_back_to_an_older_checkpoint_when_the_newest_is_damaged(tmp_path):
+    """As after a power loss (checkpoints are not fsynced): a truncated file, or garbage."""
+    overrides = [*METHODS["fedcspack-own_mask"], "rounds=7", "checkpoint.every=2", "checkpoint.keep=3"]
+    ref = load_run(run_experiment(cfg_of(*overrides), tmp_path / "ref"))
+    path = tmp_path / "r"
+    run_experiment(cfg_of(*overrides), path, callbacks=[lambda rec: rec.round == 5])
+    assert [n for n, _ in list_checkpoints(path)] == [2, 4, 6]
+    shard = path / "checkpoints/round-000006/clients-0000.pt"
+    shard.write_bytes(shard.read_bytes()[:100])  # cut short
+    server = path / "checkpoints/round-000004/server.pt"
+    server.write_bytes(b"\0" * server.stat().st_size)  # right size, garbage inside
+    resume_run(path)
+    run = load_run(path)
+    entry = run.manifest["resumes"][0]
+    assert entry["from_round"] == 2 and entry["checkpoint"] == "checkpoints/round-000002"
+    assert [s["checkpoint"] for s in entry["skipped"]] == ["round-000006", "round-000004"]
+    assert "incomplete" in entry["skipped"][0]["error"]  # caught by the sizes in checkpoint.json
+    assert_same_tables(frames(run), frames(ref))
+
+
+def test_resume_refuses_a_config_that_changes_results(tmp_path):
+    path = tmp_path / "r"
+    run_experiment(cfg_of("rounds=3"), path, callbacks=[lambda rec: rec.round == 0])
+    with pytest.raises(ConfigError, match=r"train\.lr: 0\.05 -> 0\.01(.|\n)*only these may change"):
+        resume_run(path, overrides=["train.lr=0.01"])
+    with pytest.raises(ConfigError, match="torch threads per client host: 1 -> 2"):
+        resume_run(path, overrides=["executor.threads_per_actor=2"])
+    assert main(["run", "--resume", str(path), "-q", "--set", "rounds=4"]) == 2
+    # output, checkpoint cadence and executor size do not change results
+    resume_run(path, overrides=["checkpoint.every=1", "output.name=x", "executor.threads_per_actor=1"])
+    assert load_run(path).manifest["status"] == "finished"
+    assert load_run(path).config["checkpoint"]["every"] == 1
+
+
+def test_rewind_drops_later_rounds_from_parts_and_compacted_tables(tmp_path):
+    w = RunWriter(tmp_path)
+    for r in range(5):
+        w.append("rounds", [{"round": r, "x": r}])
+    w.append("trace", {"round": [1, 2, 3], "y": [1, 2, 3]})  # one part spanning rounds
+    w.append("faults", [{"round": 4, "actor": 0}])  # history: never dropped
+    w.finalize()
+    # killed while compacting: the table is compacted, its parts not yet removed
+    w.append("rounds", [{"round": 4, "x": 4}])
+    w2 = RunWriter(tmp_path)
+    dropped = w2.rewind(3, {"rounds": 9})
+    assert dropped == {"rounds": 2, "trace": 1}
+    assert read_table(tmp_path, "rounds")["round"].tolist() == [0, 1, 2]
+    assert read_table(tmp_path, "trace")["round"].tolist() == [1, 2]
+    assert read_table(tmp_path, "faults")["round"].tolist() == [4]
+    assert w2.sequence()["rounds"] == 9
+    w2.append("rounds", [{"round": 3, "x": 3}])
+    w2.finalize()
+    assert read_table(tmp_path, "rounds")["round"].tolist() == [0, 1, 2, 3]
+
+
+# ------------------------------------------------------------------------------ real processes
+def hetsim_process(path: Path, overrides: list[str], *args: str,
+                   env: dict[str, str] | None = None) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "hetsim", "run", "-q", "-o", str(path), *args]
+    for o in [*BASE, *overrides]:
+        cmd += ["--set", o]
+    env = {**os.environ, **(env or {}),
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def rounds_written(path: Path) -> int:
+    return len(list((path / "_parts" / "rounds").glob("*.parquet")))
+
+
+def kill_at_round(proc: subprocess.Popen, path: Path, k: int, sig=signal.SIGKILL, delay=0.0,
+                  timeout: float = 180.0) -> None:
+    """Send ``sig`` once round ``k`` is on disk (plus ``delay`` s: lands anywhere in a round)."""
+    deadline = time.monotonic() + timeout
+    while rounds_written(path) < k:
+        if proc.poll() is not None:
+            pytest.fail(f"hetsim finished before round {k}:\n{proc.stdout.read()[-3000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"round {k} not reached in {timeout} s")
+        time.sleep(0.01)
+    time.sleep(delay)
+    proc.send_signal(sig)
+
+
+KILL_METHODS = {
+    "fedavg": METHODS["fedavg"],
+    "fedcspack": METHODS["fedcspack-own_mask"],
+    "ascend": METHODS["ascend-egreedy"],
+}
+SLOW_ROUNDS = ["rounds=20", "train.local_epochs=4", "checkpoint.every=3"]  # >= 11 rounds after a kill
+
+
+@pytest.mark.parametrize("method", sorted(KILL_METHODS))
+def test_sigkill_of_hetsim_run_then_resume_equals_an_uninterrupted_run(tmp_path, method):
+    seed = int.from_bytes(os.urandom(4), "little")
+    rng = random.Random(seed)
+    k, delay = rng.randint(1, 9), rng.uniform(0.0, 0.1)
+    why = f"(kill after round {k} + {delay:.3f} s; seed {seed})"
+    overrides = [*KILL_METHODS[method], *SLOW_ROUNDS]
+    path = tmp_path / "killed"
+    proc = hetsim_process(path, overrides)
+    kill_at_round(proc, path, k, delay=delay)
+    assert proc.wait(timeout=60) == -signal.SIGKILL, why
+    killed = load_run(path)
+    assert killed.manifest["status"] == "running", why  # it never got to say otherwise
+    assert main(["run", "--resume", str(path), "-q"]) == 0, why
+    resumed = load_run(path)
+    ref = load_run(run_experiment(cfg_of(*overrides), tmp_path / "ref"))
+    assert_same_tables(frames(resumed), frames(ref))
+    assert resumed.manifest["status"] == "finished", why
+    assert resumed.manifest["resumes"][0]["previous_status"] == "running"
+    assert not (path / "_parts").exists()
+
+
+def test_sigkill_before_any_checkpoint_resumes_from_round_zero(tmp_path):
+    overrides = [*METHODS["fedcspack-own_mask"], "rounds=8", "train.local_epochs=4", "checkpoint.every=0"]
+    path = tmp_path / "killed"
+    proc = hetsim_process(path, overrides)
+    kill_at_round(proc, path, 3)
+    proc.wait(timeout=60)
+    assert not list_checkpoints(path)
+    resume_run(path)
+    run = load_run(path)
+    assert run.manifest["resumes"][0]["from_round"] == 0
+    assert run.manifest["resumes"][0]["checkpoint"] is None
+    assert_same_tables(frames(run), frames(load_run(run_experiment(cfg_of(*overrides), tmp_path / "ref"))))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_stops_after_the_round_checkpoints_and_resumes(tmp_path, sig):
+    overrides = [*METHODS["ascend-exp3"], "rounds=12", "train.local_epochs=4", "checkpoint.every=0"]
+    path = tmp_path / "r"
+    proc = hetsim_process(path, overrides)
+    kill_at_round(proc, path, 2, sig=sig, delay=0.02)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    assert f"hetsim run --resume {path}" in out
+    run = load_run(path)
+    assert run.manifest["status"] == "interrupted"
+    (n, _), = list_checkpoints(path)
+    assert len(run.rounds) == n, "stopped between rounds, and the checkpoint is of that point"
+    assert main(["run", "--resume", str(path), "-q"]) == 0
+    ref = load_run(run_experiment(cfg_of(*overrides), tmp_path / "ref"))
+    assert_same_tables(frames(load_run(path)), frames(ref))

@@ -1,0 +1,171 @@
+"""Run folders: created atomically, never reused, paths expanded once; a killed run reads as
+crashed; Ctrl+C is honoured promptly and its message says what was saved."""
+import json
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.config import load_config
+from engine.results import load_run, read_table, run_status
+from engine.run import make_run_dir
+from hetsim.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["dataset.name=digits", "model.name=mlp", "rounds=2", "clients.num_clients=6"]
+
+
+def _claim_after_barrier(barrier, out_dir: str, queue) -> None:
+    cfg = load_config({"output": {"dir": out_dir}})
+    barrier.wait()
+    path = make_run_dir(cfg)
+    queue.put((os.getpid(), str(path), json.loads((path / "manifest.json").read_text())["pid"]))
+
+
+def test_two_processes_released_at_the_same_instant_get_different_folders(tmp_path):
+    ctx = mp.get_context("fork")  # (spawn would import torch again in each of them)
+    for attempt in range(5):  # each attempt: two real processes, one barrier
+        out_dir = tmp_path / f"runs{attempt}"
+        barrier, queue = ctx.Barrier(2), ctx.Queue()
+        procs = [ctx.Process(target=_claim_after_barrier, args=(barrier, str(out_dir), queue))
+                 for _ in range(2)]
+        for p in procs:
+            p.start()
+        got = [queue.get(timeout=120) for _ in procs]
+        for p in procs:
+            p.join(timeout=60)
+            assert p.exitcode == 0
+        (pid_a, path_a, owner_a), (pid_b, path_b, owner_b) = got
+        assert path_a != path_b
+        assert (owner_a, owner_b) == (pid_a, pid_b)  # each folder is claimed by its own process
+        assert len(list(out_dir.iterdir())) == 2
+
+
+def test_named_folder_is_never_reused_unless_overwrite(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    args = ["run", "-q", *(a for s in TINY for a in ("--set", s))]
+    assert main([*args, "-o", "r"]) == 0
+    first = json.loads((tmp_path / "r" / "manifest.json").read_text())
+    capsys.readouterr()
+    assert main([*args, "-o", "r"]) == 2
+    assert "run folder r already exists" in capsys.readouterr().err
+    assert json.loads((tmp_path / "r" / "manifest.json").read_text()) == first  # untouched
+    (tmp_path / "r" / "_parts").mkdir()  # debris of the old run must not survive an overwrite
+    assert main([*args, "-o", "r", "--set", "output.overwrite=true"]) == 0
+    second = json.loads((tmp_path / "r" / "manifest.json").read_text())
+    assert second["started"] != first["started"] and second["status"] == "finished"
+    assert not (tmp_path / "r" / "_parts").exists()
+
+
+def test_home_and_variables_are_expanded_once_everywhere(tmp_path, monkeypatch, capsys):
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir(), work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("HS_SUB", "exp")
+    args = ["run", "-q", *(a for s in TINY for a in ("--set", s)),
+            "--set", "output.dir=~/runs/$HS_SUB", "--set", "output.name=one"]
+    assert main(args) == 0
+    run_dir = home / "runs" / "exp" / "one"
+    assert (run_dir / "rounds.parquet").exists()
+    assert list(work.iterdir()) == []  # no ./~ or ./$HS_SUB folder
+    assert load_run(run_dir).config["output"]["dir"] == str(home / "runs" / "exp")
+    assert main(["run", "-q", *(a for s in TINY for a in ("--set", s)), "-o", "~/other"]) == 0
+    assert (home / "other" / "manifest.json").exists()
+
+
+SLOW_RUN = [*TINY, "rounds=400", "clock.mode=realtime", "clock.max_sleep_s=0.25",
+            "clock.time_scale=1000000"]
+
+
+def _start(tmp_path: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "hetsim", "run", "-q", "-o", "r",
+         *(a for s in [*SLOW_RUN, *extra] for a in ("--set", s))],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_rounds(run_dir: Path, n: int, proc: subprocess.Popen) -> None:
+    while True:
+        parts = run_dir / "_parts" / "rounds"
+        if parts.exists() and len(list(parts.glob("*.parquet"))) >= n:
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+
+
+def test_a_killed_run_reads_as_crashed(tmp_path, capsys):
+    proc = _start(tmp_path, "clock.time_scale=100000")
+    try:
+        _wait_for_rounds(tmp_path / "r", 2, proc)
+        live = json.loads((tmp_path / "r" / "manifest.json").read_text())
+        assert live["status"] == "running" and live["pid"] == proc.pid and live["heartbeat"]
+        assert run_status(live) == "running"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    manifest = json.loads((tmp_path / "r" / "manifest.json").read_text())
+    assert manifest["status"] == "running"  # what the dead process left behind ...
+    assert run_status(manifest) == "crashed"  # ... and what it means
+    assert main(["show", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert f"crashed (its process {proc.pid}" in out
+    rounds = len(read_table(tmp_path / "r", "rounds"))
+    assert rounds >= 2 and f"rounds                           {rounds}" in out
+
+
+def test_a_stale_heartbeat_on_another_host_reads_as_crashed():
+    old = {"status": "running", "host": "elsewhere", "pid": 1, "heartbeat": "2020-01-01T00:00:00+00:00"}
+    assert run_status(old) == "crashed"
+    assert run_status({**old, "heartbeat": time_now()}) == "running"
+    assert run_status({**old, "status": "finished"}) == "finished"
+
+
+def time_now() -> str:
+    import datetime as dt
+
+    return dt.datetime.now(dt.timezone.utc).isoformat()
+
+
+def test_ctrl_c_is_honoured_promptly_and_says_what_was_saved(tmp_path):
+    proc = _start(tmp_path)
+    try:
+        _wait_for_rounds(tmp_path / "r", 2, proc)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)  # 400 rounds would take >100 s
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    saved = len(read_table(tmp_path / "r", "rounds"))
+    assert saved >= 2
+    assert f"interrupted; {saved} finished round(s) are saved in r" in err
+    assert "Traceback" not in err
+    run = load_run(tmp_path / "r")
+    assert run.manifest["status"] == "interrupted" and len(run.rounds) == saved
+    assert (tmp_path / "r" / "rounds.parquet").exists()  # compacted
+
+
+@pytest.mark.ray
+def test_ctrl_c_under_the_ray_executor_is_honoured_and_says_what_was_saved(tmp_path):
+    proc = _start(tmp_path, "executor.kind=ray", "ray.num_cpus=2")
+    try:
+        _wait_for_rounds(tmp_path / "r", 2, proc)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=200)  # 400 rounds would take >100 s
+        print(f"exited {time.monotonic() - t0:.1f} s after SIGINT")
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    saved = len(read_table(tmp_path / "r", "rounds"))
+    assert saved >= 2 and f"interrupted; {saved} finished round(s) are saved in r" in err
+    assert "Traceback" not in err
+    run = load_run(tmp_path / "r")
+    assert run.manifest["status"] == "interrupted" and len(run.rounds) == saved
