@@ -1,41 +1,49 @@
 """ASCEND: adaptive heterogeneous compression for federated knowledge distillation.
 
-Spec: ``/work/shared/specs/ascend.md`` (Liu et al., 2026). Method doc: ``docs/ascend.md``.
+Spec: ``/work/shared/specs/ascend.md`` (Liu et al., 2026; reward version 2). Method doc:
+``docs/ascend.md``.
 
 FedKD base (FedDF-style): clients with different architectures upload compressed model
 deltas with error feedback; the server averages the reconstructed deltas per architecture
 (weighted by sample counts) and then distils every architecture's model towards a teacher on
 the public split. Each client picks its own compressor every round with its own bandit policy
-(EMA epsilon-greedy with warm-up; EXP3 and a fixed arm as baselines). A rollback guard
-restores every architecture's previous parameters (and, lazily, every client's residual)
-when the global loss on the public probe set spikes, and forces Top-K for a few rounds.
+(EMA epsilon-greedy with warm-up, epsilon decaying in the client's own choices; EXP3 and a
+fixed arm as baselines). A rollback guard restores every architecture's previous parameters
+(and, lazily, every client's residual) when the global loss on the public probe set spikes,
+and forces Top-K for a few rounds.
 
-Round t, client n (architecture P):
+Reward version 2 (default; ``reward: v1`` keeps the first version for comparison) measures the
+client's *own* choice, the decoded update ``Δ̂_n`` it actually sent:
 
-``receive``
-  1. load ``w_P^t``; if the client's last upload was in a rolled-back round (the broadcast
-     lists them), restore the residual and policy it had before that upload and drop the
-     pending reward;
-  2. ``f_n(w_P^t)`` on a fixed local probe set; close the pending reward of the client's
-     previous participation: ``Δf`` from the two probe losses, ``ΔD`` from the server's
-     ``D = KL(teacher ‖ w_P)`` history in the broadcast, ``T`` recorded at that upload,
-     ``r = clip((ρ·ΔD + (1−ρ)·Δf) / (T / T̄))``; feed it to the policy.
-``fit``
-  3. local SGD -> ``Δ_n``; choose the arm (forced Top-K while the broadcast says so);
-  4. ``a = e + Δ_n``; compress to K coordinates; ``e <- a − sent``;
-  5. ``T = T_train + T_select(s) + T_upload(bytes(s))`` (upload latency included), from the
-     client's hardware profile with the virtual clock's own functions; keep it pending.
+* ``Δf_n = (f_n(w^t) − f_n(w^t + Δ̂_n)) / f_n(w^t)`` on the client's fixed probe batches, right
+  after compression (``fit``);
+* ``ΔD_n = (D(w^t) − D(w^t + Δ̂_n)) / D(w^t)``, ``D(w) = KL(teacher^{t−1} ‖ w)`` on the server's
+  fixed public probe set, for every arrived upload (``aggregate``, before the aggregation);
+  sent back in the next broadcasts (``meta["dd"]``: client id -> [round, ΔD]) and so closed at
+  the client's next participation. No teacher yet (round 0): ΔD is NaN and ρ_eff = 0;
+* ``g = ρ_eff·ΔD + (1−ρ_eff)·Δf``; ``r = g·T̄/T`` if ``g >= 0`` else ``g·T/T̄`` (faster earns
+  more for progress and loses less for regress), ``T̄`` the client's own running mean of ``T``
+  (this upload included); clipped to [−clip, clip];
+* an upload that did not arrive (deadline, over-selection; ``on_dropped``) earns ``−clip``
+  (−1 by default): its time was spent for nothing. (A dropout fails during local training,
+  before the arm is chosen, so no arm is charged; the engine does not call ``on_dropped`` then.)
 
-Lost upload (deadline, over-selection; ``on_dropped``): the sent values go back into the
-residual (``CompressedFedAvgClient.on_dropped``: ``e = a`` again, bit for bit), the pending
-reward of that round is discarded unfed, as a rollback discards it, and the undo record is
-dropped (the upload cannot be in a rolled-back aggregate). Unlike a rollback the choice itself
-stands: the policy is not restored (the same arm would likely miss the same deadline again).
+Round t, client n (architecture P): ``receive`` loads ``w_P^t``, restores the residual and
+policy if its last upload was in a rolled-back round (lazy rollback; the pending reward is
+dropped), evaluates ``f_n(w_P^t)`` and closes the pending reward of its previous participation
+(v2: with ΔD from the broadcast, or −1 if lost; v1: from the change of the global model) and
+feeds it to the policy (not for forced arms). ``fit`` trains, chooses the arm (forced Top-K
+while the broadcast says so), compresses ``a = e + Δ`` with error feedback, measures Δf (v2)
+and ``T = T_train + T_select(s) + T_upload(bytes(s))`` (latency included) with the virtual
+clock's own functions on the client's profile, and keeps the reward pending.
 
-Server, round t: per-architecture sparse aggregation, teacher logits, ``distill_steps`` Adam
-steps of ``KL(teacher ‖ student)`` per architecture, rollback check, trace rows.
+Server, round t: ΔD of every arrived upload (v2), per-architecture sparse aggregation,
+teacher logits, ``distill_steps`` Adam steps of ``KL(teacher ‖ student)`` per architecture,
+rollback check (a rollback, and an accepted spike under ``max_consecutive_rollbacks``, are
+rows of the ``rollbacks`` table), trace rows.
 
-No Ray, no file I/O.
+Every piece of persistent state is plain data (tensors, numpy arrays, scalars, lists, dicts,
+the bandit dataclasses), so a generic checkpoint codec can save it. No Ray, no file I/O.
 """
 from __future__ import annotations
 
@@ -59,17 +67,17 @@ from algorithms.base import (
 )
 from algorithms.compressed_fedavg import (
     CompressedFedAvgClient,
+    apply_compressed_updates,
     buffer_upload,
-    aggregate_sparse,
     compressed_payload,
     decode_upload,
 )
-from algorithms.params import STRATEGIES, AscendParams
+from algorithms.compressors import COMPRESSORS
 from algorithms.fedavg import state_payload
+from algorithms.params import DEFAULT_ARMS, AscendParams  # noqa: F401 (DEFAULT_ARMS re-exported)
 from algorithms.training import (
     flat_params,
     flat_state,
-    load_flat_buffers,
     load_flat_params,
     load_flat_state,
     local_sgd,
@@ -86,9 +94,6 @@ DISTILL_SALT = 0xD157  # distillation batches
 
 
 # ------------------------------------------------------------------------------------------------
-# hyperparameters
-# ------------------------------------------------------------------------------------------------
-# ------------------------------------------------------------------------------------------------
 # reward (pure functions)
 # ------------------------------------------------------------------------------------------------
 def relative_decrease(before: float, after: float) -> float:
@@ -101,13 +106,37 @@ def relative_decrease(before: float, after: float) -> float:
     return (before - after) / before
 
 
-def ascend_reward(df: float, dd: float, T: float, T_bar: float, rho: float = 0.6, clip: float = 1.0) -> float:
-    """``clip((rho*dd + (1-rho)*df) / (T / T_bar), [-clip, clip])`` (T/T̄ taken as 1 if undefined)."""
-    ratio = T / T_bar if (math.isfinite(T) and math.isfinite(T_bar) and T > 0 and T_bar > 0) else 1.0
-    r = (rho * dd + (1.0 - rho) * df) / ratio
+def _clip(r: float, clip: float) -> float:
     if math.isnan(r):
         r = -math.inf
     return float(min(clip, max(-clip, r)))
+
+
+def ascend_reward_v1(df: float, dd: float, T: float, T_bar: float, rho: float = 0.6, clip: float = 1.0) -> float:
+    """Version 1: ``clip((rho*dd + (1-rho)*df) / (T / T_bar), [-clip, clip])`` (T/T̄ taken as 1
+    if undefined)."""
+    ratio = T / T_bar if (math.isfinite(T) and math.isfinite(T_bar) and T > 0 and T_bar > 0) else 1.0
+    return _clip((rho * dd + (1.0 - rho) * df) / ratio, clip)
+
+
+def time_factor(g: float, T: float, T_bar: float) -> float:
+    """Sign-aware normalisation factor: ``T̄/T`` for progress (``g >= 0``), ``T/T̄`` for regress,
+    so that a faster arm earns more for progress and loses less for regress (1 if undefined)."""
+    if not (math.isfinite(T) and math.isfinite(T_bar) and T > 0 and T_bar > 0):
+        return 1.0
+    return T_bar / T if g >= 0 else T / T_bar
+
+
+def reward_v2(df: float, dd: float, T: float, T_bar: float, rho: float = 0.5, clip: float = 1.0) -> dict[str, float]:
+    """Version 2 of the reward, every part: ``rho_eff`` (0 when ``dd`` is NaN: no teacher yet),
+    ``g = rho_eff*dd + (1-rho_eff)*df``, the time ``factor``, ``raw = g*factor`` and the clipped
+    ``reward``."""
+    rho_eff = rho if not math.isnan(dd) else 0.0
+    g = (rho_eff * dd if rho_eff > 0 else 0.0) + (1.0 - rho_eff) * df
+    factor = time_factor(g, T, T_bar)
+    raw = g * factor
+    return {"reward": _clip(raw, clip), "reward_raw": raw, "reward_g": g, "reward_rho": rho_eff,
+            "reward_factor": factor}
 
 
 def simulated_seconds(profile: Any, train_flops: float, compress_ops: float, bytes_up: int) -> float:
@@ -141,14 +170,26 @@ def logits_of(model: torch.nn.Module, x: torch.Tensor, batch_size: int = 1024) -
 # ------------------------------------------------------------------------------------------------
 # client
 # ------------------------------------------------------------------------------------------------
-Q_COLUMNS = tuple(f"q_{a}" for a in STRATEGIES)
-REWARD_COLUMNS = ("reward", "reward_df", "reward_dd", "reward_T", "reward_tbar")
+def q_columns() -> tuple[str, ...]:
+    """``q_<arm>`` trace columns, one per registered compressor (a fixed schema whatever the arms)."""
+    return tuple(f"q_{a}" for a in COMPRESSORS)
+
+
+# the reward closed at a participation (for the client's previous upload), every part
+REWARD_COLUMNS = ("reward", "reward_raw", "reward_g", "reward_df", "reward_dd", "reward_rho", "reward_factor",
+                  "reward_T", "reward_tbar")
+
+
+def _closed_none() -> dict[str, Any]:
+    out: dict[str, Any] = {c: math.nan for c in REWARD_COLUMNS}
+    out.update(reward_arm="", reward_round=-1, reward_fed=False, reward_lost=False)
+    return out
 
 
 def policy_values(policy: Any) -> dict[str, float]:
     """``q_<arm>`` trace columns: epsilon-greedy's Q (warm-up running means until the warm-up
     ends), EXP3's arm probabilities, NaN for a fixed arm / arms not in the set."""
-    out = {c: math.nan for c in Q_COLUMNS}
+    out = {c: math.nan for c in q_columns()}
     if isinstance(policy, EpsilonGreedyEMA):
         if policy.warmed_up:
             vals = policy.q
@@ -165,10 +206,11 @@ def policy_values(policy: Any) -> dict[str, float]:
 
 
 class AscendClient(CompressedFedAvgClient):
-    """Per-client state (``ctx.state``): ``residual`` (float32), ``sent`` (this round's sent
-    values, for ``on_dropped``), ``policy``, ``T_warm`` (the Ts that define T̄), ``pending`` (the
-    reward to close at the next participation), ``undo`` (what to restore if this upload's round
-    is rolled back) and ``round_info`` (receive -> fit)."""
+    """Per-client state (``ctx.state``, plain data): ``residual`` (float32), ``sent`` (this
+    round's payload arrays, for ``on_dropped``), ``policy`` (a bandit dataclass), ``T_sum`` /
+    ``T_count`` (v2: the running mean T̄) or ``T_warm`` (v1), ``pending`` (the reward to close at
+    the next participation), ``undo`` (what to restore if this upload's round is rolled back)
+    and ``round_info`` (receive -> fit)."""
 
     params: AscendParams
     needs_profile = True  # the reward's T is the client's simulated time
@@ -215,7 +257,7 @@ class AscendClient(CompressedFedAvgClient):
         p, st, meta = self.params, ctx.state, broadcast.meta
         if "policy" not in st:
             st["policy"] = self.new_policy()
-            st["T_warm"] = []
+            st["T_warm"], st["T_sum"], st["T_count"] = [], 0.0, 0
         else:
             self.sync_policy_params(st["policy"])
         restored = math.nan
@@ -231,27 +273,47 @@ class AscendClient(CompressedFedAvgClient):
             del st["undo"]
             restored = undo["round"]
         f_now, n_probe = self.probe_loss(ctx)
-        d_now = float(meta.get("probe_kl", {}).get(ctx.round, math.nan))
-        closed = {c: math.nan for c in REWARD_COLUMNS}
-        closed.update(reward_arm="", reward_round=-1, reward_fed=False)
+        d_now = float(meta.get("probe_kl", {}).get(ctx.round, math.nan))  # v1 only
+        closed = _closed_none()
         pending = st.pop("pending", None)
         if pending is not None:
-            d_before = float(meta.get("probe_kl", {}).get(pending["round"], pending["D"]))
-            df = relative_decrease(pending["f"], f_now)
-            dd = relative_decrease(d_before, d_now) if math.isfinite(d_now) else 0.0
-            t_bar = float(np.mean(st["T_warm"]))
-            r = ascend_reward(df, dd, pending["T"], t_bar, p.rho, p.reward_clip)
+            if p.reward == "v1":
+                parts = self._close_v1(st, meta, pending, f_now, d_now)
+            else:
+                parts = self._close_v2(ctx.client_id, meta, pending)
             fed = pending["reason"] != "forced" or p.learn_from_forced
             if fed:
-                st["policy"].update(pending["arm"], r)
-            closed.update(
-                reward=r, reward_df=df, reward_dd=dd, reward_T=pending["T"], reward_tbar=t_bar,
-                reward_arm=pending["arm"], reward_round=pending["round"], reward_fed=fed,
-            )
+                st["policy"].update(pending["arm"], parts["reward"])
+            closed.update(parts)
+            closed.update(reward_T=pending["T"], reward_arm=pending["arm"], reward_round=pending["round"],
+                          reward_fed=fed)
         st["round_info"] = {
             "round": ctx.round, "f": f_now, "n_probe": n_probe, "D": d_now,
             "restored_round": restored, "closed": closed,
         }
+
+    def _close_v1(self, st, meta, pending, f_now: float, d_now: float) -> dict[str, Any]:
+        """Version 1: the change of the global model between the two participations."""
+        p = self.params
+        d_before = float(meta.get("probe_kl", {}).get(pending["round"], pending["D"]))
+        df = relative_decrease(pending["f"], f_now)
+        dd = relative_decrease(d_before, d_now) if math.isfinite(d_now) else 0.0
+        t_bar = float(np.mean(st["T_warm"]))
+        r = ascend_reward_v1(df, dd, pending["T"], t_bar, p.rho, p.reward_clip)
+        return {"reward": r, "reward_df": df, "reward_dd": dd, "reward_tbar": t_bar, "reward_rho": p.rho}
+
+    def _close_v2(self, client_id: int, meta, pending) -> dict[str, Any]:
+        """Version 2: the upload's own Δf (measured at fit) and ΔD (from the server, in the
+        broadcast), or −clip for an upload that did not arrive."""
+        p = self.params
+        if pending.get("lost"):
+            return {"reward": -p.reward_clip, "reward_df": pending["df"], "reward_tbar": pending["tbar"],
+                    "reward_lost": True}
+        entry = meta.get("dd", {}).get(client_id)
+        dd = float(entry[1]) if entry is not None and int(entry[0]) == pending["round"] else math.nan
+        parts = reward_v2(pending["df"], dd, pending["T"], pending["tbar"], p.rho, p.reward_clip)
+        parts.update(reward_df=pending["df"], reward_dd=dd, reward_tbar=pending["tbar"])
+        return parts
 
     def fit(self, ctx: ClientContext, broadcast: Payload) -> ClientResult:
         p, st = self.params, ctx.state
@@ -281,11 +343,27 @@ class AscendClient(CompressedFedAvgClient):
         extra = buffer_upload(ctx.model, p.buffers, st)
         upload = compressed_payload(c, extra, arm_reason=reason)
 
-        train_flops = ctx.flops_per_sample * (seen + FORWARD_FRACTION * info["n_probe"])
+        forwards = info["n_probe"]
+        f_sent = df = math.nan
+        if p.reward == "v2":  # the local term of the update actually sent, right away
+            load_flat_params(ctx.model, start + c.dense())
+            f_sent, n = self.probe_loss(ctx)
+            forwards += n
+            df = relative_decrease(info["f"], f_sent)
+        train_flops = ctx.flops_per_sample * (seen + FORWARD_FRACTION * forwards)
         T = simulated_seconds(ctx.profile, train_flops, c.ops, upload.nbytes)
-        if len(st["T_warm"]) < p.tbar_window:
-            st["T_warm"].append(T)
-        st["pending"] = {"round": ctx.round, "arm": arm, "reason": reason, "f": info["f"], "D": info["D"], "T": T}
+        pending: dict[str, Any] = {"round": ctx.round, "arm": arm, "reason": reason, "T": T}
+        if p.reward == "v2":
+            st["T_sum"] += T
+            st["T_count"] += 1
+            t_bar = st["T_sum"] / st["T_count"]
+            pending.update(df=df, tbar=t_bar)
+        else:
+            if len(st["T_warm"]) < p.tbar_window:
+                st["T_warm"].append(T)
+            t_bar = float(np.mean(st["T_warm"]))
+            pending.update(f=info["f"], D=info["D"])
+        st["pending"] = pending
         st["undo"] = undo
 
         metrics: dict[str, Any] = {
@@ -296,8 +374,11 @@ class AscendClient(CompressedFedAvgClient):
             "residual_norm": res_norm,
             "epsilon": float(eps),
             "probe_loss": info["f"],
+            "probe_loss_sent": f_sent,
+            "df_sent": df,
             "probe_kl": info["D"],
             "sim_T": T,
+            "sim_Tbar": t_bar,
             "restored_round": info["restored_round"],
         }
         metrics.update(policy_values(policy))
@@ -315,22 +396,25 @@ class AscendClient(CompressedFedAvgClient):
     def on_dropped(self, state: dict[str, Any], round: int) -> None:
         """The upload of ``round`` never arrived: no update of this client was aggregated.
 
-        * residual: the sent values go back (``e = a``, bit for bit; see the parent);
-        * pending reward: discarded, never computed nor fed to the policy - its Δf and ΔD would
-          measure the other clients' updates, not this choice's (as for a rolled-back round);
+        * residual: what was sent goes back (``e = a``; see the parent);
+        * pending reward: v2 - marked lost: it closes at the next participation as ``−clip``
+          (its time was spent for nothing) and is fed to the policy; v1 - discarded, never
+          computed nor fed (its Δf and ΔD would measure the other clients' updates);
         * undo: dropped - the server never saw this upload, so a rollback of ``round`` must not
           reset this client's residual to before it (that would lose the restored mass);
-        * policy: kept as it is after the choice (unlike a rollback, the choice is not undone):
-          the round's time was spent, the warm-up moves on, and under a deadline the same arm
-          would likely be dropped again. Its T stays in T̄'s window (it measures the hardware).
+        * policy: kept as it is after the choice (unlike a rollback, the choice is not undone);
+          the round's T stays in T̄ (it measures the hardware).
         """
         super().on_dropped(state, round)
         pending = state.get("pending")
         if pending is not None and pending["round"] == round:
-            del state["pending"]
-            policy = state.get("policy")
-            if isinstance(policy, Exp3):  # the probability of a choice whose reward never comes
-                policy.pending_p.pop(pending["arm"], None)
+            if self.params.reward == "v2":
+                pending["lost"] = True
+            else:
+                del state["pending"]
+                policy = state.get("policy")
+                if isinstance(policy, Exp3):  # the probability of a choice whose reward never comes
+                    policy.pending_p.pop(pending["arm"], None)
         undo = state.get("undo")
         if undo is not None and undo["round"] == round:
             del state["undo"]
@@ -339,12 +423,16 @@ class AscendClient(CompressedFedAvgClient):
 # ------------------------------------------------------------------------------------------------
 # server
 # ------------------------------------------------------------------------------------------------
+DD_ENTRY_BYTES = 12  # one (int32 client id, int32 round, float32 ΔD) entry of the broadcast
+
+
 class AscendServer(Server):
-    """One global model per architecture, distillation on the public split, rollback guard."""
+    """One global model per architecture, distillation on the public split, rollback guard,
+    and (reward v2) the alignment term of every arrived upload."""
 
     params: AscendParams
-    checkpoint_fields = ("teacher_probe", "d_history", "rolled_back", "forced_until", "ref_loss",
-                         "consecutive_rollbacks")
+    checkpoint_fields = ("teacher_probe", "teacher_distilled", "d_history", "dd_entries", "rolled_back",
+                         "forced_until", "ref_loss", "consecutive_rollbacks")
 
     def __init__(
         self,
@@ -371,12 +459,15 @@ class AscendServer(Server):
         self.arch_order = sorted(models)
         self.batch = ctx.eval_batch_size
         self.teacher_probe: torch.Tensor | None = None  # teacher logits on the probe set
-        self.d_history: dict[str, dict[int, float]] = {a: {} for a in models}
+        self.teacher_distilled = False  # whether teacher_probe is a distillation's (not the initial consensus)
+        self.d_history: dict[str, dict[int, float]] = {a: {} for a in models}  # v1: D by round
+        self.dd_entries: dict[str, dict[int, list]] = {a: {} for a in models}  # v2: client -> [round, ΔD]
         self.rolled_back: list[int] = []
         self.forced_until = -1
         self.ref_loss: float | None = None
         self.consecutive_rollbacks = 0
         self._rows: list[dict[str, Any]] = []
+        self._alignment: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------ probe quantities
     def ensemble_probe_logits(self) -> torch.Tensor:
@@ -387,10 +478,10 @@ class AscendServer(Server):
             self.teacher_probe = self.ensemble_probe_logits()
         return self.teacher_probe
 
-    def probe_kl(self, arch: str, teacher: torch.Tensor | None = None) -> float:
-        """``D = KL(teacher ‖ w_arch)`` on the public probe set."""
+    def probe_kl(self, arch: str, teacher: torch.Tensor | None = None, model: torch.nn.Module | None = None) -> float:
+        """``D = KL(teacher ‖ w)`` on the public probe set (``w``: the architecture's model)."""
         t = self.teacher_on_probe() if teacher is None else teacher
-        s = logits_of(self.models[arch], self.probe_x, self.batch)
+        s = logits_of(self.models[arch] if model is None else model, self.probe_x, self.batch)
         return float(kl_teacher_student(t, s, self.params.temperature))
 
     def global_probe_loss(self) -> float:
@@ -411,19 +502,28 @@ class AscendServer(Server):
         out: Broadcast = {}
         forced_now = round <= self.forced_until
         for arch, model in self.models.items():
-            hist = self.d_history[arch]
-            hist[round] = self.probe_kl(arch)
-            for old in sorted(hist)[: max(0, len(hist) - p.d_history)]:
-                del hist[old]
             payload = state_payload(flat_state(model))
             payload.meta = {
                 "round": round,
-                "probe_kl": dict(hist),
                 "rolled_back": list(self.rolled_back),
                 "forced": forced_now,
                 "forced_until": self.forced_until,
             }
-            payload.nbytes += CONTROL_VALUE_BYTES * (2 * len(hist) + len(self.rolled_back) + 2)
+            control = len(self.rolled_back) + 2
+            if p.reward == "v1":
+                hist = self.d_history[arch]
+                hist[round] = self.probe_kl(arch)
+                for old in sorted(hist)[: max(0, len(hist) - p.d_history)]:
+                    del hist[old]
+                payload.meta["probe_kl"] = dict(hist)
+                control += 2 * len(hist)
+            else:
+                entries = self.dd_entries[arch]
+                for cid in [c for c, (r, _) in entries.items() if r < round - p.d_history]:
+                    del entries[cid]
+                payload.meta["dd"] = {cid: list(v) for cid, v in entries.items()}
+                payload.nbytes += DD_ENTRY_BYTES * len(entries)
+            payload.nbytes += CONTROL_VALUE_BYTES * control
             out[arch] = payload
         return out
 
@@ -435,23 +535,45 @@ class AscendServer(Server):
         out: dict[str, Any] = {
             "rollback": 0, "rollback_capped": 0, "probe_loss": math.nan, "probe_loss_ref": math.nan,
             "forced_until": self.forced_until, "num_aggregated": 0, "update_norm": 0.0,
+            "dd_mean": math.nan, "dd_min": math.nan, "dd_max": math.nan,
         }
         for a in self.arch_order:
             for key in ("distill_loss", "distill_kl0", "distill_kl"):
                 out[f"{key}{self._sfx(a)}"] = math.nan
         return out
 
-    def build_teacher(self, results: list[ClientResult], bases: dict[str, torch.Tensor]) -> torch.Tensor:
+    def alignment_terms(self, results: list[ClientResult], bases: dict[str, torch.Tensor],
+                        deltas: list[torch.Tensor], teacher: torch.Tensor | None) -> list[tuple[float, float, float]]:
+        """``(D(w_P^t), D(w_P^t + Δ̂_n), ΔD_n)`` of every upload against ``teacher`` (the previous
+        round's teacher on the probe set); NaNs when there is none yet (ρ_eff = 0)."""
+        if teacher is None:
+            return [(math.nan, math.nan, math.nan)] * len(results)
+        d0 = {a: self.probe_kl(a, teacher) for a in bases}
+        scratch: dict[str, torch.nn.Module] = {}
+        out = []
+        for r, delta in zip(results, deltas):
+            if r.arch not in scratch:
+                scratch[r.arch] = copy.deepcopy(self.models[r.arch])
+            m = scratch[r.arch]
+            load_flat_params(m, bases[r.arch] + delta)
+            d1 = self.probe_kl(r.arch, teacher, model=m)
+            out.append((d0[r.arch], d1, relative_decrease(d0[r.arch], d1)))
+        return out
+
+    def build_teacher(self, results: list[ClientResult], bases: dict[str, torch.Tensor],
+                      deltas: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Teacher logits on the whole public split."""
         x, b = self.public_x, self.batch
         if self.params.teacher == "aggregates":
             return torch.stack([logits_of(self.models[a], x, b) for a in self.arch_order]).mean(0)
+        if deltas is None:
+            deltas = [decode_upload(r.upload).dense() for r in results]
         acc, count, scratch = None, 0, {}
-        for r in results:  # each client's reconstructed model w_P^t + delta_hat_n
+        for r, delta in zip(results, deltas):  # each client's reconstructed model w_P^t + delta_hat_n
             if r.arch not in scratch:
                 scratch[r.arch] = copy.deepcopy(self.models[r.arch])
             m = scratch[r.arch]
-            load_flat_params(m, bases[r.arch] + decode_upload(r.upload))
+            load_flat_params(m, bases[r.arch] + delta)
             z = logits_of(m, x, b)
             acc = z if acc is None else acc + z
             count += 1
@@ -493,37 +615,28 @@ class AscendServer(Server):
             out["probe_loss"] = self.ref_loss
             return out
         snapshot = {a: flat_state(m).clone() for a, m in self.models.items()}
-        prev_teacher = self.teacher_probe
+        prev_teacher, prev_distilled = self.teacher_probe, self.teacher_distilled
+        bases = {r.arch: flat_params(self.models[r.arch]) for r in results if r.arch in self.models}
+        deltas = [decode_upload(r.upload).dense() for r in results]
+
+        # 0. (v2) the alignment term of every upload, against the previous round's teacher
+        align = []
+        if p.reward == "v2":
+            align = self.alignment_terms(results, bases, deltas, prev_teacher if prev_distilled else None)
 
         # 1. per-architecture aggregation of the reconstructed deltas (sample-count weights)
-        bases, n_agg, sq = {}, 0, 0.0
-        for arch, model in self.models.items():
-            mine = [r for r in results if r.arch == arch]
-            if not mine:
-                continue
-            base = flat_params(model)
-            bases[arch] = base
-            update = aggregate_sparse(mine, base.numel())
-            load_flat_params(model, base + update)
-            if p.buffers == "dense" and all("buffers" in r.upload.arrays for r in mine):
-                w = torch.tensor([r.num_samples for r in mine], dtype=torch.float64)
-                stacked = torch.stack([torch.from_numpy(r.upload.arrays["buffers"]).double() for r in mine])
-                load_flat_buffers(model, ((w / w.sum()) @ stacked).float())
-            n_agg += len(mine)
-            sq += float(torch.sum(update.double() ** 2))
-        unknown = {r.arch for r in results} - set(self.models)
-        if unknown:
-            raise ValueError(f"uploads for unknown architectures {sorted(unknown)}")
+        updates = apply_compressed_updates(self.models, results, p.buffers)
+        sq = sum(float(torch.sum(u.double() ** 2)) for u in updates.values())
 
         # 2. teacher, 3. distillation of every architecture
-        teacher = self.build_teacher(results, bases)
+        teacher = self.build_teacher(results, bases, deltas)
         teacher_probe = teacher[self.probe_idx]
         for arch in self.arch_order:
             sfx = self._sfx(arch)
             out[f"distill_kl0{sfx}"] = self.probe_kl(arch, teacher_probe)
             out[f"distill_loss{sfx}"] = self.distill(arch, teacher, round)
             out[f"distill_kl{sfx}"] = self.probe_kl(arch, teacher_probe)
-        self.teacher_probe = teacher_probe
+        self.teacher_probe, self.teacher_distilled = teacher_probe, True
 
         # 4. rollback guard
         loss = self.global_probe_loss()
@@ -534,31 +647,52 @@ class AscendServer(Server):
             spike and math.isfinite(loss) and p.max_consecutive_rollbacks is not None
             and self.consecutive_rollbacks >= p.max_consecutive_rollbacks
         )
+        row = {"round": round, "loss_before": before, "loss_after": loss, "threshold": threshold,
+               "forced_until": self.forced_until, "num_discarded": 0, "loss_kind": p.rollback_loss,
+               "consecutive": self.consecutive_rollbacks}
         if capped:  # too many in a row: the guard would freeze training; accept this round
             spike = False
+            self._rows.append({**row, "action": "accepted",
+                               "reason": f"max_consecutive_rollbacks={p.max_consecutive_rollbacks} reached: "
+                                         "spike accepted as the new reference"})
         if spike:
             self.consecutive_rollbacks += 1
             for a, m in self.models.items():
                 load_flat_state(m, snapshot[a])
-            self.teacher_probe = prev_teacher
+            self.teacher_probe, self.teacher_distilled = prev_teacher, prev_distilled
             self.rolled_back.append(round)
             self.forced_until = round + p.forced_rounds
-            self._rows.append({
-                "round": round, "loss_before": before, "loss_after": loss, "threshold": threshold,
-                "forced_until": self.forced_until, "num_discarded": len(results), "loss_kind": p.rollback_loss,
-            })
+            reason = "loss not finite" if not math.isfinite(loss) else f"loss > (1+gamma) x reference, gamma={p.gamma}"
+            self._rows.append({**row, "forced_until": self.forced_until, "num_discarded": len(results),
+                               "action": "rolled_back", "reason": reason})
         else:
             self.ref_loss = loss
             self.consecutive_rollbacks = 0
+
+        # 5. (v2) publish each upload's ΔD for its client's next broadcast (not for a discarded round)
+        if align:
+            for r, (d0, d1, dd) in zip(results, align):
+                if not spike:
+                    self.dd_entries[r.arch][int(r.client_id)] = [round, dd]
+                self._alignment.append({"round": round, "client_id": int(r.client_id), "arch": r.arch,
+                                        "arm": r.upload.meta.get("compressor", ""), "d_before": d0,
+                                        "d_after": d1, "dd": dd, "rolled_back": bool(spike)})
+            dds = np.array([a[2] for a in align], dtype=float)
+            if np.isfinite(dds).any():
+                out.update(dd_mean=float(np.nanmean(dds)), dd_min=float(np.nanmin(dds)), dd_max=float(np.nanmax(dds)))
         out.update(
             rollback=int(spike), rollback_capped=int(capped), probe_loss=loss, forced_until=self.forced_until,
-            num_aggregated=n_agg, update_norm=sq**0.5,
+            num_aggregated=len(results), update_norm=sq**0.5,
         )
         return out
 
     def drain_tables(self) -> dict[str, list[dict[str, Any]]]:
-        rows, self._rows = self._rows, []
-        return {"rollbacks": rows} if rows else {}
+        out = {}
+        if self._rows:
+            out["rollbacks"], self._rows = self._rows, []
+        if self._alignment:
+            out["alignment"], self._alignment = self._alignment, []
+        return out
 
 
 SPEC = AlgorithmSpec(
@@ -571,13 +705,15 @@ SPEC = AlgorithmSpec(
 
 __all__ = [
     "SPEC",
-    "STRATEGIES",
+    "DEFAULT_ARMS",
     "AscendClient",
     "AscendParams",
     "AscendServer",
-    "ascend_reward",
+    "ascend_reward_v1",
     "kl_teacher_student",
     "policy_values",
     "relative_decrease",
+    "reward_v2",
     "simulated_seconds",
+    "time_factor",
 ]

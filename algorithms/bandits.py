@@ -27,7 +27,7 @@ from algorithms.state import checkpointable
 
 # [ours] defaults of the ASCEND spec
 DEFAULT_WARMUP = 2
-DEFAULT_EPS_C = 3.0
+DEFAULT_EPS_C = 1.0
 DEFAULT_EPS_MIN = 0.03
 DEFAULT_EMA_LAMBDA = 0.3
 DEFAULT_EXP3_GAMMA = 0.1
@@ -66,7 +66,8 @@ class EpsilonGreedyEMA:
       the first choice after the warm-up, ``Q(s)`` = that mean (an arm whose warm-up rewards
       were all dropped gets the mean over all warm-up rewards, or 0.0 if there are none).
     * Then: ``eps = epsilon`` if fixed, else ``max(eps_min, min(1, c*|S|/t'))`` with t' the
-      index (from 1) of the post-warm-up choice. With probability eps a uniformly random arm
+      index (from 1) of this policy's own post-warm-up choice (one policy per client, so t' counts
+      the client's own choices, not global rounds). With probability eps a uniformly random arm
       ("explore"), else ``argmax Q`` with ties to the lowest index ("exploit").
     * ``update(arm, r)`` after the warm-up: ``Q(arm) <- (1-lam) Q(arm) + lam r`` (that arm only).
 

@@ -23,8 +23,12 @@ from pydantic import BaseModel, ConfigDict
 if TYPE_CHECKING:  # annotations only: importing the contract (and the params) needs no torch
     import torch
 
+# Wire sizes, in bytes, of everything a method sends (one place for every method)
 FLOAT32_BYTES = 4
-INDEX_BYTES = 4
+INDEX_BYTES = 4  # an int32 index (vectors have < 2**31 values)
+SEED_BYTES = 8  # a 64-bit seed (Random-K)
+OFFSET_BYTES = 4  # a 32-bit offset (Periodic-K)
+INT8_BYTES = 1  # an 8-bit quantised value
 
 
 @dataclass

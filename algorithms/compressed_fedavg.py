@@ -1,19 +1,21 @@
-"""FedAvg with compressed uploads: the "uniform compressor" baselines (Top-K, Random-K, Periodic-K).
+"""FedAvg with compressed uploads: the "uniform compressor" baselines (Top-K, Random-K, Periodic-K,
+and any other registered compressor, e.g. 8-bit stochastic quantisation ``qsgd8``).
 
 Every client uses the same compressor every round. Round t, client n:
 
 1. receive the dense global state ``w^t`` (parameters + floating buffers, as FedAvg);
 2. local SGD -> ``delta = w_trained - w^t`` (parameters only);
 3. error feedback: ``a = e + delta`` (``e`` = ``ctx.state["residual"]``, float32, persistent);
-4. compress ``a`` to K coordinates; ``e <- a - sent`` (exactly, see ``ErrorFeedback``);
-5. upload the compressed arrays (values + int32 indices / 64-bit seed / 32-bit offset).
+4. compress ``a`` (K coordinates, or all of them quantised); ``e <- a - sent`` (``ErrorFeedback``);
+5. upload the compressed arrays (values + int32 indices / 64-bit seed / 32-bit offset; int8
+   values + per-bucket scales for qsgd8).
 
 Lost uploads: step 4 runs before the engine knows whether the upload arrives. The client keeps
 a copy of what it sent (``ctx.state["sent"]``: the round and the same compact arrays as the
-upload - K float32 values plus the int32 indices / seed / offset, never a dense vector); when the
-engine reports the upload lost (deadline, over-selection: :meth:`Client.on_dropped`), the sent
-values go back into the residual at their positions, so ``e`` equals the whole accumulated ``a``
-again, bit for bit, and is sent later instead of vanishing.
+upload - for a sparsifier K float32 values plus the int32 indices / seed / offset, never a dense
+vector); when the engine reports the upload lost (deadline, over-selection:
+:meth:`Client.on_dropped`), what was sent goes back into the residual, so ``e`` equals the whole
+accumulated ``a`` again (bit for bit for sparsifiers) and is sent later instead of vanishing.
 
 The server decodes each upload (Random-K re-draws its indices from the seed, Periodic-K
 rebuilds them from the offset) and adds the sample-weighted mean of the sparse deltas to each
@@ -24,8 +26,8 @@ Floating buffers (BatchNorm running statistics) are not deltas: with ``buffers="
 models without BatchNorm, e.g. LeNet5) and are averaged like FedAvg; with ``"local"`` each
 client keeps its own and the server's stay at their initial values.
 
-The helpers :func:`compressed_payload` / :func:`payload_to_compressed` / :func:`decode_upload`
-are the wire format for compressed deltas and are meant to be reused by other methods (ASCEND).
+The helpers :func:`compressed_payload` / :func:`decode_upload` are the wire format for compressed
+deltas, and :func:`apply_compressed_updates` the per-architecture aggregation; ASCEND reuses them.
 """
 from __future__ import annotations
 
@@ -43,9 +45,16 @@ from algorithms.base import (
     Payload,
     Server,
 )
-from algorithms.compressors import Compressed, ErrorFeedback, compress, scatter_add_
+from algorithms.compressors import Compressed, ErrorFeedback, OpCosts, decode, get_compressor, scatter_add_
 from algorithms.fedavg import state_payload
-from algorithms.params import CompressedFedAvgParams, OpCostParams, validate_k  # noqa: F401 (re-exported)
+from algorithms.params import (  # noqa: F401 (re-exported: the params live there, importable without torch)
+    CompressedFedAvgParams,
+    CompressionOptions,
+    validate_compressor,
+    validate_k,
+    validate_op_costs,
+)
+from algorithms.toolkit import group_by_arch, sample_weighted_mean, sample_weights
 from algorithms.training import (
     flat_buffers,
     flat_params,
@@ -55,8 +64,6 @@ from algorithms.training import (
     load_flat_state,
     local_sgd,
 )
-
-PAYLOAD_KEYS = ("values", "indices", "seed", "offset")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -74,17 +81,9 @@ def compressed_payload(c: Compressed, extra: dict[str, np.ndarray] | None = None
     return Payload(arrays=arrays, nbytes=nbytes, meta={"compressor": c.strategy, "numel": c.numel, "k": c.k, **meta})
 
 
-def payload_to_compressed(payload: Payload) -> Compressed:
-    arrays = {k: v for k, v in payload.arrays.items() if k in PAYLOAD_KEYS}
-    return Compressed.from_arrays(payload.meta["compressor"], arrays, payload.meta["numel"])
-
-
-def decode_upload(payload: Payload) -> torch.Tensor:
-    """The dense delta a compressed upload stands for."""
-    c = payload_to_compressed(payload)
-    out = torch.zeros(c.numel, dtype=torch.float32)
-    out[c.index_tensor()] = c.values
-    return out
+def decode_upload(payload: Payload) -> Compressed:
+    """The compressed delta of an upload (its positions and values; ``.dense()`` for the vector)."""
+    return decode(payload.meta["compressor"], payload.arrays, payload.meta["numel"])
 
 
 def buffer_upload(model: torch.nn.Module, mode: str, state: dict) -> dict[str, np.ndarray] | None:
@@ -108,7 +107,7 @@ class CompressedFedAvgClient(Client):
 
     def __init__(self, params: CompressedFedAvgParams):
         super().__init__(params)
-        self.costs = params.op_costs.costs()
+        self.costs = OpCosts(**params.op_costs)
 
     def receive(self, ctx: ClientContext, broadcast: Payload) -> None:
         load_flat_state(ctx.model, broadcast.arrays["state"])
@@ -122,32 +121,30 @@ class CompressedFedAvgClient(Client):
         Returns the compressed payload and the norm of the new residual.
         """
         p = self.params
-        ef = p.error_feedback
-        residual = ctx.state.get("residual") if ef else None
-        a = ErrorFeedback.accumulate(None if residual is None else torch.from_numpy(residual), delta)
-        seed = int(ctx.rng.integers(0, 2**63)) if strategy == "randomk" else None
-        c = compress(strategy, a, p.k, seed=seed, round=ctx.round, costs=self.costs, clamp=p.clamp_k)
-        if ef:
-            e = ErrorFeedback.update_residual(a, c)
-            ctx.state["residual"] = e.cpu().numpy().astype(np.float32, copy=False)  # host memory
-            # what was sent, for on_dropped; overwritten every round (K values, not d)
-            ctx.state["sent"] = {"round": ctx.round, "compressor": c.strategy, "numel": c.numel,
-                                 "arrays": c.to_arrays()}
-            return c, float(torch.linalg.vector_norm(e))
-        ctx.state.pop("sent", None)
-        return c, 0.0
+        compressor = get_compressor(strategy, self.costs)
+        seed = int(ctx.rng.integers(0, 2**63)) if compressor.needs_seed else None
+        kwargs = dict(seed=seed, round=ctx.round, clamp=p.clamp_k)
+        if not p.error_feedback:
+            ctx.state.pop("sent", None)
+            return compressor.compress(delta, p.k, **kwargs), 0.0
+        residual = ctx.state.get("residual")
+        c, e = ErrorFeedback(compressor).compress(
+            None if residual is None else torch.from_numpy(residual), delta, p.k, **kwargs)
+        ctx.state["residual"] = e.cpu().numpy().astype(np.float32, copy=False)  # host memory
+        # what was sent, for on_dropped; overwritten every round (the payload's arrays)
+        ctx.state["sent"] = {"round": ctx.round, "compressor": c.strategy, "numel": c.numel,
+                             "arrays": c.to_arrays()}
+        return c, float(torch.linalg.vector_norm(e))
 
     def on_dropped(self, state: dict[str, Any], round: int) -> None:
-        """The upload of ``round`` was lost: put its sent values back into the residual.
+        """The upload of ``round`` was lost: put what it sent back into the residual.
 
-        After ``compress_delta`` the residual equals ``a`` everywhere but at the sent positions,
-        and the sent values *are* ``a`` there (every compressor sends ``a[idx]`` unscaled), so
-        writing them back makes the residual ``a`` again, bit for bit (also for -0.0 and
-        infinities, which ``residual[idx] += values`` would not restore: the residual there is
-        ``a_i - a_i``, i.e. +0.0, or NaN for an infinite ``a_i``). This is valid because the
-        residual has not changed since that fit: the record is tagged with its round and the
-        engine reports a lost upload before the client's next round. A record of another round
-        (or none: no error feedback) is left alone; the record is consumed.
+        After ``compress_delta`` the residual is ``a - sent``; the compressor's ``restore``
+        makes it ``a`` again - bit for bit for the sparsifiers (they send ``a[idx]`` unscaled;
+        also for -0.0 and infinities), up to one rounding per value for a quantiser. This is
+        valid because the residual has not changed since that fit: the record is tagged with its
+        round and the engine reports a lost upload before the client's next round. A record of
+        another round (or none: no error feedback) is left alone; the record is consumed.
         """
         sent = state.get("sent")
         if sent is None or sent["round"] != round:
@@ -156,13 +153,8 @@ class CompressedFedAvgClient(Client):
         residual = state.get("residual")
         if residual is None:
             return
-        c = Compressed.from_arrays(sent["compressor"], sent["arrays"], sent["numel"])
-        if c.numel != residual.size:
-            raise ValueError(f"sent record of length {c.numel} for a residual of length {residual.size}")
-        if not residual.flags.writeable:
-            residual = residual.copy()
-        residual[c.index_tensor().numpy()] = c.values.numpy()
-        state["residual"] = residual
+        c = decode(sent["compressor"], sent["arrays"], sent["numel"])
+        state["residual"] = ErrorFeedback(get_compressor(c.strategy, self.costs)).restore(residual, c)
 
     def fit(self, ctx: ClientContext, broadcast: Payload) -> ClientResult:
         p = self.params
@@ -187,15 +179,30 @@ class CompressedFedAvgClient(Client):
 # ------------------------------------------------------------------------------------------------
 def aggregate_sparse(results: list[ClientResult], d: int) -> torch.Tensor:
     """``sum_n (m_n / sum m) delta_hat_n`` over ``results`` (float64 accumulation, float32 out)."""
-    total = float(sum(r.num_samples for r in results))
     acc = torch.zeros(d, dtype=torch.float64)
-    for r in results:
-        c = payload_to_compressed(r.upload)
+    for r, w in zip(results, sample_weights(results).tolist()):
+        c = decode_upload(r.upload)
         if c.numel != d:
             raise ValueError(f"client {r.client_id} sent a delta of length {c.numel} for a model of {d} parameters")
-        w = r.num_samples / total if total > 0 else 1.0 / len(results)
         scatter_add_(acc, c, w)
     return acc.float()
+
+
+def apply_compressed_updates(models: dict[str, torch.nn.Module], results: list[ClientResult],
+                             buffers: str) -> dict[str, torch.Tensor]:
+    """Every architecture's ``w_P += sum_n (m_n / sum m) delta_hat_n`` over its uploads, and its
+    floating buffers = the sample-weighted mean of the uploaded ones (``buffers="dense"``).
+    Returns each updated architecture's aggregated update (float32)."""
+    updates = {}
+    for arch, mine in group_by_arch(results, models).items():
+        model = models[arch]
+        base = flat_params(model)
+        update = aggregate_sparse(mine, base.numel())
+        load_flat_params(model, base + update.to(base.device))
+        if buffers == "dense" and all("buffers" in r.upload.arrays for r in mine):
+            load_flat_buffers(model, sample_weighted_mean(mine, "buffers"))
+        updates[arch] = update
+    return updates
 
 
 class CompressedFedAvgServer(Server):
@@ -205,20 +212,9 @@ class CompressedFedAvgServer(Server):
         return {arch: state_payload(flat_state(m)) for arch, m in self.models.items()}
 
     def aggregate(self, round: int, results: list[ClientResult]) -> dict:
-        n_agg, sq = 0, 0.0
-        for arch, model in self.models.items():
-            mine = [r for r in results if r.arch == arch]
-            if not mine:
-                continue
-            update = aggregate_sparse(mine, flat_params(model).numel())
-            load_flat_params(model, flat_params(model) + update)
-            if self.params.buffers == "dense" and all("buffers" in r.upload.arrays for r in mine):
-                weights = torch.tensor([r.num_samples for r in mine], dtype=torch.float64)
-                stacked = torch.stack([torch.from_numpy(r.upload.arrays["buffers"]).double() for r in mine])
-                load_flat_buffers(model, ((weights / weights.sum()) @ stacked).float())
-            n_agg += len(mine)
-            sq += float(torch.sum(update.double() ** 2))
-        return {"num_aggregated": n_agg, "update_norm": sq**0.5}
+        updates = apply_compressed_updates(self.models, results, self.params.buffers)
+        sq = sum(float(torch.sum(u.double() ** 2)) for u in updates.values())
+        return {"num_aggregated": len(results), "update_norm": sq**0.5}
 
 
 SPEC = AlgorithmSpec(
@@ -226,7 +222,7 @@ SPEC = AlgorithmSpec(
     CompressedFedAvgParams,
     CompressedFedAvgClient,
     CompressedFedAvgServer,
-    "FedAvg with one compressor for every client (Top-K / Random-K / Periodic-K) and error feedback",
+    "FedAvg with one compressor for every client (Top-K / Random-K / Periodic-K / qsgd8) and error feedback",
 )
 
 __all__ = [
@@ -234,10 +230,12 @@ __all__ = [
     "CompressedFedAvgClient",
     "CompressedFedAvgParams",
     "CompressedFedAvgServer",
-    "OpCostParams",
+    "CompressionOptions",
     "aggregate_sparse",
+    "apply_compressed_updates",
     "compressed_payload",
     "decode_upload",
-    "payload_to_compressed",
+    "validate_compressor",
     "validate_k",
+    "validate_op_costs",
 ]

@@ -1,20 +1,28 @@
-"""Sparsifying compressors for model deltas, error feedback and their operation-count model.
+"""Compressors for model deltas: registered classes, error feedback as a wrapper, op counts.
 
-Three ways to send ``K`` of the ``d`` coordinates of a flat float32 vector ``a``:
+A compressor is one class (subclass of :class:`Compressor`, decorated with :func:`register`):
+its name, its op-count constants (``COSTS``), how it compresses, how its payload travels
+(:meth:`Compressor.to_arrays` / :meth:`Compressor.from_arrays`) and where its values go
+(:meth:`Compressor.positions`). Nothing else needs editing to add one: the configs accept its
+name (``compressor:``, ASCEND's ``arms:``) and its op-cost keys (``op_costs: {<name>_<key>:
+...}``). Registering does not make it one of ASCEND's default arms (those are listed there).
 
-=============  ===========================================  ==================  ==============
-strategy       coordinates                                  payload (bytes)     selection ops
-=============  ===========================================  ==================  ==============
-``topk``       the K largest ``|a_i|``                      4K values + 4K idx  O(d), large
-``randomk``    K distinct indices from a 64-bit seed        4K values + 8       O(K)
-``periodick``  contiguous block at ``(round*K) mod d``,     4K values + 4       O(K), tiny
+=============  ===========================================  ===================  ==============
+compressor     what is sent                                 payload (bytes)      selection ops
+=============  ===========================================  ===================  ==============
+``topk``       the K largest ``|a_i|``                      4K values + 4K idx   O(d), large
+``randomk``    K distinct indices from a 64-bit seed        4K values + 8        O(K)
+``periodick``  contiguous block at ``(round*K) mod d``,     4K values + 4        O(K), tiny
                wrapping around
-=============  ===========================================  ==================  ==============
+``qsgd8``      every coordinate, stochastically rounded to  d + 4 per bucket of  O(d)
+               8 bits (QSGD-style, max-norm per bucket of   512 values
+               512 values; K is not used)
+=============  ===========================================  ===================  ==============
 
-Values are sent unscaled: error feedback (:class:`ErrorFeedback`) keeps what was not sent.
-The receiver rebuilds the dense vector with :func:`decompress` (Random-K re-draws its indices
-from the seed, Periodic-K from the offset), so the only arrays that travel are the ones in
-:meth:`Compressed.to_arrays`, and ``Compressed.nbytes`` is exactly their size.
+Sparsifiers send their values unscaled; error feedback (:class:`ErrorFeedback`) keeps what was
+not sent, and for ``qsgd8`` the quantisation error. The receiver rebuilds the dense vector from
+the arrays alone (:func:`decode`: Random-K re-draws its indices from the seed, Periodic-K from
+the offset, ``qsgd8`` dequantises), so ``Compressed.nbytes`` is exactly what travels.
 
 The op count (``Compressed.ops``) is what the virtual clock prices at the device's training
 speed (one op = one training-FLOP equivalent, ``hardware_profiles.clock.OPS_TO_FLOPS``); see
@@ -27,24 +35,14 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from algorithms.params import (  # noqa: F401 (re-exported: the names and constants live there)
-    PERIODICK_OPS_PER_INDEX,
-    RANDOMK_OPS_PER_INDEX,
-    STRATEGIES,
-    TOPK_OPS_PER_ELEMENT,
-    TOPK_OPS_PER_SELECTED_LOG,
-    Strategy,
-)
-
-FLOAT32_BYTES = 4
-INDEX_BYTES = 4  # Top-K indices travel as int32 (d < 2**31)
-SEED_BYTES = 8  # Random-K: one 64-bit seed
-OFFSET_BYTES = 4  # Periodic-K: one 32-bit offset
+from algorithms.base import FLOAT32_BYTES, INDEX_BYTES, INT8_BYTES, OFFSET_BYTES, SEED_BYTES
+from algorithms.params import BUILTIN_COMPRESSOR_COSTS, check_k, validate_op_costs
 
 # --------------------------------------------------------------------------------------------
 # Operation-count model
@@ -66,6 +64,9 @@ OFFSET_BYTES = 4  # Periodic-K: one 32-bit offset
 #       8 - 15 ns per index for K >= 1e4 (d = 1e6 and 1e7); small K is dominated by the
 #       ~10 us Python/dispatch overhead, which a device implementation does not pay.
 #   * Periodic-K, one or two contiguous slices: 0.1 - 0.45 ns per index for K >= 1e4 (memcpy).
+#   * 8-bit stochastic quantisation (this module's qsgd8: |a|, per-bucket max, one uniform
+#     draw per value, floor, sign, int8): 4.8 ns per element of d (CPU time, d = 1e6), of
+#     which the uniform draws are 2.1 ns.
 #   Example ratios (two sessions, the second on a loaded host):
 #     d = 1e6, K = 1e4: topk 8.3 / 8.9 ms vs randint+gather 0.11 / 0.09 ms  (~75-100x);
 #     d = 1e7, K = 1e4: topk 114 / 141 ms vs randint+gather 0.15 / 0.14 ms  (~750-1000x);
@@ -74,47 +75,17 @@ OFFSET_BYTES = 4  # Periodic-K: one 32-bit offset
 #     de-duplication via torch.unique) takes ~1.2 ms at d = 1e6, K = 1e4 on the host; the
 #     de-duplication sort is a host convenience a device would do with a hash set in O(K).
 #
-# Constants (ns x REFERENCE_TRAIN_GFLOPS, rounded):
+# Constants (ns x REFERENCE_TRAIN_GFLOPS, rounded), each in its compressor's ``COSTS`` (the
+# built-in ones are listed in algorithms/params.py, so that configs validate without torch):
 #   * Top-K per element of d: the out-of-cache figure (10 ns -> 140): the models where the
 #     choice matters (ResNet-18, 11M params = 44 MB) never fit in an edge device's cache, and
 #     an edge CPU's memory bandwidth is relatively worse than a desktop's, not better.
 #   * Top-K per K*log2(K): 5 ns -> 70 (the large-K asymptote; heap/partial-sort of the winners).
 #   * Random-K per index: 15 ns -> 210 (PRNG draw + random-access gather + duplicate check).
 #   * Periodic-K per index: 0.3 ns -> 4 (contiguous copy).
-# Error feedback's ``residual + delta`` is O(d) for every strategy alike and is not counted.
-# The values live in algorithms/params.py (the experiment config's defaults, importable
-# without torch); they are re-exported here.
+#   * qsgd8 per element of d: 5 ns -> 70 (a streaming pass; no sort).
+# Error feedback's ``residual + delta`` is O(d) for every compressor alike and is not counted.
 REFERENCE_TRAIN_GFLOPS = 14.0
-
-
-@dataclass(frozen=True)
-class OpCosts:
-    """The op-count constants, overridable per experiment (defaults: the module constants)."""
-
-    topk_per_element: float = TOPK_OPS_PER_ELEMENT
-    topk_per_selected_log: float = TOPK_OPS_PER_SELECTED_LOG
-    randomk_per_index: float = RANDOMK_OPS_PER_INDEX
-    periodick_per_index: float = PERIODICK_OPS_PER_INDEX
-
-    def __post_init__(self):
-        for name, v in self.__dict__.items():
-            if not (math.isfinite(v) and v >= 0):
-                raise ValueError(f"OpCosts.{name}={v!r} is not allowed: must be a finite number >= 0")
-
-
-DEFAULT_OP_COSTS = OpCosts()
-
-
-def selection_ops(strategy: str, d: int, k: int, costs: OpCosts | None = None) -> float:
-    """Operation count (training-FLOP equivalents) of selecting and gathering K of d values."""
-    c = costs or DEFAULT_OP_COSTS
-    if strategy == "topk":
-        return c.topk_per_element * d + c.topk_per_selected_log * k * math.log2(max(k, 1))
-    if strategy == "randomk":
-        return c.randomk_per_index * k
-    if strategy == "periodick":
-        return c.periodick_per_index * k
-    raise ValueError(f"unknown compressor {strategy!r}; choose one of {sorted(COMPRESSORS)}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -129,12 +100,10 @@ def resolve_k(k: int | float, d: int, *, clamp: bool = False) -> int:
     d = int(d)
     if d < 1:
         raise ValueError(f"d={d} is not allowed: the vector must have at least one element")
-    if isinstance(k, bool) or not isinstance(k, (int, float, np.integer, np.floating)):
+    if isinstance(k, str) or k is None:
         raise ValueError(f"k={k!r} is not allowed: must be an int count in [1, d] or a float ratio in (0, 1]")
-    if isinstance(k, (int, np.integer)):
-        k = int(k)
-        if k < 1:
-            raise ValueError(f"k={k} is not allowed: an int k is a count and must be in [1, d={d}]")
+    k = check_k(k)
+    if isinstance(k, int):
         if k > d:
             if clamp:
                 return d
@@ -143,12 +112,6 @@ def resolve_k(k: int | float, d: int, *, clamp: bool = False) -> int:
                 "(pass a float ratio, or clamp=True to send every coordinate)"
             )
         return k
-    k = float(k)
-    if not (math.isfinite(k) and 0.0 < k <= 1.0):
-        raise ValueError(
-            f"k={k!r} is not allowed: a float k is a ratio of d and must be in (0, 1] "
-            "(pass an int for a count)"
-        )
     return min(d, max(1, int(round(k * d))))
 
 
@@ -157,12 +120,13 @@ def resolve_k(k: int | float, d: int, *, clamp: bool = False) -> int:
 # --------------------------------------------------------------------------------------------
 @dataclass(eq=False)  # numpy/torch fields: compare by identity
 class Compressed:
-    """K selected values of a length-``numel`` vector, and how to find their positions.
+    """What a compressor made of a length-``numel`` vector.
 
-    ``indices`` is the explicit int64 index tensor (Top-K) or None when the positions are
-    implicit (Random-K: ``meta["seed"]``, Periodic-K: ``meta["offset"]``); use
-    :meth:`index_tensor` to get them in every case. ``nbytes`` is the exact size of the arrays
-    that travel (:meth:`to_arrays`); ``ops`` the selection op count for the virtual clock.
+    ``values`` are the float32 numbers the receiver adds at :meth:`index_tensor` (for a
+    quantiser: the dequantised values of every coordinate). ``indices`` is the explicit int64
+    index tensor (Top-K) or None when the positions are implicit (Random-K: ``meta["seed"]``,
+    Periodic-K: ``meta["offset"]``, qsgd8: all). ``nbytes`` is the exact size of the arrays
+    that travel (:meth:`to_arrays`); ``ops`` the op count for the virtual clock.
     """
 
     indices: torch.Tensor | None
@@ -175,10 +139,12 @@ class Compressed:
 
     @property
     def strategy(self) -> str:
+        """The compressor's registered name."""
         return self.meta["strategy"]
 
     @property
     def k(self) -> int:
+        """Coordinates the receiver gets values for."""
         return int(self.values.numel())
 
     def index_tensor(self) -> torch.Tensor:
@@ -186,43 +152,23 @@ class Compressed:
         if self.indices is not None:
             return self.indices
         if self._index_cache is None:
-            s = self.strategy
-            if s == "randomk":
-                self._index_cache = randomk_indices(self.numel, self.k, self.meta["seed"])
-            elif s == "periodick":
-                self._index_cache = periodick_indices(self.numel, self.k, offset=self.meta["offset"])
-            else:
-                raise ValueError(f"{s!r} payload without explicit indices")
+            self._index_cache = compressor_class(self.strategy).positions(self)
         return self._index_cache
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         """The numpy arrays that travel; their total size is ``nbytes``."""
-        values = self.values.detach().cpu().numpy().astype(np.float32, copy=True)  # off the device
-        s = self.strategy
-        if s == "topk":
-            return {"values": values, "indices": self.index_tensor().cpu().numpy().astype(np.int32)}
-        if s == "randomk":
-            return {"values": values, "seed": np.array([self.meta["seed"]], dtype=np.uint64)}
-        if s == "periodick":
-            return {"values": values, "offset": np.array([self.meta["offset"]], dtype=np.int32)}
-        raise ValueError(f"unknown compressor {s!r}")
+        return compressor_class(self.strategy).to_arrays(self)
 
     @classmethod
     def from_arrays(cls, strategy: str, arrays: dict[str, np.ndarray], numel: int) -> "Compressed":
         """Rebuild a received payload (server side; ``ops`` is 0, the client paid it)."""
-        values = torch.from_numpy(np.ascontiguousarray(arrays["values"], dtype=np.float32))
-        nbytes = int(sum(a.nbytes for a in arrays.values()))
-        meta: dict[str, Any] = {"strategy": strategy}
-        indices = None
-        if strategy == "topk":
-            indices = torch.from_numpy(arrays["indices"].astype(np.int64))
-        elif strategy == "randomk":
-            meta["seed"] = int(arrays["seed"][0])
-        elif strategy == "periodick":
-            meta["offset"] = int(arrays["offset"][0])
-        else:
-            raise ValueError(f"unknown compressor {strategy!r}; choose one of {sorted(COMPRESSORS)}")
-        return cls(indices=indices, values=values, nbytes=nbytes, ops=0.0, meta=meta, numel=int(numel))
+        return decode(strategy, arrays, numel)
+
+    def dense(self) -> torch.Tensor:
+        """The dense float32 vector this payload stands for (on the values' device)."""
+        out = torch.zeros(self.numel, dtype=torch.float32, device=self.values.device)
+        out[self.index_tensor().to(out.device)] = self.values
+        return out
 
 
 def _flat(a: torch.Tensor | np.ndarray) -> torch.Tensor:
@@ -235,24 +181,114 @@ def _flat(a: torch.Tensor | np.ndarray) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------------------------
-# The three compressors
+# The compressor base class and the registry
 # --------------------------------------------------------------------------------------------
-def topk(a: torch.Tensor, k: int | float, *, costs: OpCosts | None = None, clamp: bool = False) -> Compressed:
+COMPRESSORS: dict[str, type["Compressor"]] = {}
+
+
+def register(cls: type["Compressor"]) -> type["Compressor"]:
+    """Class decorator: make ``cls`` available under ``cls.name``."""
+    if not cls.name or cls.name in COMPRESSORS:
+        raise ValueError(f"compressor name {cls.name!r} is empty or already registered")
+    COMPRESSORS[cls.name] = cls
+    return cls
+
+
+def compressor_class(name: str) -> type["Compressor"]:
+    try:
+        return COMPRESSORS[name]
+    except KeyError:
+        raise ValueError(f"unknown compressor {name!r}; choose one of {sorted(COMPRESSORS)}") from None
+
+
+class Compressor:
+    """One way to compress a flat float32 vector. Subclasses set ``name`` and ``COSTS`` and
+    implement :meth:`compress`, :meth:`ops`, :meth:`positions` (unless every payload carries
+    explicit ``indices``) and the wire format; then ``@register`` them.
+
+    ``COSTS``: the op-count constants by key (config keys ``<name>_<key>``, overridable per
+    experiment through :class:`OpCosts`). ``needs_seed`` / ``needs_round``: what
+    :meth:`compress` needs besides the vector. ``uses_k``: whether K means anything to it.
+    """
+
+    name: ClassVar[str] = ""
+    COSTS: ClassVar[dict[str, float]] = {}
+    ARRAYS: ClassVar[tuple[str, ...]] = ()  # the payload's array names
+    needs_seed: ClassVar[bool] = False
+    needs_round: ClassVar[bool] = False
+    uses_k: ClassVar[bool] = True
+
+    def __init__(self, costs: "OpCosts | None" = None):
+        self.cost = (costs or DEFAULT_OP_COSTS).of(self.name)
+
+    # -- to implement --------------------------------------------------------------------
+    def compress(self, a: torch.Tensor, k: int | float, *, seed: int | None = None,
+                 round: int | None = None, clamp: bool = False) -> Compressed:
+        raise NotImplementedError
+
+    def ops(self, d: int, k: int) -> float:
+        """Op count (training-FLOP equivalents) of compressing a length-d vector to K."""
+        raise NotImplementedError
+
+    @classmethod
+    def positions(cls, c: Compressed) -> torch.Tensor:
+        raise ValueError(f"{cls.name!r} payload without explicit indices")
+
+    @classmethod
+    def to_arrays(cls, c: Compressed) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], numel: int) -> Compressed:
+        raise NotImplementedError
+
+    # -- shared ---------------------------------------------------------------------------
+    @classmethod
+    def restore(cls, residual: np.ndarray, c: Compressed) -> None:
+        """Put what ``c`` sent back into the error-feedback residual ``e = a - sent`` (in place),
+        so that it equals ``a`` again (a lost upload). Sparsifiers send ``a[idx]`` unscaled, so
+        writing the values back is exact bit for bit (also for -0.0 and infinities)."""
+        residual[c.index_tensor().cpu().numpy()] = c.values.cpu().numpy()
+
+    def _payload(self, a: torch.Tensor, idx: torch.Tensor | None, values: torch.Tensor, nbytes: int,
+                 k: int, meta: dict[str, Any], cache: torch.Tensor | None = None) -> Compressed:
+        c = Compressed(indices=idx, values=values, nbytes=int(nbytes), ops=self.ops(a.numel(), k),
+                       meta={"strategy": self.name, **meta}, numel=a.numel())
+        c._index_cache = cache
+        return c
+
+
+# --------------------------------------------------------------------------------------------
+# The compressors
+# --------------------------------------------------------------------------------------------
+@register
+class TopK(Compressor):
     """The K coordinates of largest magnitude. Payload: K float32 values + K int32 indices."""
-    a = _flat(a)
-    d = a.numel()
-    if d >= 2**31:
-        raise ValueError(f"d={d} does not fit Top-K's int32 indices")
-    kk = resolve_k(k, d, clamp=clamp)
-    idx = torch.topk(a.abs(), kk, sorted=False).indices
-    return Compressed(
-        indices=idx,
-        values=a[idx],
-        nbytes=(FLOAT32_BYTES + INDEX_BYTES) * kk,
-        ops=selection_ops("topk", d, kk, costs),
-        meta={"strategy": "topk"},
-        numel=d,
-    )
+
+    name = "topk"
+    COSTS = BUILTIN_COMPRESSOR_COSTS[name]
+    ARRAYS = ("values", "indices")
+
+    def compress(self, a, k, *, seed=None, round=None, clamp=False):
+        a = _flat(a)
+        d = a.numel()
+        if d >= 2**31:
+            raise ValueError(f"d={d} does not fit Top-K's int32 indices")
+        kk = resolve_k(k, d, clamp=clamp)
+        idx = torch.topk(a.abs(), kk, sorted=False).indices
+        return self._payload(a, idx, a[idx], (FLOAT32_BYTES + INDEX_BYTES) * kk, kk, {})
+
+    def ops(self, d, k):
+        return self.cost["per_element"] * d + self.cost["per_selected_log"] * k * math.log2(max(k, 1))
+
+    @classmethod
+    def to_arrays(cls, c):
+        return {"values": _f32(c.values), "indices": c.index_tensor().cpu().numpy().astype(np.int32)}
+
+    @classmethod
+    def from_arrays(cls, arrays, numel):
+        idx = torch.from_numpy(arrays["indices"].astype(np.int64))
+        return _received(cls.name, arrays, numel, idx, _values(arrays), {})
 
 
 def randomk_indices(d: int, k: int | float, seed: int) -> torch.Tensor:
@@ -283,27 +319,46 @@ def randomk_indices(d: int, k: int | float, seed: int) -> torch.Tensor:
     return x[torch.sort(first).values[:kk]]
 
 
-def randomk(
-    a: torch.Tensor, k: int | float, seed: int, *, costs: OpCosts | None = None, clamp: bool = False
-) -> Compressed:
-    """K coordinates chosen by ``seed`` (values unscaled). Payload: K float32 values + the seed."""
-    a = _flat(a)
-    d = a.numel()
-    kk = resolve_k(k, d, clamp=clamp)
+def _check_seed(seed: int | None, name: str) -> int:
+    if seed is None:
+        raise ValueError(f"{name} needs a seed")
     seed = int(seed)
     if not 0 <= seed < 2**64:
         raise ValueError(f"seed={seed} is not allowed: must be in [0, 2**64)")
-    idx = randomk_indices(d, kk, seed).to(a.device)  # drawn on the CPU: the same on every device
-    c = Compressed(
-        indices=None,
-        values=a[idx],
-        nbytes=FLOAT32_BYTES * kk + SEED_BYTES,
-        ops=selection_ops("randomk", d, kk, costs),
-        meta={"strategy": "randomk", "seed": seed},
-        numel=d,
-    )
-    c._index_cache = idx
-    return c
+    return seed
+
+
+@register
+class RandomK(Compressor):
+    """K coordinates chosen by a seed (values unscaled). Payload: K float32 values + the seed."""
+
+    name = "randomk"
+    COSTS = BUILTIN_COMPRESSOR_COSTS[name]
+    ARRAYS = ("values", "seed")
+    needs_seed = True
+
+    def compress(self, a, k, *, seed=None, round=None, clamp=False):
+        a = _flat(a)
+        d = a.numel()
+        kk = resolve_k(k, d, clamp=clamp)
+        seed = _check_seed(seed, self.name)
+        idx = randomk_indices(d, kk, seed).to(a.device)  # drawn on the CPU: the same on every device
+        return self._payload(a, None, a[idx], FLOAT32_BYTES * kk + SEED_BYTES, kk, {"seed": seed}, cache=idx)
+
+    def ops(self, d, k):
+        return self.cost["per_index"] * k
+
+    @classmethod
+    def positions(cls, c):
+        return randomk_indices(c.numel, c.k, c.meta["seed"])
+
+    @classmethod
+    def to_arrays(cls, c):
+        return {"values": _f32(c.values), "seed": np.array([c.meta["seed"]], dtype=np.uint64)}
+
+    @classmethod
+    def from_arrays(cls, arrays, numel):
+        return _received(cls.name, arrays, numel, None, _values(arrays), {"seed": int(arrays["seed"][0])})
 
 
 def periodick_offset(d: int, k: int, round: int) -> int:
@@ -321,59 +376,193 @@ def periodick_indices(d: int, k: int | float, round: int | None = None, *, offse
     return (torch.arange(kk, dtype=torch.int64) + int(offset)) % d
 
 
-def periodick(
-    a: torch.Tensor, k: int | float, round: int, *, costs: OpCosts | None = None, clamp: bool = False
-) -> Compressed:
+@register
+class PeriodicK(Compressor):
     """Contiguous block of K coordinates at ``(round*K) mod d``, wrapping around.
+    Payload: K float32 values + one int32 offset."""
 
-    Payload: K float32 values + one int32 offset.
+    name = "periodick"
+    COSTS = BUILTIN_COMPRESSOR_COSTS[name]
+    ARRAYS = ("values", "offset")
+    needs_round = True
+
+    def compress(self, a, k, *, seed=None, round=None, clamp=False):
+        if round is None:
+            raise ValueError("periodick needs the round")
+        a = _flat(a)
+        d = a.numel()
+        if d >= 2**31:
+            raise ValueError(f"d={d} does not fit Periodic-K's int32 offset")
+        kk = resolve_k(k, d, clamp=clamp)
+        off = periodick_offset(d, kk, round)
+        end = off + kk
+        values = a[off:end].clone() if end <= d else torch.cat([a[off:], a[: end - d]])
+        return self._payload(a, None, values, FLOAT32_BYTES * kk + OFFSET_BYTES, kk,
+                             {"offset": off, "round": int(round)})
+
+    def ops(self, d, k):
+        return self.cost["per_index"] * k
+
+    @classmethod
+    def positions(cls, c):
+        return periodick_indices(c.numel, c.k, offset=c.meta["offset"])
+
+    @classmethod
+    def to_arrays(cls, c):
+        return {"values": _f32(c.values), "offset": np.array([c.meta["offset"]], dtype=np.int32)}
+
+    @classmethod
+    def from_arrays(cls, arrays, numel):
+        return _received(cls.name, arrays, numel, None, _values(arrays), {"offset": int(arrays["offset"][0])})
+
+
+@register
+class QSGD8(Compressor):
+    """8-bit stochastic quantisation of every coordinate (QSGD-style, Alistarh et al. 2017).
+
+    Per bucket of ``BUCKET`` values: scale ``s = max |a_i|``; ``q_i = sign(a_i) *
+    floor(127 |a_i| / s + xi_i)`` with ``xi_i ~ U[0, 1)`` from the seed (unbiased:
+    ``E[q_i s / 127] = a_i``), sent as int8; the receiver adds ``q_i s / 127``. Payload: d int8
+    + one float32 scale per bucket. K is not used (dense). The max-norm per bucket, rather than
+    QSGD's 2-norm of the whole vector, keeps the variance at most ``(s/127)^2 / 4`` per value.
     """
-    a = _flat(a)
-    d = a.numel()
-    if d >= 2**31:
-        raise ValueError(f"d={d} does not fit Periodic-K's int32 offset")
-    kk = resolve_k(k, d, clamp=clamp)
-    off = periodick_offset(d, kk, round)
-    end = off + kk
-    values = a[off:end].clone() if end <= d else torch.cat([a[off:], a[: end - d]])
-    return Compressed(
-        indices=None,
-        values=values,
-        nbytes=FLOAT32_BYTES * kk + OFFSET_BYTES,
-        ops=selection_ops("periodick", d, kk, costs),
-        meta={"strategy": "periodick", "offset": off, "round": int(round)},
-        numel=d,
-    )
+
+    name = "qsgd8"
+    COSTS = BUILTIN_COMPRESSOR_COSTS[name]
+    ARRAYS = ("q", "scale")
+    needs_seed = True
+    uses_k = False
+    BUCKET: ClassVar[int] = 512
+    LEVELS: ClassVar[int] = 127
+
+    def compress(self, a, k=None, *, seed=None, round=None, clamp=False):
+        a = _flat(a)
+        d = a.numel()
+        seed = _check_seed(seed, self.name)
+        nb = -(-d // self.BUCKET)
+        x = F.pad(a, (0, nb * self.BUCKET - d)).view(nb, self.BUCKET)
+        mag = x.abs()
+        scale = mag.amax(1)
+        inv = self.LEVELS / torch.where(scale > 0, scale, torch.ones_like(scale))
+        g = torch.Generator().manual_seed(seed & 0xFFFF_FFFF_FFFF_FFFF)
+        xi = torch.rand(x.shape, generator=g).to(a.device)  # drawn on the CPU: the same on every device
+        level = torch.floor(mag * inv[:, None] + xi).clamp_(max=self.LEVELS)  # 127 + xi may round up
+        q = torch.copysign(level, x).to(torch.int8).reshape(-1)[:d]
+        values = _dequantise(q, scale, self.BUCKET, self.LEVELS)
+        return self._payload(a, None, values, INT8_BYTES * d + FLOAT32_BYTES * nb, d,
+                             {"q": q, "scale": scale})
+
+    def ops(self, d, k):
+        return self.cost["per_element"] * d
+
+    @classmethod
+    def positions(cls, c):
+        return torch.arange(c.numel, dtype=torch.int64)
+
+    @classmethod
+    def to_arrays(cls, c):
+        return {"q": c.meta["q"].cpu().numpy().astype(np.int8, copy=True), "scale": _f32(c.meta["scale"])}
+
+    @classmethod
+    def from_arrays(cls, arrays, numel):
+        q = torch.from_numpy(np.array(arrays["q"], dtype=np.int8))
+        scale = torch.from_numpy(np.array(arrays["scale"], dtype=np.float32))
+        if q.numel() != numel or scale.numel() != -(-numel // cls.BUCKET):
+            raise ValueError(f"qsgd8 payload of {q.numel()} values / {scale.numel()} scales for d={numel}")
+        values = _dequantise(q, scale, cls.BUCKET, cls.LEVELS)
+        nbytes = int(sum(np.asarray(x).nbytes for x in arrays.values()))
+        return Compressed(indices=None, values=values, nbytes=nbytes, ops=0.0,
+                          meta={"strategy": cls.name, "q": q, "scale": scale}, numel=numel)
+
+    @classmethod
+    def restore(cls, residual, c):
+        """``e + sent`` (the residual holds ``a - sent``): equal to ``a`` up to one rounding per
+        value, not bit for bit (a quantiser does not send ``a`` itself)."""
+        residual += c.values.cpu().numpy()
 
 
-def decompress(c: Compressed, d: int | None = None) -> torch.Tensor:
-    """Dense float32 vector of length d (default ``c.numel``) with ``values`` scattered in."""
-    d = c.numel if d is None else int(d)
-    if d != c.numel:
-        raise ValueError(f"payload is for a vector of length {c.numel}, not d={d}")
-    out = torch.zeros(d, dtype=torch.float32, device=c.values.device)
-    out[c.index_tensor().to(out.device)] = c.values
-    return out
+def _dequantise(q: torch.Tensor, scale: torch.Tensor, bucket: int, levels: int) -> torch.Tensor:
+    d = q.numel()
+    step = (scale / levels).repeat_interleave(bucket)[:d]
+    return q.float() * step
 
 
-def scatter_add_(out: torch.Tensor, c: Compressed, weight: float = 1.0) -> torch.Tensor:
-    """``out += weight * decompress(c)`` without building the dense vector (in place)."""
-    if out.numel() != c.numel:
-        raise ValueError(f"payload is for a vector of length {c.numel}, not {out.numel()}")
-    v = c.values.to(out.device, out.dtype)
-    out.index_add_(0, c.index_tensor().to(out.device), v if weight == 1.0 else v * weight)
-    return out
+def _f32(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().numpy().astype(np.float32, copy=True)  # the payload leaves the device
+
+
+def _values(arrays: dict[str, np.ndarray]) -> torch.Tensor:
+    v = np.ascontiguousarray(arrays["values"], dtype=np.float32)
+    if not v.flags.writeable:  # e.g. from Ray's object store: torch warns on read-only arrays
+        v = v.copy()
+    return torch.from_numpy(v)
+
+
+def _received(name, arrays, numel, idx, values, meta) -> Compressed:
+    nbytes = int(sum(np.asarray(a).nbytes for a in arrays.values()))
+    return Compressed(indices=idx, values=values, nbytes=nbytes, ops=0.0,
+                      meta={"strategy": name, **meta}, numel=int(numel))
 
 
 # --------------------------------------------------------------------------------------------
-# Error feedback
+# Op-cost overrides
+# --------------------------------------------------------------------------------------------
+class OpCosts:
+    """The op-count constants of every registered compressor, with overrides by config key
+    ``<compressor>_<key>`` (e.g. ``topk_per_element``); unknown keys and values that are not
+    finite and >= 0 are rejected with the key, the value and what is allowed."""
+
+    def __init__(self, **overrides: float):
+        self.overrides = validate_op_costs(overrides)
+
+    @staticmethod
+    def keys() -> dict[str, float]:
+        """Every config key with its default."""
+        return {f"{name}_{key}": v for name, cls in COMPRESSORS.items() for key, v in cls.COSTS.items()}
+
+    def of(self, name: str) -> dict[str, float]:
+        """The constants of compressor ``name`` (defaults with the overrides applied)."""
+        cls = compressor_class(name)
+        return {key: self.overrides.get(f"{name}_{key}", v) for key, v in cls.COSTS.items()}
+
+    def __getattr__(self, key: str) -> float:
+        if key.startswith("_") or key == "overrides":
+            raise AttributeError(key)
+        defaults = self.keys()
+        if key not in defaults:
+            raise AttributeError(key)
+        return self.overrides.get(key, defaults[key])
+
+
+DEFAULT_OP_COSTS = OpCosts()
+
+
+# --------------------------------------------------------------------------------------------
+# Error feedback (a wrapper around any compressor) and the single entry points
 # --------------------------------------------------------------------------------------------
 class ErrorFeedback:
-    """Residual accumulation: ``a = e + delta``; send ``C(a)``; keep ``e = a - sent``.
+    """Residual accumulation around a compressor: ``a = e + delta``; send ``C(a)``; keep
+    ``e = a - sent``. For sparsifiers ``decode(c) + e == a`` holds bit for bit (sent positions:
+    ``v + (a_i - v) = v + 0``; others: ``0 + a_i``)."""
 
-    ``update_residual`` subtracts only at the sent positions, so ``decompress(c) + e == a``
-    holds bit for bit (sent positions: ``v + (a_i - v) = v + 0``; others: ``0 + a_i``).
-    """
+    def __init__(self, compressor: Compressor):
+        self.compressor = compressor
+
+    def compress(self, residual: torch.Tensor | np.ndarray | None, delta: torch.Tensor, k: int | float,
+                 **kwargs: Any) -> tuple[Compressed, torch.Tensor]:
+        """``(C(e + delta), new residual)``."""
+        a = self.accumulate(residual, delta)
+        c = self.compressor.compress(a, k, **kwargs)
+        return c, self.update_residual(a, c)
+
+    def restore(self, residual: np.ndarray, c: Compressed) -> np.ndarray:
+        """The residual with what ``c`` sent put back (a lost upload); a writable copy if needed."""
+        if c.numel != residual.size:
+            raise ValueError(f"sent record of length {c.numel} for a residual of length {residual.size}")
+        if not residual.flags.writeable:
+            residual = residual.copy()
+        self.compressor.restore(residual, c)
+        return residual
 
     @staticmethod
     def accumulate(residual: torch.Tensor | np.ndarray | None, delta: torch.Tensor) -> torch.Tensor:
@@ -396,59 +585,62 @@ class ErrorFeedback:
         return e
 
 
-# --------------------------------------------------------------------------------------------
-# Registry and single entry point
-# --------------------------------------------------------------------------------------------
-
-COMPRESSORS: dict[str, Callable[..., Compressed]] = {
-    "topk": topk,
-    "randomk": randomk,
-    "periodick": periodick,
-}
+def get_compressor(name: str, costs: OpCosts | None = None) -> Compressor:
+    return compressor_class(name)(costs)
 
 
-def compress(
-    name: str,
-    a: torch.Tensor,
-    k: int | float,
-    *,
-    seed: int | None = None,
-    round: int | None = None,
-    costs: OpCosts | None = None,
-    clamp: bool = False,
-) -> Compressed:
-    """Compress ``a`` with ``name``; Random-K needs ``seed``, Periodic-K needs ``round``."""
-    if name == "topk":
-        return topk(a, k, costs=costs, clamp=clamp)
-    if name == "randomk":
-        if seed is None:
-            raise ValueError("randomk needs a seed")
-        return randomk(a, k, seed, costs=costs, clamp=clamp)
-    if name == "periodick":
-        if round is None:
-            raise ValueError("periodick needs the round")
-        return periodick(a, k, round, costs=costs, clamp=clamp)
-    raise ValueError(f"unknown compressor {name!r}; choose one of {sorted(COMPRESSORS)}")
+def compress(name: str, a: torch.Tensor, k: int | float, *, seed: int | None = None, round: int | None = None,
+             costs: OpCosts | None = None, clamp: bool = False) -> Compressed:
+    """Compress ``a`` with compressor ``name``; Random-K / qsgd8 need ``seed``, Periodic-K ``round``."""
+    return get_compressor(name, costs).compress(a, k, seed=seed, round=round, clamp=clamp)
+
+
+def selection_ops(name: str, d: int, k: int, costs: OpCosts | None = None) -> float:
+    """Operation count (training-FLOP equivalents) of compressing a length-d vector to K."""
+    return get_compressor(name, costs).ops(int(d), int(k))
+
+
+def decode(name: str, arrays: dict[str, np.ndarray], numel: int) -> Compressed:
+    """The one decoder of a received payload: the arrays that travelled -> :class:`Compressed`
+    (positions and values; ``.dense()`` for the dense vector). Arrays that are not the
+    compressor's (e.g. dense buffers travelling alongside) are ignored."""
+    cls = compressor_class(name)
+    missing = [k for k in cls.ARRAYS if k not in arrays]
+    if missing:
+        raise ValueError(f"{name} payload lacks the arrays {missing}")
+    return cls.from_arrays({k: arrays[k] for k in cls.ARRAYS}, int(numel))
+
+
+def decompress(c: Compressed, d: int | None = None) -> torch.Tensor:
+    """Dense float32 vector of length d (default ``c.numel``) with ``values`` scattered in."""
+    if d is not None and int(d) != c.numel:
+        raise ValueError(f"payload is for a vector of length {c.numel}, not d={d}")
+    return c.dense()
+
+
+def scatter_add_(out: torch.Tensor, c: Compressed, weight: float = 1.0) -> torch.Tensor:
+    """``out += weight * decompress(c)`` without building the dense vector (in place)."""
+    if out.numel() != c.numel:
+        raise ValueError(f"payload is for a vector of length {c.numel}, not {out.numel()}")
+    v = c.values.to(out.device, out.dtype)
+    out.index_add_(0, c.index_tensor().to(out.device), v if weight == 1.0 else v * weight)
+    return out
 
 
 # --------------------------------------------------------------------------------------------
 # Calibration helper (not used at run time)
 # --------------------------------------------------------------------------------------------
 def measure_selection_costs(d: int = 1_000_000, k: int = 10_000, repeats: int = 5) -> dict[str, float]:
-    """Median host seconds of each compressor's selection on a random vector (one thread).
-
-    Multiply by the host's training throughput (FLOP/s) to re-derive the op constants.
-    """
+    """Median host seconds of each compressor on a random vector (one thread), plus the bare
+    ``randint + gather`` of Random-K. Multiply by the host's training throughput (FLOP/s) to
+    re-derive the op constants."""
     prev = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         a = torch.randn(d, generator=torch.Generator().manual_seed(0))
-        fns = {
-            "topk": lambda: topk(a, k),
-            "randomk": lambda: randomk(a, k, 12345),
-            "randint_gather": lambda: a[torch.randint(d, (k,), generator=torch.Generator().manual_seed(1))],
-            "periodick": lambda: periodick(a, k, 3),
-        }
+        fns = {name: (lambda c=get_compressor(name): c.compress(a, k, seed=12345, round=3))
+               for name in COMPRESSORS}
+        fns["randint_gather"] = lambda: a[torch.randint(d, (k,), generator=torch.Generator().manual_seed(1))]
         out = {}
         for name, fn in fns.items():
             fn()

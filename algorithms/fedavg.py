@@ -19,6 +19,7 @@ from algorithms.base import (
     Server,
 )
 from algorithms.params import FedAvgParams, FedProxParams
+from algorithms.toolkit import group_by_arch, sample_weighted_mean
 from algorithms.training import flat_params, flat_state, load_flat_state, local_sgd
 
 
@@ -53,14 +54,8 @@ class FedAvgServer(Server):
         return {arch: state_payload(flat_state(m)) for arch, m in self.models.items()}
 
     def aggregate(self, round: int, results: list[ClientResult]) -> dict:
-        for arch, model in self.models.items():
-            mine = [r for r in results if r.arch == arch]
-            if not mine:
-                continue
-            weights = torch.tensor([r.num_samples for r in mine], dtype=torch.float64)
-            stacked = torch.stack([torch.from_numpy(r.upload.arrays["state"]) for r in mine])
-            averaged = (weights / weights.sum()).to(stacked.dtype) @ stacked
-            load_flat_state(model, averaged)
+        for arch, mine in group_by_arch(results, self.models).items():
+            load_flat_state(self.models[arch], sample_weighted_mean(mine, "state"))
         return {}
 
 

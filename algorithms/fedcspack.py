@@ -29,18 +29,17 @@ Design choices (where the spec leaves room)
   ``P``-way distribution, exactly as the reference code computes it (it pads with zeros before
   the softmax). ``kl_padding="exclude"`` computes the last pack's KL over its ``r`` real values
   only. Only the last pack is affected, and only when ``P`` does not divide ``n``.
-* **Numerics of ``pack_scores``.** Per-pack sums (dot, squared norms, softmax partition sums)
-  are computed in float32 in one fused pass over the ``(J, P)`` view (:func:`pack_sums`), then
-  combined in float64. For tensors on a GPU the same sums come from torch ops in float64
-  on that device (:mod:`algorithms.pack_stats_torch`); the compiled kernel is the CPU path.
-  ``beta`` uses the algebraically identical form
-  ``KL(p_G || p_L) = sum_k p_G,k (G_k - L_k) + ln(S_L / S_G)`` with ``S = sum_k exp(x_k)``: two
-  exponentials per value and no log-probability tensors. When a pack's partition sums leave
-  ``[1e-30, 1e30]`` (|weights| beyond ~60) those packs are recomputed with the max-shifted
-  ``log_softmax`` form, so large weights cannot overflow. Against a float64 reference the
-  result is 2-3x more accurate than the plain float32 ``log_softmax`` formula (about 1e-7
-  absolute error for typical packs with ``beta ~ 5e-5``). ``beta`` is clamped at 0 (a KL
-  divergence is >= 0; only rounding makes a near-zero value negative).
+* **Numerics of ``pack_scores``** (spec, decisions version 2: every mask weight within 1e-5
+  relative of a float64 reference). The per-pack sums are one compiled pass over the ``(J, P)``
+  view (:func:`~algorithms.pack_kernel.pack_sums`; for tensors on a GPU the same four numbers
+  come from torch ops in float64 on that device, :mod:`algorithms.pack_stats_torch`): the dot
+  products accumulated in float64 from exact float64 products, and ``beta`` in a form without cancellation (``ln(1 + sum p_G phi(u))`` with
+  ``phi(u) = e^-u - 1 + u >= 0``, ``u`` the deviation of ``G - L`` from its ``p_G``-weighted
+  mean; see the kernel's docstring), accumulated in float64: about 1e-7 relative error, where
+  the earlier float32 partition sums were off by a median 0.1 % and up to 8 % on the kd weights
+  of a real CNN update. A pack of one value has ``beta = 0`` exactly. Packs with ``|weights|``
+  beyond 87 (exp would clamp) or non-finite values are recomputed with the max-shifted float64
+  ``log_softmax`` form. ``beta`` is >= 0 (rounding below 0 is clamped).
 * ``theta`` and ``beta`` are returned as float64 tensors; ``theta_a`` is computed from the sums
   of the same per-pack sums with the same float64 formula, so with a single pack
   ``theta_1 == theta_a`` exactly and the strict test ``theta_ij < theta_a`` is consistent.
@@ -49,14 +48,19 @@ Design choices (where the spec leaves room)
   ~1e-3, enough to flip the packs nearest the threshold (bench/bench_pack_selection.py shows it).
 * ``sharing="full"`` shares every pack with weight 1 (FedAvg-like) and charges no selection
   ops; the pack scores are still computed, only for the trace columns.
-* **Top-K** (``k``): an int is a pack count; a float in (0, 1] is a fraction of ``J``, giving
-  ``K = max(1, floor(k * J))`` packs (a cap, so never more than the fraction); ``"all"`` shares
-  every candidate (the reference code). Ties in ``theta`` are broken by pack index (stable sort).
+* **Top-K** (``k``): an int >= 1 is a pack count; a float in (0, 1) is a fraction of ``J``,
+  giving ``K = max(1, floor(k * J))`` packs (a cap, so never more than the fraction); ``"all"``
+  shares every candidate (the reference code). ``1.0`` is rejected as ambiguous (one pack or
+  all?). Ties in ``theta`` are broken by pack index (stable sort).
 * **W_prev** is the pre-round global model. ``fit`` reads it from the broadcast it is passed
   (the very payload ``receive`` used), so nothing per-client is stored for it: no memory grows.
 * Client state (``ctx.state``) holds, per client: the full local parameter vector after its last
-  training (only for ``own_mask`` / ``global_mask``), the pack set it last shared (only for
-  ``own_mask``) and its buffers (always: BatchNorm statistics are never shared).
+  training (only for ``own_mask`` / ``global_mask``), the pack set it last shared and that
+  round (only for ``own_mask``) and its buffers (always: BatchNorm statistics are never shared).
+* **Lost uploads** (spec, decisions version 2): packs count as shared only when the upload
+  arrived. ``on_dropped`` empties the recorded pack set of the lost round, so under ``own_mask``
+  the next ``receive`` overwrites nothing and the client keeps its whole trained model (a
+  client whose *first* upload was lost therefore keeps its own model too).
 * Trace columns when a client shares nothing: ``mask_w_mean/min/max`` are ``float('nan')``.
 """
 from __future__ import annotations
@@ -83,6 +87,7 @@ from algorithms.base import (
 )
 from algorithms.pack_stats_torch import pack_sums_on_device
 from algorithms.params import FedCSPACKParams
+from algorithms.toolkit import ALL, check_k, group_by_arch
 from algorithms.training import flat_params, load_flat_params, local_sgd
 
 # --------------------------------------------------------------------------------------------
@@ -103,8 +108,6 @@ SELECTION_OPS_PER_PACK = 12
 # actually removes candidates; "all" needs no sort).
 SORT_OPS_PER_COMPARISON = 1
 # --------------------------------------------------------------------------------------------
-
-_SAFE_SUM_MIN, _SAFE_SUM_MAX = 1e-30, 1e30  # fast-path partition sums outside -> stable path
 
 Weighting = Literal["cskd", "cs", "kd"]
 KSpec = Union[int, float, str]
@@ -158,20 +161,18 @@ def _kl_stable(local: torch.Tensor, glob: torch.Tensor) -> torch.Tensor:
 def _row_stats(local: torch.Tensor, glob: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Per-row (dot, |L|^2, |G|^2, beta) of two (R, C) float32 views, as float64 tensors.
 
-    The six per-row sums come from one fused, vectorised pass (:func:`pack_sums`); only the
-    R-sized combination is done here, in float64.
+    One compiled pass per row (:func:`pack_sums`) with float64 accumulation and a
+    cancellation-free beta; rows it cannot do exactly (huge weights, NaN) are recomputed here
+    with the max-shifted float64 ``log_softmax`` form.
     """
-    dot, nl2, ng2, sg, sl, pd = pack_sums_on_device(local, glob).double()  # GPU: torch, float64
-    beta = pd / sg + torch.log(sl / sg)
-    ok = (
-        (sg >= _SAFE_SUM_MIN) & (sg <= _SAFE_SUM_MAX)
-        & (sl >= _SAFE_SUM_MIN) & (sl <= _SAFE_SUM_MAX) & torch.isfinite(pd)
-    )
-    if not bool(ok.all()):  # huge / tiny weights: recompute those packs max-shifted
-        bad = (~ok).nonzero().squeeze(1)
-        beta[bad] = _kl_stable(local[bad], glob[bad])
-    # KL >= 0; only rounding can push a (near-)zero value below 0
-    return dot, nl2, ng2, beta.clamp_min_(0.0)
+    dot, nl2, ng2, beta = pack_sums_on_device(local, glob)  # GPU: torch, float64
+    if local.shape[1] == 1:  # softmax of one value is 1: KL = 0 exactly (the kernel agrees)
+        beta.zero_()
+    bad = torch.isnan(beta)
+    if bool(bad.any()):
+        rows = bad.nonzero().squeeze(1)
+        beta[rows] = _kl_stable(local[rows], glob[rows]).clamp_min(0.0)
+    return dot, nl2, ng2, beta
 
 
 def _check_kl_padding(kl_padding: str) -> None:
@@ -233,21 +234,12 @@ def pack_scores(
 
 def pack_budget(k: KSpec, num_packs_total: int) -> int | None:
     """The Top-K cap K for ``J`` packs, or None for "all" (every candidate)."""
-    if isinstance(k, str):
-        if k == "all":
-            return None
-        raise ValueError(f"k must be an int >= 1, a float in (0, 1] or 'all', got {k!r}")
-    if isinstance(k, (bool, np.bool_)):
-        raise ValueError(f"k must be an int >= 1, a float in (0, 1] or 'all', got {k!r}")
-    if isinstance(k, (int, np.integer)):
-        if k < 1:
-            raise ValueError(f"k as a pack count must be >= 1, got {k}")
-        return int(k)
-    if isinstance(k, (float, np.floating)):
-        if not 0.0 < k <= 1.0:
-            raise ValueError(f"k as a fraction of the packs must be in (0, 1], got {k}")
-        return max(1, math.floor(k * num_packs_total + 1e-9))
-    raise ValueError(f"k must be an int >= 1, a float in (0, 1] or 'all', got {k!r}")
+    k = check_k(k, what="packs", allow_all=True, one_is_ambiguous=True)
+    if k == ALL:
+        return None
+    if isinstance(k, int):
+        return k
+    return max(1, math.floor(k * num_packs_total + 1e-9))
 
 
 def mask_weights(theta: torch.Tensor, beta: torch.Tensor, weighting: Weighting) -> torch.Tensor:
@@ -361,12 +353,11 @@ def selection_ops(n: int, pack_size: int, num_sorted: int = 0) -> float:
     return float(ops)
 
 
-# ------------------------------------------------------------------------------- params ---
-
 # ------------------------------------------------------------------------ client/server ---
 
 _PERSONAL = "fedcspack.personal"  # the client's full local parameter vector after training
 _SHARED = "fedcspack.shared_packs"  # pack indices it shared in its last participation
+_SHARED_ROUND = "fedcspack.shared_round"  # the round of that upload (for on_dropped)
 _BUFFERS = "fedcspack.buffers"  # its buffers (BatchNorm statistics), never shared
 
 
@@ -412,6 +403,14 @@ class FedCSPACKClient(Client):
                     if name in buffers:
                         buf.copy_(buffers[name])
 
+    def on_dropped(self, state: dict[str, Any], round: int) -> None:
+        """The upload of ``round`` was lost (deadline, over-selection): none of its packs was
+        aggregated, so none counts as shared. Under ``own_mask`` the client's next ``receive``
+        then overwrites no pack: the whole model it trained stays personal (spec, decisions
+        version 2). A record of another round is left alone."""
+        if state.get(_SHARED_ROUND) == round and _SHARED in state:
+            state[_SHARED] = torch.zeros(0, dtype=torch.long)
+
     def fit(self, ctx: ClientContext, broadcast: Payload) -> ClientResult:
         p = self.params
         loss, seen = local_sgd(ctx)
@@ -446,8 +445,10 @@ class FedCSPACKClient(Client):
             ctx.state[_PERSONAL] = local.cpu()
         if p.personalization == "own_mask":
             ctx.state[_SHARED] = idx.clone()
+            ctx.state[_SHARED_ROUND] = int(ctx.round)
         else:
             ctx.state.pop(_SHARED, None)
+            ctx.state.pop(_SHARED_ROUND, None)
         ctx.state[_BUFFERS] = {name: b.detach().to("cpu", copy=True)
                                for name, b in ctx.model.named_buffers()}
         w_mean, w_min, w_max = _nan_stats(w)
@@ -508,8 +509,9 @@ class FedCSPACKServer(Server):
 
     def aggregate(self, round: int, results: list[ClientResult]) -> dict[str, Any]:
         metrics: dict[str, Any] = {}
+        groups = group_by_arch(results, self.models)
         for arch, model in self.models.items():
-            mine = [r for r in results if r.arch == arch]
+            mine = groups.get(arch, [])
             uploads = [(r.upload.arrays["idx"], r.upload.arrays["w"], r.upload.arrays["delta"])
                        for r in mine]
             flat = flat_params(model)

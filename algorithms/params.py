@@ -3,26 +3,97 @@
 ``hetsim validate`` and config loading check the ``algorithm`` section against these pydantic
 models without importing the methods themselves (torch, numba): each method's module imports its
 params class from here. ``ALGORITHM_PARAMS`` maps a method's config name to its class; the
-registry of the methods (:data:`algorithms.ALGORITHMS`) has the same names.
+registry of the methods (:data:`algorithms.ALGORITHMS`) has the same names. What validating
+them needs lives here too: the one K validator (:func:`check_k`, also exported by
+:mod:`algorithms.toolkit`) and the compressors' names and op-count constants.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, Optional, Union, get_args
+import sys
+from typing import Any, Literal, Optional, Union
 
 import numpy as np
 from pydantic import Field, StrictFloat, StrictInt, field_validator, model_validator
 
 from algorithms.base import AlgorithmParams
 
-# The compressors' names and op-count constants (calibrated in algorithms/compressors.py,
-# which re-exports them): here so that the params below need no torch.
-Strategy = Literal["topk", "randomk", "periodick"]
-STRATEGIES: tuple[str, ...] = get_args(Strategy)
-TOPK_OPS_PER_ELEMENT = 140.0
-TOPK_OPS_PER_SELECTED_LOG = 70.0
-RANDOMK_OPS_PER_INDEX = 210.0
-PERIODICK_OPS_PER_INDEX = 4.0
+# The built-in compressors and their op-count constants by key (config keys ``<name>_<key>``,
+# e.g. ``topk_per_element``), calibrated in algorithms/compressors.py, whose classes take their
+# ``COSTS`` from here: listed here so that validating a config needs no torch.
+BUILTIN_COMPRESSOR_COSTS: dict[str, dict[str, float]] = {
+    "topk": {"per_element": 140.0, "per_selected_log": 70.0},
+    "randomk": {"per_index": 210.0},
+    "periodick": {"per_index": 4.0},
+    "qsgd8": {"per_element": 70.0},
+}
+
+
+def compressor_costs() -> dict[str, dict[str, float]]:
+    """Every registered compressor's op-count constants by name: the built-in ones, or, once
+    :mod:`algorithms.compressors` is loaded, its registry (which also holds the classes
+    registered since, e.g. by a plugin or a test)."""
+    registry = sys.modules.get("algorithms.compressors")
+    if registry is None:
+        return BUILTIN_COMPRESSOR_COSTS
+    return {name: dict(cls.COSTS) for name, cls in registry.COMPRESSORS.items()}
+
+
+ALL = "all"
+
+
+def check_k(
+    value: Any,
+    *,
+    field: str = "k",
+    what: str = "coordinates",
+    allow_all: bool = False,
+    one_is_ambiguous: bool = False,
+) -> int | float | str:
+    """The one validator of a "how many" option (``k``): an int count >= 1, a float fraction,
+    or ``"all"``.
+
+    A float is a fraction in (0, 1]; with ``one_is_ambiguous`` in (0, 1) and ``1.0`` is rejected
+    with a message saying so (one or all?). Numeric strings (YAML 1.1 reads ``1e-2`` as a
+    string; CLI overrides may too) are parsed. Raises ``ValueError`` naming the field, the value
+    and what is allowed.
+    """
+    allowed = k_allowed(what, allow_all=allow_all, one_is_ambiguous=one_is_ambiguous)
+    if isinstance(value, str):
+        text = value.strip()
+        if allow_all and text == ALL:
+            return ALL
+        try:
+            value = int(text)
+        except ValueError:
+            try:
+                value = float(text)
+            except ValueError:
+                raise ValueError(f"{field}={value!r} is not allowed: must be {allowed}") from None
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{field}={value!r} is not allowed: must be {allowed}")
+    if isinstance(value, (int, np.integer)):
+        if value < 1:
+            raise ValueError(f"{field}={value} is not allowed: must be {allowed}")
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        if one_is_ambiguous and value == 1.0:
+            raise ValueError(
+                f"{field}=1.0 is ambiguous (one of the {what} or all of them?): write {field}: 1 for one"
+                + (f" or {field}: all for all" if allow_all else "")
+            )
+        ok = 0.0 < value < 1.0 if one_is_ambiguous else 0.0 < value <= 1.0
+        if not (math.isfinite(value) and ok):
+            raise ValueError(f"{field}={value!r} is not allowed: must be {allowed}")
+        return value
+    raise ValueError(f"{field}={value!r} is not allowed: must be {allowed}")
+
+
+def k_allowed(what: str, *, allow_all: bool = False, one_is_ambiguous: bool = False) -> str:
+    """What :func:`check_k` allows, in words (for messages)."""
+    upper = "1)" if one_is_ambiguous else "1]"
+    return f"an int count >= 1 of {what}, a float fraction in (0, {upper}" + (" or 'all'" if allow_all else "")
 
 
 # ------------------------------------------------------------------------------ FedAvg, FedProx
@@ -37,79 +108,75 @@ class FedProxParams(AlgorithmParams):
 
 # ------------------------------------------------------------ compressed FedAvg (uniform compressor)
 def validate_k(k: Any) -> int | float:
-    """Shared rule for a K option: int count >= 1, or float ratio in (0, 1]."""
-    if isinstance(k, str):  # YAML 1.1 reads "1e-2" as a string; CLI overrides may too
-        text = k.strip()
-        try:
-            k = int(text)
-        except ValueError:
-            try:
-                k = float(text)
-            except ValueError:
-                raise ValueError(
-                    f"k={k!r} is not allowed: must be an int count >= 1 or a float ratio in (0, 1]"
-                ) from None
-    if isinstance(k, np.integer):
-        k = int(k)
-    elif isinstance(k, np.floating):
-        k = float(k)
-    if isinstance(k, bool):
-        raise ValueError(f"k={k!r} is not allowed: must be an int count >= 1 or a float ratio in (0, 1]")
-    if isinstance(k, int):
-        if k < 1:
-            raise ValueError(f"k={k} is not allowed: an int k is a count and must be >= 1")
-        return k
-    if isinstance(k, float):
-        if not 0.0 < k <= 1.0:
-            raise ValueError(
-                f"k={k!r} is not allowed: a float k is a ratio of the model size and must be in (0, 1] "
-                "(write an int for a count)"
-            )
-        return k
-    raise ValueError(f"k={k!r} is not allowed: must be an int count >= 1 or a float ratio in (0, 1]")
+    """A compressor's K option: int count >= 1, or float ratio of the model size in (0, 1]."""
+    return check_k(k, what="coordinates")
 
 
-class OpCostParams(AlgorithmParams):
-    """Op-count constants of the compressors ([ours]; see algorithms/compressors.py)."""
-
-    topk_per_element: float = Field(TOPK_OPS_PER_ELEMENT, ge=0, description="Top-K ops per element of d")
-    topk_per_selected_log: float = Field(TOPK_OPS_PER_SELECTED_LOG, ge=0, description="Top-K ops per K*log2(K)")
-    randomk_per_index: float = Field(RANDOMK_OPS_PER_INDEX, ge=0, description="Random-K ops per index")
-    periodick_per_index: float = Field(PERIODICK_OPS_PER_INDEX, ge=0, description="Periodic-K ops per index")
-
-    def costs(self):
-        """The constants as :class:`algorithms.compressors.OpCosts`."""
-        from algorithms.compressors import OpCosts
-
-        return OpCosts(**self.model_dump())
+def validate_compressor(name: Any, field: str = "compressor") -> str:
+    allowed = sorted(compressor_costs())
+    if not isinstance(name, str) or name not in allowed:
+        raise ValueError(f"{field}={name!r} is not allowed: choose one of {allowed}")
+    return name
 
 
-class CompressedFedAvgParams(AlgorithmParams):
-    name: Literal["fedavg_compressed"] = "fedavg_compressed"
-    compressor: Strategy = Field("topk", description="the compressor every client uses")
+def validate_op_costs(v: Any) -> dict[str, float]:
+    """``op_costs``: overrides of the registered compressors' op-count constants by key
+    ``<compressor>_<key>``; unknown keys and values that are not finite and >= 0 are rejected
+    with the key, the value and what is allowed."""
+    keys = sorted(f"{name}_{key}" for name, costs in compressor_costs().items() for key in costs)
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise ValueError(f"op_costs={v!r} is not allowed: a mapping of {keys} to numbers")
+    for key, x in v.items():
+        if key not in keys:
+            raise ValueError(f"op_costs.{key} is not allowed: the keys are {keys}")
+        if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)) \
+                or not (math.isfinite(x) and x >= 0):
+            raise ValueError(f"op_costs.{key}={x!r} is not allowed: must be a finite number >= 0")
+    return {key: float(x) for key, x in v.items()}
+
+
+class CompressionOptions(AlgorithmParams):
+    """The compression options every compressed-upload method shares (fedavg_compressed, ASCEND)."""
+
     k: Union[StrictInt, StrictFloat] = Field(  # noqa: UP007
         0.01, description="coordinates sent: int count >= 1, or float ratio of the model size in (0, 1]"
     )
     error_feedback: bool = Field(True, description="accumulate what was not sent into a residual")
     clamp_k: bool = Field(False, description="an int k above the model size sends every coordinate instead of failing")
     buffers: Literal["dense", "local"] = Field("dense", description="BatchNorm buffers: uploaded dense, or kept local")
-    op_costs: OpCostParams = Field(default_factory=OpCostParams)
+    op_costs: dict[str, float] = Field(
+        default_factory=dict, description="op-count constants by key <compressor>_<constant> (defaults: "
+        "algorithms/compressors.py)")
 
     @field_validator("k", mode="before")
     @classmethod
     def _check_k(cls, v):
         return validate_k(v)
 
+    @field_validator("op_costs", mode="before")
+    @classmethod
+    def _check_op_costs(cls, v):
+        return validate_op_costs(v)
+
+
+class CompressedFedAvgParams(CompressionOptions):
+    name: Literal["fedavg_compressed"] = "fedavg_compressed"
+    compressor: str = Field("topk", description="the compressor every client uses (a registered name)")
+
+    @field_validator("compressor", mode="before")
+    @classmethod
+    def _check_compressor(cls, v):
+        return validate_compressor(v)
+
 
 # ------------------------------------------------------------------------------ FedCSPACK
-_K_HELP = "k must be an int >= 1 (pack count), a float in (0, 1] (fraction of packs) or 'all'"
-
-
 class FedCSPACKParams(AlgorithmParams):
     name: Literal["fedcspack"] = "fedcspack"
     pack_size: int = Field(1024, description="values per pack (P)")
     k: Union[int, float, Literal["all"]] = Field(
-        "all", description="Top-K cap: pack count, fraction of packs in (0, 1], or 'all'")
+        "all", description="Top-K cap: pack count >= 1, fraction of packs in (0, 1), or 'all'")
     weighting: Literal["cskd", "cs", "kd"] = Field(
         "cskd", description="mask weight: |cos+KL| (cskd), |cos| (cs) or |KL| (kd)")
     personalization: Literal["own_mask", "global_mask", "none"] = Field(
@@ -131,47 +198,37 @@ class FedCSPACKParams(AlgorithmParams):
     @field_validator("k", mode="before")
     @classmethod
     def _check_k(cls, v: Any) -> Any:
-        if isinstance(v, (bool, np.bool_)) or (isinstance(v, str) and v != "all"):
-            raise ValueError(f"{_K_HELP}, got {v!r}")
-        if isinstance(v, (int, np.integer)):
-            if v < 1:
-                raise ValueError(f"{_K_HELP}, got {v!r}")
-            return int(v)
-        if isinstance(v, (float, np.floating)):
-            if not 0.0 < v <= 1.0:
-                raise ValueError(f"{_K_HELP}, got {v!r}")
-            return float(v)
-        if v == "all":
-            return v
-        raise ValueError(f"{_K_HELP}, got {v!r}")
+        return check_k(v, what="packs", allow_all=True, one_is_ambiguous=True)
 
 
 # ------------------------------------------------------------------------------ ASCEND
-class AscendParams(AlgorithmParams):
-    """ASCEND's options. Every [ours] value of the spec is here, with the spec's default."""
+DEFAULT_ARMS = ("topk", "randomk", "periodick")  # [paper]; a registered compressor joins only if listed
+
+
+class AscendParams(CompressionOptions):
+    """ASCEND's options. Every [ours] value of the spec is here, with the spec's default
+    (the compression options ``k``, ``error_feedback``, ``clamp_k``, ``buffers``, ``op_costs``
+    come from :class:`CompressionOptions`)."""
 
     name: Literal["ascend"] = "ascend"
-    # compression
-    k: Union[StrictInt, StrictFloat] = Field(  # noqa: UP007
-        0.01, description="coordinates sent: int count >= 1, or float ratio of the model size in (0, 1]"
-    )
-    arms: tuple[Strategy, ...] = Field(STRATEGIES, description="the candidate compressors (bandit arms)")
-    error_feedback: bool = Field(True, description="[paper] residual accumulation")
-    clamp_k: bool = Field(False, description="an int k above the model size sends every coordinate")
-    buffers: Literal["dense", "local"] = Field("dense", description="BatchNorm buffers: uploaded dense, or local")
-    op_costs: OpCostParams = Field(default_factory=OpCostParams)
+    arms: tuple[str, ...] = Field(DEFAULT_ARMS, description="the candidate compressors (bandit arms), e.g. "
+                                  "[topk, randomk, periodick, qsgd8]")
     # policy
     policy: Literal["egreedy", "exp3", "fixed"] = Field("egreedy", description="the client's bandit policy")
-    arm: Optional[Strategy] = Field(None, description="the arm of policy 'fixed' (uniform baselines)")  # noqa: UP007
+    arm: Optional[str] = Field(None, description="the arm of policy 'fixed' (uniform baselines)")  # noqa: UP007
     warmup: int = Field(2, ge=0, description="round-robin tries of each arm before epsilon-greedy")
     epsilon: Optional[float] = Field(None, description="fixed epsilon in [0, 1]; None = decaying")  # noqa: UP007
-    eps_c: float = Field(3.0, gt=0, description="decaying epsilon: max(eps_min, min(1, eps_c*|S|/t'))")
+    eps_c: float = Field(1.0, gt=0, description="decaying epsilon: max(eps_min, min(1, eps_c*|S|/t')), t' = "
+                         "the client's own choices since its warm-up")
     eps_min: float = Field(0.03, ge=0, le=1, description="floor of the decaying epsilon")
     ema_lambda: float = Field(0.3, gt=0, le=1, description="EMA step of the chosen arm's value")
     exp3_gamma: float = Field(0.1, gt=0, le=1, description="EXP3 uniform-mixing rate")
     learn_from_forced: bool = Field(False, description="feed rewards of forced (post-rollback) rounds to the policy")
     # reward
-    rho: float = Field(0.6, ge=0, le=1, description="weight of the alignment term dD (1-rho: local dF)")
+    reward: Literal["v2", "v1"] = Field(
+        "v2", description="v2: per-client terms of the update actually sent, sign-aware time normalisation, "
+        "-1 for a lost upload; v1: change of the global model between participations (for comparison)")
+    rho: float = Field(0.5, ge=0, le=1, description="weight of the alignment term dD (1-rho: local dF)")
     reward_clip: float = Field(1.0, gt=0, description="reward clipped to [-reward_clip, reward_clip]")
     probe_batches: int = Field(4, ge=1, description="local probe set = probe_batches x train.batch_size samples")
     # rollback
@@ -194,12 +251,17 @@ class AscendParams(AlgorithmParams):
         "client's reconstructed model"
     )
     public_probe_size: int = Field(512, ge=1, description="public probe set for D and the rollback loss")
-    d_history: int = Field(8, ge=1, description="rounds of D per architecture kept in the broadcast")
+    d_history: int = Field(20, ge=1, description="rounds a client's dD (v2; v1: the architecture's D) stays in "
+                           "the broadcast")
 
-    @field_validator("k", mode="before")
+    @field_validator("arms", mode="before")
     @classmethod
-    def _check_k(cls, v):
-        return validate_k(v)
+    def _check_arm_names(cls, v):
+        if isinstance(v, str) or not isinstance(v, (list, tuple)):
+            raise ValueError(f"arms={v!r} is not allowed: a list of compressors from {sorted(compressor_costs())}")
+        for name in v:
+            validate_compressor(name, field="arms")
+        return tuple(v)
 
     @field_validator("epsilon")
     @classmethod
@@ -217,7 +279,7 @@ class AscendParams(AlgorithmParams):
 
     @model_validator(mode="after")
     def _check_arms(self) -> "AscendParams":
-        allowed = list(STRATEGIES)
+        allowed = sorted(compressor_costs())
         if not self.arms or len(set(self.arms)) != len(self.arms):
             raise ValueError(
                 f"arms={list(self.arms)!r} is not allowed: a non-empty list of distinct compressors from {allowed}"
@@ -233,7 +295,7 @@ class AscendParams(AlgorithmParams):
 
     @property
     def tbar_window(self) -> int:
-        """Participations whose T define T̄: the warm-up (``warmup * |arms|``), at least 1."""
+        """v1: participations whose T define T̄: the warm-up (``warmup * |arms|``), at least 1."""
         return max(1, self.warmup * len(self.arms))
 
 

@@ -232,6 +232,8 @@ def _build_server(cfg: ExperimentConfig, data) -> None:
 
 def _method_problems(cfg: ExperimentConfig, sizes: dict[str, int]) -> list[str]:
     """Sizes a method's options refer to: K coordinates, packs of the model."""
+    from algorithms.params import k_allowed  # the words of check_k, which validated k's type and range
+
     a = cfg.algorithm
     smallest_arch = min(sizes, key=sizes.get)
     d = sizes[smallest_arch]
@@ -239,7 +241,7 @@ def _method_problems(cfg: ExperimentConfig, sizes: dict[str, int]) -> list[str]:
     problems = []
     if a.name in ("fedavg_compressed", "ascend") and isinstance(a.k, int) and a.k > d and not a.clamp_k:
         problems.append(f"  algorithm.k = {a.k}: more coordinates than the model has ({which}); "
-                        f"give k <= {d}, a ratio in (0, 1], or algorithm.clamp_k: true")
+                        f"give k <= {d} (k is {k_allowed('coordinates')}), or algorithm.clamp_k: true")
     if a.name == "fedcspack":
         if a.pack_size > d:
             problems.append(f"  algorithm.pack_size = {a.pack_size}: larger than the model ({which}), "
@@ -247,9 +249,9 @@ def _method_problems(cfg: ExperimentConfig, sizes: dict[str, int]) -> list[str]:
         else:
             packs = math.ceil(d / a.pack_size)
             if isinstance(a.k, int) and a.k > packs:
+                allowed = k_allowed("packs", allow_all=True, one_is_ambiguous=True)
                 problems.append(f"  algorithm.k = {a.k}: more packs than the model has ({packs} packs "
-                                f"of {a.pack_size} for {which}); give k <= {packs}, a ratio in (0, 1] "
-                                "or 'all'")
+                                f"of {a.pack_size} for {which}); give k <= {packs} (k is {allowed})")
     return problems
 
 

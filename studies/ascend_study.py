@@ -1,26 +1,33 @@
-"""ASCEND study: per-client adaptive compression vs uniform Top-K / Random-K / Periodic-K vs EXP3.
+"""ASCEND study, one experiment per claim of the paper, each over several seeds.
 
-Setting (after the spec's "Settings reported"): MNIST (``mnist5k``, offline) or Fashion-MNIST
-(``--dataset fashion_mnist``, from /usr/share/datasets/fashion-mnist), Dirichlet(alpha) label
-skew, half the clients on slow devices (rpi4, 3 GFLOP/s) running LeNet5Half and half on fast ones
-(laptop_cpu, 60 GFLOP/s) running LeNet5, links of 5 / 50 / 500 Mbps (a third each), 10% public
-split at the server, several K (absolute counts, as in the paper).
+Base setting (after the spec's "Settings reported"): MNIST (``mnist5k``, offline), Dirichlet(0.5)
+label skew, half the clients on slow devices (rpi4, 3 GFLOP/s) running LeNet5Half and half on
+fast ones (laptop_cpu, 60 GFLOP/s) running LeNet5, links of 5 / 50 / 500 Mbps (a third each),
+10% public split at the server, K an absolute count of coordinates (as in the paper).
 
-Variants (same FedKD framework, distillation and error feedback everywhere):
+Experiments (``--experiments``; each one answers one claim):
 
-* ``ascend``     EMA epsilon-greedy with warm-up (the method), rollback guard on;
-* ``ascend_rho0`` ablation: the same with rho = 0 (reward from the local probe loss only);
-* ``exp3``       EXP3 per client, rollback guard on;
-* ``topk`` / ``randomk`` / ``periodick``: the same compressor for every client (policy fixed),
-  rollback guard off (a forced Top-K would break the uniform baseline);
-* ``--topk-cost-scale S`` adds ``ascend@topkxS`` and ``topk@topkxS`` at the largest K: Top-K's
-  per-element selection cost multiplied by S (a device where selection is S times dearer).
+* ``main``   K in {1000, 10000}: ``ascend`` (reward v2, the spec) against ``exp3``, the uniform
+  ``topk`` / ``randomk`` / ``periodick`` (policy fixed, rollback guard off: a forced Top-K would
+  break a uniform baseline) and, at K = 10000, ``ascend_v1`` (reward version 1). Claims: ASCEND >= every uniform
+  compressor and >= EXP3 on accuracy vs simulated time (area under the curve, simulated time to
+  a target accuracy); Top-K preferred at 5 Mbps, Random-K at 500 Mbps (arm shares by link);
+  reward v1 vs v2; ``ascend_rho0`` (rho = 0: the local term only) separates the two reward terms.
+* ``alpha``  ascend, exp3, uniform topk and randomk at Dirichlet(0.1), K = 10000 (robustness).
+* ``k``      ASCEND at K in {100, 15000} (with ``main``'s 1000 and 10000: small vs large K;
+  15000 is 95 % of LeNet5Half's and 24 % of LeNet5's parameters).
+* ``model``  6 clients on the same device and link (laptop_cpu, 50 Mbps), two each with
+  LeNet5Half (15.7k parameters), LeNet5 (61.7k) and the 3-conv ``cifar_cnn`` (0.35M): arm shares by
+  model size with nothing else different (6 clients: cifar_cnn's training and distillation cost
+  ~30x LeNet5's per sample).
+* ``qsgd8``  a fourth arm, 8-bit stochastic quantisation: ``ascend4`` (arms topk, randomk,
+  periodick, qsgd8) and uniform ``qsgd8`` at K = 10000.
 
-Outputs under ``--out``: ``runs/<K>/<variant>-s<seed>`` run folders, ``summary.parquet`` (one
-row per run), ``arms.parquet`` (share of each arm per bandwidth tier / architecture among the
-policy's own post-warm-up choices) and ``results.md`` (the tables).
+Outputs under ``--out``: one run folder per (experiment, K, variant, seed), ``summary.parquet``
+(one row per run), ``arms.parquet`` (arm shares per group and run) and ``results.md`` (the tables:
+mean and [min, max] over seeds). Finished runs are kept when the study is started again.
 
-    .venv/bin/python studies/ascend_study.py --quick --out runs/ascend_study_quick
+    nice -n 3 .venv/bin/python studies/ascend_study.py --quick --jobs 2 --out runs/ascend_claims
 """
 from __future__ import annotations
 
@@ -38,21 +45,42 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-ADAPTIVE = ("ascend", "ascend_rho0", "exp3")
-UNIFORM = ("topk", "randomk", "periodick")
-VARIANTS = ADAPTIVE + UNIFORM
+ADAPTIVE = ("ascend", "ascend_v1", "ascend_rho0", "exp3", "ascend4")
+UNIFORM = ("topk", "randomk", "periodick", "qsgd8")
+ARMS4 = ("topk", "randomk", "periodick", "qsgd8")
 POLICY_REASONS = ("explore", "exploit", "sample")  # the policy's own choices (not warm-up / forced)
+EXPERIMENTS = ("main", "alpha", "k", "model", "qsgd8")
+TARGETS = (0.7, 0.8, 0.85)  # accuracies whose simulated time-to-reach is reported
 
 
-def base_config(args: argparse.Namespace) -> dict[str, Any]:
-    return {
+def plan(args: argparse.Namespace) -> list[tuple[str, int, str, dict[str, Any]]]:
+    """(experiment, K, variant, config changes) of every run, most important first."""
+    main_variants = ["ascend", "exp3", "topk", "randomk", "periodick"]
+    out: list[tuple[str, int, str, dict[str, Any]]] = []
+    for exp in args.experiments:
+        if exp == "main":  # the reward ablations (v1, rho = 0) at the largest K only
+            out += [("main", k, v, {}) for k in args.ks
+                    for v in main_variants + (["ascend_v1", "ascend_rho0"] if k == max(args.ks) else [])]
+        elif exp == "alpha":
+            out += [("alpha0.1", 10000, v, {"alpha": 0.1}) for v in main_variants[:4]]
+        elif exp == "k":
+            out += [("k", k, "ascend", {}) for k in (100, 15000)]
+        elif exp == "model":
+            out += [("model", 10000, "ascend", {"model": "three", "num_clients": 6})]
+        elif exp == "qsgd8":
+            out += [("qsgd8", 10000, v, {}) for v in ("ascend4", "qsgd8")]
+    return out
+
+
+def base_config(args: argparse.Namespace, change: dict[str, Any]) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
         "seed": 0,
         "rounds": args.rounds,
         "dataset": {"name": args.dataset},
-        "partition": {"scheme": "dirichlet", "alpha": args.alpha, "public_fraction": 0.1},
+        "partition": {"scheme": "dirichlet", "alpha": change.get("alpha", args.alpha), "public_fraction": 0.1},
         "model": {"name": "lenet5", "zoo": [{"arch": "lenet5_half", "max_gflops": 10}]},
         "clients": {
-            "num_clients": args.num_clients,
+            "num_clients": change.get("num_clients", args.num_clients),
             "participation": args.participation,
             "profiles": {
                 "devices": {"rpi4": 0.5, "laptop_cpu": 0.5},
@@ -65,23 +93,28 @@ def base_config(args: argparse.Namespace) -> dict[str, Any]:
         "evaluation": {"eval_every": 1, "personalized": False},
         "executor": {"kind": "inprocess", "threads_per_actor": 1},
     }
+    if change.get("model") == "three":  # same device and link for all; only the model differs
+        n = cfg["clients"]["num_clients"]
+        arch = ["lenet5_half", "lenet5", "cifar_cnn"]
+        cfg["model"] = {"name": "lenet5", "per_client": {c: arch[c * 3 // n] for c in range(n)}}
+        cfg["clients"]["profiles"].update(devices={"laptop_cpu": 1.0}, network={"50mbps": 1.0})
+    return cfg
 
 
 def variant_algorithm(variant: str, k: int, args: argparse.Namespace) -> dict[str, Any]:
-    name, _, scaled = variant.partition("@")
     algo: dict[str, Any] = {"name": "ascend", "k": k, "distill_steps": args.distill_steps}
-    if name == "ascend":
+    if variant == "ascend":
         algo["policy"] = "egreedy"
-    elif name == "ascend_rho0":
+    elif variant == "ascend_v1":
+        algo.update(policy="egreedy", reward="v1")
+    elif variant == "ascend_rho0":
         algo.update(policy="egreedy", rho=0.0)
-    elif name == "exp3":
+    elif variant == "ascend4":
+        algo.update(policy="egreedy", arms=list(ARMS4))
+    elif variant == "exp3":
         algo["policy"] = "exp3"
     else:
-        algo.update(policy="fixed", arm=name, gamma=None)
-    if scaled:
-        from algorithms.compressors import TOPK_OPS_PER_ELEMENT
-
-        algo["op_costs"] = {"topk_per_element": TOPK_OPS_PER_ELEMENT * args.topk_cost_scale}
+        algo.update(policy="fixed", arm=variant, gamma=None, arms=list(ARMS4))
     return algo
 
 
@@ -94,117 +127,151 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
     from engine.results import load_run
     from engine.run import run_experiment
 
-    cfg = load_config(job["config"])
     path = Path(job["run_dir"])
-    if not (path / "rounds.parquet").exists():
+    wall = float("nan")
+    if not _finished(path):
         t0 = time.perf_counter()
-        run_experiment(cfg, path, command=["studies/ascend_study.py"])
+        run_experiment(load_config(job["config"]), path, command=["studies/ascend_study.py"])
         wall = time.perf_counter() - t0
-    else:
-        wall = float("nan")
+        print(f"{job['experiment']} k={job['k']} {job['variant']} seed {job['seed']}: {wall:.0f} s", flush=True)
     run = load_run(path)
-    return {"k": job["k"], "variant": job["variant"], "seed": job["seed"], "run_dir": str(path), "wall_s": wall,
-            **_run_metrics(run)}
+    return {key: job[key] for key in ("experiment", "k", "variant", "seed")} | {
+        "run_dir": str(path), "wall_s": wall, **run_metrics(run)}
 
 
-def _run_metrics(run) -> dict[str, Any]:
-    r = run.rounds
+def _finished(path: Path) -> bool:
+    from engine.results import load_run
+
+    try:
+        return load_run(path).manifest.get("status") == "finished"
+    except Exception:  # no run folder yet, or an unreadable one
+        return False
+
+
+def run_metrics(run) -> dict[str, Any]:
+    """Accuracy, time, bytes, rollbacks and reward diagnostics of one run."""
+    r, c = run.rounds, run.clients
     out: dict[str, Any] = {
         "final_acc": float(r["global_acc"].iloc[-1]),
-        "best_acc": float(r["global_acc"].max()),
         "sim_time_s": float(r["sim_time_s"].iloc[-1]),
         "mb_up": float(r["bytes_up"].sum() / 1e6),
         "rollbacks": int(r.get("server_rollback", pd.Series([0])).sum()),
+        "capped": int(r.get("server_rollback_capped", pd.Series([0])).sum()),
     }
     for col in r.columns:
         if col.startswith("global_acc_"):
             out["final_" + col.removeprefix("global_")] = float(r[col].iloc[-1])
+    closed = c[c["reward_round"] >= 0] if "reward_round" in c else c.iloc[:0]
+    if len(closed):
+        out["reward_mean"] = float(closed["reward"].mean())
+        out["reward_sd"] = float(closed["reward"].std())
+        clipped = closed["reward"].abs() >= 1.0 - 1e-12
+        out["reward_clipped"] = float(clipped.mean())
+        if "reward_lost" in closed:
+            out["reward_lost"] = float(closed["reward_lost"].astype(bool).mean())
+        for part in ("reward_df", "reward_dd"):
+            v = closed[part].replace([np.inf, -np.inf], np.nan).dropna()
+            if len(v):
+                out[f"{part}_median"] = float(v.median())
+                out[f"{part}_min"] = float(v.min())
+                out[f"{part}_max"] = float(v.max())
+    own = c[c["arm_reason"].isin(POLICY_REASONS)] if "arm_reason" in c else c.iloc[:0]
+    out["exploit_frac"] = float((own["arm_reason"] == "exploit").mean()) if len(own) else float("nan")
     return out
 
 
-def acc_at(run_dir: str, budget: float) -> tuple[float, float]:
-    """(accuracy of the last round finished within ``budget`` simulated seconds, mean accuracy
-    over [0, budget] as a step function of simulated time: the area under acc-vs-time / budget)."""
+def curve_metrics(run_dir: str, budget: float) -> dict[str, float]:
+    """Over [0, budget] simulated seconds: the accuracy of the last round finished in time, the
+    mean accuracy (area under accuracy-vs-time / budget; a step function, 0.1 = chance before the
+    first round), and the simulated time at which each target accuracy is first reached."""
     from engine.results import load_run
 
     r = load_run(run_dir).rounds
-    t = r["sim_time_s"].to_numpy()
-    a = r["global_acc"].to_numpy()
+    t, a = r["sim_time_s"].to_numpy(), r["global_acc"].to_numpy()
     ok = t <= budget + 1e-9
-    at = float(a[ok][-1]) if ok.any() else float("nan")
-    # step function: accuracy a_i holds from t_i to t_{i+1}; 0.1 (chance) before the first round
+    out = {"acc_at_budget": float(a[ok][-1]) if ok.any() else float("nan")}
     edges = np.concatenate([[0.0], t[ok], [budget]])
     vals = np.concatenate([[0.1], a[ok]])
-    auc = float(np.sum(np.diff(edges) * vals) / budget) if budget > 0 else float("nan")
-    return at, auc
+    out["auc"] = float(np.sum(np.diff(edges) * vals) / budget) if budget > 0 else float("nan")
+    for target in TARGETS:
+        hit = np.nonzero(a >= target)[0]
+        out[f"t_to_{target:g}"] = float(t[hit[0]]) if len(hit) else float("nan")
+    return out
 
 
 def arm_shares(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per bandwidth tier, architecture and overall: the share of each arm among the policy's own
-    choices (after warm-up, not forced), among its exploit choices only (epsilon-greedy), and the
-    mean ``q_<arm>`` at each client's last participation (EXP3: its arm probabilities)."""
+    """Per link, architecture and overall: the share of each arm among the policy's own choices
+    (after warm-up, not forced) and among its exploit choices only (epsilon-greedy)."""
     from engine.results import load_run
 
     parts = []
     for row in rows.itertuples():
-        base = row.variant.partition("@")[0]
-        if base not in ADAPTIVE:
+        if row.variant not in ADAPTIVE:
             continue
         c = load_run(row.run_dir).clients
         c = c[c["arm"].notna()]
-        last = c.sort_values("round").groupby("client_id").tail(1)
         for by in ("net_tier", "arch", None):
             groups = c.groupby(by) if by else [("all", c)]
             for g, sub in groups:
                 own = sub[sub["arm_reason"].isin(POLICY_REASONS)]
                 exploit = sub[sub["arm_reason"] == "exploit"]
-                fin = last[last[by] == g] if by else last
-                rec = {"k": row.k, "variant": row.variant, "seed": row.seed, "by": by or "all", "group": g,
-                       "n": len(own), "n_exploit": len(exploit)}
-                for a in UNIFORM:
+                rec = {"experiment": row.experiment, "k": row.k, "variant": row.variant, "seed": row.seed,
+                       "by": by or "all", "group": g, "n": len(own), "n_exploit": len(exploit)}
+                for a in ARMS4 if row.variant == "ascend4" else ARMS4[:3]:
                     rec[f"share_{a}"] = float((own["arm"] == a).mean()) if len(own) else float("nan")
-                for a in UNIFORM:
                     rec[f"exploit_{a}"] = float((exploit["arm"] == a).mean()) if len(exploit) else float("nan")
-                for a in UNIFORM:
-                    rec[f"q_{a}"] = float(fin[f"q_{a}"].mean())
                 parts.append(rec)
     return pd.DataFrame(parts)
 
 
-def markdown_table(df: pd.DataFrame, floatfmt: str = ".3f") -> str:
+def fmt(v: Any, spec: str = ".3f") -> str:
+    if isinstance(v, (float, np.floating)):
+        return "—" if np.isnan(v) else format(v, spec)
+    return str(v)
+
+
+def markdown(df: pd.DataFrame, spec: str = ".3f") -> str:
     cols = list(df.columns)
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    for _, r in df.iterrows():
-        cells = []
-        for c in cols:
-            v = r[c]
-            if isinstance(v, (float, np.floating)):
-                cells.append("" if np.isnan(v) else format(v, floatfmt))
-            else:
-                cells.append(str(v))
-        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["| " + " | ".join(fmt(r[c], spec) for c in cols) + " |" for _, r in df.iterrows()]
     return "\n".join(lines)
+
+
+def spread(df: pd.DataFrame, keys: list[str], cols: list[str], spec: str = ".3f") -> pd.DataFrame:
+    """Per group: ``mean [min, max]`` over seeds of each column (NaN-aware), and the seed count."""
+    rows = []
+    for key, g in df.groupby(keys, sort=False):
+        rec = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
+        rec["seeds"] = int(g["seed"].nunique())
+        for c in cols:
+            v = g[c].astype(float)
+            n = int(v.notna().sum())
+            if n == 0:
+                rec[c] = "—"
+            else:
+                rec[c] = f"{v.mean():{spec}} [{v.min():{spec}}, {v.max():{spec}}]" + (f" ({n}/{len(v)})" if n < len(v) else "")
+        rows.append(rec)
+    return pd.DataFrame(rows)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="runs/ascend_study", help="output folder")
+    ap.add_argument("--out", default="runs/ascend_claims", help="output folder")
     ap.add_argument("--dataset", default="mnist5k", choices=["mnist5k", "fashion_mnist"])
-    ap.add_argument("--quick", action="store_true", help="small setting that finishes in a few minutes on 2 cores")
-    ap.add_argument("--ks", type=int, nargs="+", help="K values (coordinate counts)")
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--quick", action="store_true", help="a setting sized for 2 shared cores")
+    ap.add_argument("--experiments", nargs="+", default=list(EXPERIMENTS), choices=list(EXPERIMENTS))
+    ap.add_argument("--ks", type=int, nargs="+", help="K values of the main experiment (coordinate counts)")
     ap.add_argument("--seeds", type=int, nargs="+", help="seeds")
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--num-clients", type=int)
     ap.add_argument("--participation", type=float)
-    ap.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration")
+    ap.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration of the base setting")
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--distill-steps", type=int, help="server distillation steps per round (spec default 50)")
-    ap.add_argument("--topk-cost-scale", type=float, default=0.0,
-                    help="also run ascend and uniform topk at the largest K with Top-K's per-element cost x this")
     ap.add_argument("--jobs", type=int, default=1, help="runs in parallel (one torch thread each)")
+    ap.add_argument("--report-only", action="store_true", help="only summarise the finished runs")
     args = ap.parse_args(argv)
-    quick = {"ks": [1000, 10000], "seeds": [0], "rounds": 25, "num_clients": 12, "participation": 1.0,
+    quick = {"ks": [1000, 10000], "seeds": [0, 1, 2], "rounds": 25, "num_clients": 12, "participation": 1.0,
              "distill_steps": 20}
     full = {"ks": [100, 1000, 5000, 10000], "seeds": [0, 1, 2], "rounds": 100, "num_clients": 20,
             "participation": 0.5, "distill_steps": 50}
@@ -218,31 +285,27 @@ def main(argv=None) -> Path:
     args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    base = base_config(args)
     jobs = []
-    for k in args.ks:
-        variants = list(args.variants)
-        if args.topk_cost_scale and k == max(args.ks):
-            variants += [f"{v}@topkx{args.topk_cost_scale:g}" for v in ("ascend", "topk") if v in args.variants]
-        for variant in variants:
-            for seed in args.seeds:
-                cfg = {**base, "seed": seed, "algorithm": variant_algorithm(variant, k, args),
-                       "output": {"dir": str(out / "runs" / f"k{k}"), "name": f"{variant}-s{seed}"}}
-                jobs.append({"config": cfg, "run_dir": str(out / "runs" / f"k{k}" / f"{variant}-s{seed}"),
-                             "k": k, "variant": variant, "seed": seed})
+    for seed in args.seeds:  # every experiment's first seed first: partial results are usable
+        for exp, k, variant, change in plan(args):
+            run_dir = out / "runs" / exp / f"k{k}" / f"{variant}-s{seed}"
+            cfg = {**base_config(args, change), "seed": seed, "algorithm": variant_algorithm(variant, k, args),
+                   "output": {"dir": str(run_dir.parent), "name": run_dir.name, "overwrite": True}}
+            jobs.append({"config": cfg, "run_dir": str(run_dir), "experiment": exp, "k": k, "variant": variant,
+                         "seed": seed})
+    if args.report_only:
+        jobs = [j for j in jobs if _finished(Path(j["run_dir"]))]
     t0 = time.perf_counter()
-    if args.jobs > 1:
+    if args.jobs > 1 and not args.report_only:
         with ProcessPoolExecutor(max_workers=args.jobs) as pool:
             rows = list(pool.map(run_one, jobs))
     else:
         rows = [run_one(j) for j in jobs]
     summary = pd.DataFrame(rows)
-    # accuracy at a common simulated-time budget: the shortest run of the same K and seed
-    budgets = summary.groupby(["k", "seed"])["sim_time_s"].transform("min")
-    ats = [acc_at(d, b) for d, b in zip(summary["run_dir"], budgets)]
-    summary["budget_s"] = budgets
-    summary["acc_at_budget"] = [a for a, _ in ats]
-    summary["auc_acc_time"] = [u for _, u in ats]
+    # the common simulated-time budget: the shortest run of the same experiment, K and seed
+    budgets = summary.groupby(["experiment", "k", "seed"])["sim_time_s"].transform("min")
+    curves = pd.DataFrame([curve_metrics(d, b) for d, b in zip(summary["run_dir"], budgets)])
+    summary = pd.concat([summary.assign(budget_s=budgets), curves], axis=1)
     arms = arm_shares(summary)
     summary.to_parquet(out / "summary.parquet", index=False)
     arms.to_parquet(out / "arms.parquet", index=False)
@@ -252,42 +315,60 @@ def main(argv=None) -> Path:
 
 
 def write_markdown(out: Path, args, summary: pd.DataFrame, arms: pd.DataFrame, wall: float) -> None:
-    keys = ["k", "variant"]
-    cols = ["final_acc", "final_acc_lenet5_half", "final_acc_lenet5", "acc_at_budget", "auc_acc_time",
-            "budget_s", "sim_time_s", "mb_up", "rollbacks"]
-    cols = [c for c in cols if c in summary.columns]
-    order = {v: i for i, v in enumerate(summary["variant"].unique())}
-    tab = summary.groupby(keys, sort=False)[cols].mean().reset_index()
-    tab = tab.sort_values(["k", "variant"], key=lambda s: s.map(order) if s.name == "variant" else s)
+    keys = ["experiment", "k", "variant"]
+    acc_cols = ["final_acc", "auc", "acc_at_budget"] + [f"t_to_{t:g}" for t in TARGETS]
+    other = ["final_acc_lenet5_half", "final_acc_lenet5", "final_acc_cifar_cnn", "sim_time_s", "mb_up",
+             "rollbacks", "exploit_frac"]
+    reward = ["reward_mean", "reward_clipped", "reward_lost", "reward_df_median", "reward_dd_median",
+              "reward_dd_min", "reward_dd_max"]
+    have = lambda cols: [c for c in cols if c in summary.columns and summary[c].notna().any()]  # noqa: E731
     lines = [
         "# ASCEND study results",
         "",
-        f"dataset `{args.dataset}`, Dirichlet({args.alpha}), {args.num_clients} clients (rpi4 + LeNet5Half / "
-        f"laptop_cpu + LeNet5, 5/50/500 Mbps), participation {args.participation}, {args.rounds} rounds, "
-        f"seeds {args.seeds}, distill_steps {args.distill_steps}, lr {args.lr}; "
-        f"{'quick' if args.quick else 'full'} mode, {wall:.0f} s wall.",
+        f"dataset `{args.dataset}`, Dirichlet({args.alpha}) unless the experiment says otherwise, "
+        f"{args.num_clients} clients, participation {args.participation}, {args.rounds} rounds, seeds "
+        f"{args.seeds}, distill_steps {args.distill_steps}, lr {args.lr}; {wall:.0f} s wall for this call.",
         "",
-        "Accuracy = mean over the two architectures' global models on the global test set. "
-        "`acc_at_budget`: accuracy of the last round finished within `budget_s` simulated seconds "
-        "(the shortest run of the same K); `auc_acc_time`: mean accuracy over [0, budget] (step function of "
-        "simulated time). `mb_up`: MB uploaded in total.",
+        "Cells: mean [min, max] over seeds; `(n/m)`: only n of m seeds have a value (a target not "
+        "reached). Accuracy = mean over the architectures' global models on the global test set. `auc`: "
+        "mean accuracy over [0, budget] simulated seconds, budget = the shortest run of the same "
+        "experiment, K and seed; `acc_at_budget`: accuracy of the last round finished within it; "
+        "`t_to_X`: simulated seconds until accuracy X is first reached.",
         "",
-        markdown_table(tab),
+        "## Accuracy against simulated time",
+        "",
+        markdown(spread(summary, keys, have(acc_cols))),
+        "",
+        "## Other figures",
+        "",
+        markdown(spread(summary, keys, have(other))),
+        "",
+        "## Reward diagnostics (adaptive variants)",
+        "",
+        "`reward_clipped`: share of closed rewards at ±1; `reward_lost`: share of lost uploads; "
+        "`reward_df_median`, `reward_dd_*`: the local and alignment terms.",
+        "",
+        markdown(spread(summary[summary["variant"].isin(ADAPTIVE)], keys, have(reward))),
         "",
     ]
     if len(arms):
-        num = [c for c in arms.columns if c.startswith(("n", "share_", "exploit_", "q_"))]
-        sh = arms.groupby(["k", "variant", "by", "group"], sort=False)[num].mean().reset_index()
-        sh["n"] = sh["n"].round().astype(int)
-        sh["n_exploit"] = sh["n_exploit"].round().astype(int)
+        share_cols = [c for c in arms.columns if c.startswith(("share_", "exploit_")) and arms[c].notna().any()]
+        tab = arms.groupby(["experiment", "k", "variant", "by", "group"], sort=False)
+        mean = tab[share_cols + ["n", "n_exploit"]].mean().reset_index()
+        lo, hi = tab[share_cols].min().reset_index(), tab[share_cols].max().reset_index()
+        for c in share_cols:
+            mean[c] = [f"{m:.2f} [{a:.2f}, {b:.2f}]" if not np.isnan(m) else "—"
+                       for m, a, b in zip(mean[c], lo[c], hi[c])]
+        mean["n"] = mean["n"].round().astype(int)
+        mean["n_exploit"] = mean["n_exploit"].round().astype(int)
         lines += [
             "## Arm choice",
             "",
             "`share_*`: share of each arm among the policy's own choices (after warm-up, not forced); "
-            "`exploit_*`: among the epsilon-greedy exploit choices only; `q_*`: mean value at each client's "
-            "last participation (epsilon-greedy: Q; EXP3: arm probability).",
+            "`exploit_*`: among the epsilon-greedy exploit choices only; mean [min, max] over seeds; "
+            "`n`, `n_exploit`: choices per seed.",
             "",
-            markdown_table(sh, ".2f"),
+            markdown(mean),
             "",
         ]
     (out / "results.md").write_text("\n".join(lines))

@@ -4,6 +4,7 @@ pack-size sweep, in the reference setting of the paper's code.
     .venv/bin/python studies/fedcspack_study.py --quick            # mnist5k, minutes on 2 cores
     .venv/bin/python studies/fedcspack_study.py --dataset fashion_mnist --rounds 50
     .venv/bin/python studies/fedcspack_study.py --quick --parts main --seeds 0,1,2
+    .venv/bin/python studies/fedcspack_study.py --dataset fashion_mnist --parts main,cap --seeds 0,1,2
 
 Setting (specs/fedcspack.md): Dirichlet(0.3), 20 clients, participation 0.3, 3 local epochs,
 batch 16, lr 0.05, pack size 1024, reference CNN. Personalized accuracy is each selected
@@ -50,6 +51,8 @@ METHODS = {
 ABLATION = {w: ["algorithm.name=fedcspack", "algorithm.pack_size=1024", f"algorithm.weighting={w}"]
             for w in ("cs", "kd", "cskd")}
 PACK_SIZES = (256, 512, 1024, 2048, 4096)
+# the paper's Top-K cap (the reference code shares every candidate): 5% of the packs
+CAP = {"k=0.05": ["algorithm.name=fedcspack", "algorithm.pack_size=1024", "algorithm.k=0.05"]}
 
 
 def summarise(name: str, group: str, path: Path, last: int) -> dict:
@@ -76,10 +79,12 @@ def main() -> None:
     p.add_argument("--dataset", default="fashion_mnist")
     p.add_argument("--rounds", type=int, default=50)
     p.add_argument("--last", type=int, default=5, help="average accuracies over the last N rounds")
-    p.add_argument("--parts", default="main,ablation,packsize")
+    p.add_argument("--parts", default="main,ablation,packsize", help="any of main, ablation, packsize, cap")
     p.add_argument("--out", default="runs/fedcspack_study")
     p.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2")
     p.add_argument("--set", dest="overrides", action="append", default=[])
+    p.add_argument("--rerun", action="store_true", help="run configurations whose folder already has results")
+    p.add_argument("--skip", default="", help="comma-separated configurations to leave out, e.g. fedprox")
     args = p.parse_args()
     if args.quick:
         args.dataset, args.rounds = "mnist5k", min(args.rounds, 20)
@@ -97,12 +102,17 @@ def main() -> None:
     if "packsize" in parts:
         plan += [("pack_size", f"P={ps}", ["algorithm.name=fedcspack", f"algorithm.pack_size={ps}"])
                  for ps in PACK_SIZES if ps != 1024 or "main" not in parts]
+    if "cap" in parts:
+        plan += [("cap", name, extra) for name, extra in CAP.items()]
+    plan = [entry for entry in plan if entry[1] not in args.skip.split(",")]
     rows = []
     for seed in seeds:
         for group, name, extra in plan:
             t0 = time.perf_counter()
             cfg = load_config(None, [*base, f"seed={seed}", *extra, *args.overrides])
-            path = run_experiment(cfg, out / f"seed{seed}" / f"{group}-{name}")
+            path = out / f"seed{seed}" / f"{group}-{name}"
+            if args.rerun or not _finished(path):  # resumable: finished runs are kept
+                path = run_experiment(cfg, path)
             rows.append({"seed": seed, **summarise(name, group, path, args.last)})
             r = rows[-1]
             print(f"seed {seed} {group:>9} {name:<10} pers {r['pers_acc']:.4f} "
@@ -115,6 +125,13 @@ def main() -> None:
     md = "\n\n".join(_format(t) for t in tables)
     (out / "summary.md").write_text(md + "\n")
     print(md)
+
+
+def _finished(path: Path) -> bool:
+    try:
+        return load_run(path).manifest.get("status") == "finished"
+    except Exception:  # no run folder yet, or an unreadable one
+        return False
 
 
 def with_reference_rows(table: pd.DataFrame, parts: list[str]) -> pd.DataFrame:

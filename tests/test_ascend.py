@@ -10,18 +10,20 @@ import torch.nn as nn
 from algorithms import ALGORITHMS
 from algorithms.ascend import (
     SPEC,
-    STRATEGIES,
+    DEFAULT_ARMS as STRATEGIES,
     AscendClient,
     AscendParams,
     AscendServer,
-    ascend_reward,
+    ascend_reward_v1,
     kl_teacher_student,
     logits_of,
     relative_decrease,
+    reward_v2,
+    time_factor,
 )
 from algorithms.base import ClientContext, ClientResult, ServerContext, TrainSettings
 from algorithms.compressed_fedavg import compressed_payload
-from algorithms.compressors import periodick, topk
+from algorithms.compressors import compress
 from algorithms.training import flat_params, flat_state
 from hardware_profiles.profile import HardwareProfile
 
@@ -88,32 +90,35 @@ def test_registered_and_params_validation():
     assert ALGORITHMS["ascend"] is SPEC and SPEC.client is AscendClient
     p = AscendParams(k="1e-2")  # YAML 1.1 reads 1e-2 as a string
     assert p.k == 0.01 and p.policy == "egreedy" and p.arms == ("topk", "randomk", "periodick")
-    assert (p.warmup, p.eps_c, p.eps_min, p.ema_lambda, p.rho, p.gamma, p.forced_rounds) == (2, 3.0, 0.03, 0.3, 0.6, 0.2, 3)
+    assert (p.warmup, p.eps_c, p.eps_min, p.ema_lambda, p.rho, p.gamma, p.forced_rounds) == (2, 1.0, 0.03, 0.3, 0.5, 0.2, 3)
+    assert p.reward == "v2" and AscendParams(reward="v1").reward == "v1"
+    assert AscendParams(arms=["topk", "randomk", "periodick", "qsgd8"]).arms[-1] == "qsgd8"
     assert (p.distill_steps, p.distill_lr, p.temperature, p.teacher, p.public_probe_size) == (50, 1e-3, 1.0, "aggregates", 512)
     assert AscendParams(k=1000).k == 1000
     for bad, field in [({"policy": "greedy"}, "policy"), ({"policy": "fixed"}, "arm"), ({"arm": "topk"}, "arm"),
                        ({"arms": ["topk", "topk"]}, "arms"), ({"gamma": -0.1}, "gamma"), ({"epsilon": 1.5}, "epsilon"),
-                       ({"teacher": "x"}, "teacher"), ({"k": 0}, "k"), ({"arms": ["bestk"]}, "arms")]:
+                       ({"teacher": "x"}, "teacher"), ({"k": 0}, "k"), ({"arms": ["bestk"]}, "arms"),
+                       ({"reward": "v3"}, "reward")]:
         with pytest.raises(ValueError, match=field):
             AscendParams(**bad)
 
 
 # ------------------------------------------------------------------------------ reward
-def test_reward_formula_with_hand_numbers():
+def test_reward_v1_formula_with_hand_numbers():
     df = relative_decrease(2.0, 1.6)  # 0.2
     dd = relative_decrease(0.5, 0.45)  # 0.1
     assert df == pytest.approx(0.2) and dd == pytest.approx(0.1)
     # (0.6*0.1 + 0.4*0.2) / (3/2) = 0.14 / 1.5
-    assert ascend_reward(df, dd, T=3.0, T_bar=2.0) == pytest.approx(0.14 / 1.5)
-    assert ascend_reward(0.5, 0.5, T=1.0, T_bar=4.0) == 1.0  # 0.5*4 = 2 -> clipped
-    assert ascend_reward(-0.5, -2.0, T=1.0, T_bar=1.0) == -1.0  # -1.4 -> clipped
-    assert ascend_reward(0.1, 0.0, T=1.0, T_bar=1.0, rho=0.0) == pytest.approx(0.1)
+    assert ascend_reward_v1(df, dd, T=3.0, T_bar=2.0) == pytest.approx(0.14 / 1.5)
+    assert ascend_reward_v1(0.5, 0.5, T=1.0, T_bar=4.0) == 1.0  # 0.5*4 = 2 -> clipped
+    assert ascend_reward_v1(-0.5, -2.0, T=1.0, T_bar=1.0) == -1.0  # -1.4 -> clipped
+    assert ascend_reward_v1(0.1, 0.0, T=1.0, T_bar=1.0, rho=0.0) == pytest.approx(0.1)
     assert relative_decrease(0.0, 1.0) == 0.0  # undefined -> neutral
-    assert ascend_reward(relative_decrease(1.0, float("nan")), 0.0, 1.0, 1.0) == -1.0  # divergence
+    assert ascend_reward_v1(relative_decrease(1.0, float("nan")), 0.0, 1.0, 1.0) == -1.0  # divergence
 
 
-def test_client_closes_reward_one_participation_late_from_the_virtual_clock():
-    params = AscendParams(k=5, distill_steps=0, gamma=None)
+def test_v1_client_closes_reward_one_participation_late_from_the_virtual_clock():
+    params = AscendParams(k=5, distill_steps=0, gamma=None, reward="v1", rho=0.6)
     client = AscendClient(params)
     st = {}
     bc0 = {"a": _payload("a", round=0, probe_kl={0: 0.5})}
@@ -164,9 +169,9 @@ def test_per_architecture_aggregation_with_two_archs_exact_numbers():
     ua[0], ua[9] = 1.0, -0.5
     vb = torch.arange(21, dtype=torch.float32)
     results = [
-        ClientResult(0, "a", compressed_payload(topk(ua, 2)), num_samples=10, train_flops=0),
-        ClientResult(1, "a", compressed_payload(topk(va, 2)), num_samples=30, train_flops=0),
-        ClientResult(2, "b", compressed_payload(periodick(vb, 4, round=1)), num_samples=5, train_flops=0),
+        ClientResult(0, "a", compressed_payload(compress("topk", ua, 2)), num_samples=10, train_flops=0),
+        ClientResult(1, "a", compressed_payload(compress("topk", va, 2)), num_samples=30, train_flops=0),
+        ClientResult(2, "b", compressed_payload(compress("periodick", vb, 4, round=1)), num_samples=5, train_flops=0),
     ]
     out = server.aggregate(0, results)
     want_a = torch.zeros(83)
@@ -207,7 +212,7 @@ def test_clients_teacher_uses_every_reconstructed_model():
     want = []
     for r in results:
         m = tiny(r.arch)
-        load_flat_params(m, bases[r.arch] + decode_upload(r.upload))
+        load_flat_params(m, bases[r.arch] + decode_upload(r.upload).dense())
         want.append(logits_of(m, server.public_x))
     assert torch.allclose(t, torch.stack(want).mean(0), atol=1e-6)
 
@@ -219,7 +224,7 @@ def test_loss_spike_rolls_back_once_restores_bit_for_bit_and_forces_topk():
     states: dict[int, dict] = {}
     cids = [0, 1, 2, 3]
     out0 = server.aggregate(0, run_clients(client, server.broadcast(0), 0, states, cids))
-    assert out0["rollback"] == 0 and server.drain_tables() == {}
+    assert out0["rollback"] == 0 and "rollbacks" not in server.drain_tables()
 
     # round 1: every client works; client 0's upload carries a huge delta (the spike)
     before = state_dicts(server)
@@ -238,6 +243,10 @@ def test_loss_spike_rolls_back_once_restores_bit_for_bit_and_forces_topk():
     assert set(row) >= {"round", "loss_before", "loss_after", "threshold", "forced_until"}
     assert row["round"] == 1 and row["forced_until"] == 4 and row["loss_after"] > row["threshold"]
     assert row["threshold"] == pytest.approx(1.2 * row["loss_before"])
+    assert row["action"] == "rolled_back" and row["num_discarded"] == 4
+    # the discarded round's alignment terms are traced but never published to the clients
+    assert all(a["rolled_back"] for a in tables["alignment"]) and len(tables["alignment"]) == 4
+    assert all(e[0] == 0 for e in server.broadcast(2)["a"].meta["dd"].values())
     assert server.drain_tables() == {}
 
     # rounds 2-4 are forced to Top-K; the rolled-back round's reward never reaches the policy
@@ -271,7 +280,7 @@ def test_loss_spike_rolls_back_once_restores_bit_for_bit_and_forces_topk():
     assert [r.metrics["arm"] for r in results] == ["randomk"] * 4
     assert [r.metrics["arm_reason"] for r in results] == ["warmup"] * 4
     server.aggregate(5, results)
-    assert server.rolled_back == [1] and server.drain_tables() == {}
+    assert server.rolled_back == [1] and "rollbacks" not in server.drain_tables()
 
 
 def test_consecutive_rollbacks_are_capped_for_finite_spikes_only():
@@ -286,7 +295,13 @@ def test_consecutive_rollbacks_are_capped_for_finite_spikes_only():
         assert math.isfinite(out["probe_loss"])
         flags.append((out["rollback"], out["rollback_capped"]))
     assert flags[:3] == [(1, 0), (1, 0), (0, 1)]  # the third spike in a row is accepted
-    assert len(server.drain_tables()["rollbacks"]) == sum(f[0] for f in flags)
+    rows = server.drain_tables()["rollbacks"]
+    # every rollback is a row, and so is every accepted spike, with the reason
+    assert [r["action"] for r in rows] == ["rolled_back" if f[0] else "accepted" for f in flags if f != (0, 0)]
+    accepted = [r for r in rows if r["action"] == "accepted"]
+    assert accepted[0]["round"] == 3 and "max_consecutive_rollbacks=2" in accepted[0]["reason"]
+    assert accepted[0]["consecutive"] == 2 and accepted[0]["num_discarded"] == 0
+    assert all("gamma" in r["reason"] for r in rows if r["action"] == "rolled_back")
     # a non-finite loss is always rolled back
     _, s2 = make_server(k=0.2, distill_steps=0, max_consecutive_rollbacks=1)
     for rnd in range(3):
@@ -306,8 +321,8 @@ def test_no_rollback_when_gamma_is_none_and_requires_public_split():
 
 # ------------------------------------------------------------------------------ lost uploads
 @pytest.mark.parametrize("lost", [0, 1, 2])  # warm-up arms: topk, randomk, periodick
-def test_lost_upload_restores_residual_discards_reward_and_keeps_the_choice(lost):
-    params = AscendParams(k=5, distill_steps=0, gamma=None)
+def test_v1_lost_upload_restores_residual_discards_reward_and_keeps_the_choice(lost):
+    params = AscendParams(k=5, distill_steps=0, gamma=None, reward="v1")
     client = AscendClient(params)
     seen, used = {}, {}
     compress_delta = client.compress_delta
@@ -360,8 +375,8 @@ def test_lost_upload_restores_residual_discards_reward_and_keeps_the_choice(lost
     assert st["pending"]["round"] == nxt and st["undo"]["round"] == nxt
 
 
-def test_lost_upload_forgets_exp3_choice_probability():
-    client = AscendClient(AscendParams(k=5, policy="exp3", distill_steps=0, gamma=None))
+def test_v1_lost_upload_forgets_exp3_choice_probability():
+    client = AscendClient(AscendParams(k=5, policy="exp3", distill_steps=0, gamma=None, reward="v1"))
     st = {}
     ctx = make_ctx(0, 0, st)
     bc = _payload("a", round=0, probe_kl={0: 0.5})
@@ -425,9 +440,259 @@ def test_engine_run_with_rollbacks_table(tmp_path):
                                               "train.on_nonfinite=ignore")))
     rb = run.table("rollbacks")
     assert list(rb.columns[:5]) == ["round", "loss_before", "loss_after", "threshold", "forced_until"]
+    assert set(rb["action"]) == {"rolled_back"}  # 3 rounds: the cap (3 in a row) is never reached
     assert list(rb["round"]) == list(run.rounds.loc[run.rounds["server_rollback"] == 1, "round"])
     assert len(rb) >= 1
     first = int(rb["round"].iloc[0])
     later = run.clients[run.clients["round"] > first]
     assert (later["arm"] == "topk").all() and (later["arm_reason"] == "forced").all()
     assert run.rounds["global_acc"].nunique() == 1  # restored bit for bit every time
+
+
+# ------------------------------------------------------------------------------ reward version 2
+def test_reward_v2_parts_with_hand_numbers():
+    # progress: g = 0.5*0.1 + 0.5*0.2 = 0.15; slower than usual (T = 3, T̄ = 2) -> x 2/3
+    parts = reward_v2(df=0.2, dd=0.1, T=3.0, T_bar=2.0)
+    assert parts["reward_g"] == pytest.approx(0.15) and parts["reward_rho"] == 0.5
+    assert parts["reward_factor"] == pytest.approx(2 / 3) and parts["reward"] == pytest.approx(0.1)
+    assert reward_v2(0.2, 0.1, T=1.0, T_bar=2.0)["reward"] == pytest.approx(0.3)  # faster: x 2
+    # regress: g = 0.5*(-0.4) + 0.5*(-0.2) = -0.3; sign-aware: the slow arm loses MORE (x T/T̄ = 1.5)
+    slow, fast = reward_v2(-0.2, -0.4, T=3.0, T_bar=2.0), reward_v2(-0.2, -0.4, T=1.0, T_bar=2.0)
+    assert slow["reward_factor"] == pytest.approx(1.5) and slow["reward"] == pytest.approx(-0.45)
+    assert fast["reward_factor"] == pytest.approx(0.5) and fast["reward"] == pytest.approx(-0.15)
+    # v1 divided by T/T̄ whatever the sign: the slow arm looked better after a bad round
+    v1_slow = ascend_reward_v1(-0.2, -0.4, T=3.0, T_bar=2.0, rho=0.5)
+    v1_fast = ascend_reward_v1(-0.2, -0.4, T=1.0, T_bar=2.0, rho=0.5)
+    assert v1_slow == pytest.approx(-0.2) and v1_fast == pytest.approx(-0.6) and v1_slow > v1_fast
+    assert slow["reward"] < fast["reward"]
+    assert time_factor(0.0, 3.0, 2.0) == pytest.approx(2 / 3)  # g = 0 counts as progress (r = 0 anyway)
+    assert time_factor(-1.0, 0.0, 2.0) == 1.0  # undefined -> 1
+    # no teacher yet: dD is NaN, rho_eff = 0 and g = df
+    first = reward_v2(df=0.3, dd=float("nan"), T=2.0, T_bar=2.0)
+    assert first["reward_rho"] == 0.0 and first["reward_g"] == pytest.approx(0.3) and first["reward"] == pytest.approx(0.3)
+    # clipping to [-1, 1]: the raw value is kept as a part
+    big = reward_v2(df=0.8, dd=0.8, T=1.0, T_bar=4.0)
+    assert big["reward_raw"] == pytest.approx(3.2) and big["reward"] == 1.0
+    assert reward_v2(df=0.1, dd=-50.0, T=1.0, T_bar=1.0)["reward"] == -1.0
+    assert reward_v2(df=0.1, dd=-math.inf, T=1.0, T_bar=1.0)["reward"] == -1.0  # divergence
+    assert reward_v2(0.2, 0.1, 3.0, 2.0, rho=0.0)["reward"] == pytest.approx(0.2 * 2 / 3)
+
+
+def _bc(arch, round, model=None, dd=None, forced=False, rolled_back=()):
+    from algorithms.fedavg import state_payload
+
+    p = state_payload(flat_state(model if model is not None else tiny(arch)))
+    p.meta = {"round": round, "dd": dd or {}, "rolled_back": list(rolled_back), "forced": forced}
+    return p
+
+
+@torch.no_grad()
+def _probe_ce(client, ctx, flat):
+    from algorithms.training import load_flat_params
+
+    m = tiny(ctx.arch)
+    load_flat_params(m, flat)
+    idx = client.probe_indices(ctx)
+    return float(nn.functional.cross_entropy(m(ctx.train_x[idx]), ctx.train_y[idx]))
+
+
+def test_v2_local_term_is_measured_on_the_update_actually_sent():
+    from algorithms.compressed_fedavg import decode_upload
+
+    client = AscendClient(AscendParams(k=5, distill_steps=0, gamma=None))
+    st = {}
+    model = tiny("a", seed=11)
+    w_t = flat_params(model)
+    bc = _bc("a", 0, model)
+    ctx = make_ctx(0, 0, st)
+    client.receive(ctx, bc)
+    res = client.fit(ctx, bc)
+    m = res.metrics
+    sent = decode_upload(res.upload)
+    assert sent.k == 5 and res.metrics["arm"] == "topk"
+    f_before, f_after = _probe_ce(client, ctx, w_t), _probe_ce(client, ctx, w_t + sent.dense())
+    assert m["probe_loss"] == pytest.approx(f_before, rel=1e-6)
+    assert m["probe_loss_sent"] == pytest.approx(f_after, rel=1e-6)
+    assert m["df_sent"] == pytest.approx((f_before - f_after) / f_before, rel=1e-5, abs=1e-9)
+    assert m["df_sent"] != 0.0  # five coordinates of the update do change the probe loss
+    # both probe forwards are charged to the clock (1/3 of a training step per sample)
+    assert res.train_flops == pytest.approx(1e6 * (32 + 2 * 32 / 3))
+    T = res.train_flops / 3e9 + res.compress_ops / 3e9 + 0.05 + 8 * res.upload.nbytes / 5e6
+    assert m["sim_T"] == pytest.approx(T, rel=1e-12) and m["sim_Tbar"] == pytest.approx(T, rel=1e-12)
+    assert st["pending"] == {"round": 0, "arm": "topk", "reason": "warmup", "T": m["sim_T"],
+                             "df": m["df_sent"], "tbar": m["sim_Tbar"]}
+
+
+def test_v2_reward_closes_with_the_servers_dd_and_the_clients_running_mean_T():
+    client = AscendClient(AscendParams(k=5, distill_steps=0, gamma=None))
+    st = {}
+    Ts, dfs = [], []
+    dd = {0: 0.05, 2: -0.3}  # the server's dD of this client's uploads of rounds 0 and 2
+    for rnd in (0, 2, 5):
+        ctx = make_ctx(1, rnd, st)
+        entry = {1: [rnd - (2 if rnd == 2 else 3), dd.get(rnd - (2 if rnd == 2 else 3), 0.0)]} if rnd else {}
+        bc = _bc("a", rnd, tiny("a", seed=rnd), dd={**entry, 0: [rnd, 9.9]})  # another client's entry too
+        client.receive(ctx, bc)
+        res = client.fit(ctx, bc)
+        m = res.metrics
+        if rnd:  # the previous upload's reward, every part logged
+            want = reward_v2(dfs[-1], dd[m["reward_round"]], Ts[-1], float(np.mean(Ts)))
+            for key, v in want.items():
+                assert m[key] == pytest.approx(v), key
+            assert m["reward_df"] == dfs[-1] and m["reward_dd"] == dd[m["reward_round"]]
+            assert m["reward_T"] == Ts[-1] and m["reward_tbar"] == pytest.approx(np.mean(Ts))
+            assert m["reward_fed"] and not m["reward_lost"]
+        Ts.append(m["sim_T"])
+        dfs.append(m["df_sent"])
+        assert m["sim_Tbar"] == pytest.approx(np.mean(Ts))  # the client's own running mean, this T included
+    # round 2's reward (dD = -0.3 < 0) was fed into the warm-up mean of randomk
+    pol = st["policy"]
+    assert pol.warmup_count.tolist() == [1, 1, 0]
+    # an entry of another round (stale) is not used: dD NaN, rho_eff 0
+    ctx = make_ctx(1, 9, st)
+    bc = _bc("a", 9, dd={1: [2, 0.7]})
+    client.receive(ctx, bc)
+    m = client.fit(ctx, bc).metrics
+    assert m["reward_round"] == 5 and math.isnan(m["reward_dd"]) and m["reward_rho"] == 0.0
+    assert m["reward_g"] == pytest.approx(m["reward_df"])
+
+
+def test_v2_lost_upload_earns_minus_one_for_its_arm():
+    client = AscendClient(AscendParams(k=5, distill_steps=0, gamma=None))
+    st = {}
+    ctx = make_ctx(0, 0, st)
+    bc = _bc("a", 0)
+    client.receive(ctx, bc)
+    first = client.fit(ctx, bc).metrics
+    assert first["arm"] == "topk"
+    residual_after_fit = st["residual"].copy()
+    client.on_dropped(st, 0)  # deadline / over-selection
+    assert st["pending"]["lost"] and "undo" not in st and not np.array_equal(st["residual"], residual_after_fit)
+    ctx = make_ctx(0, 1, st)
+    bc = _bc("a", 1, dd={0: [0, 0.9]})  # even an entry (impossible for a lost upload) is ignored
+    client.receive(ctx, bc)
+    m = client.fit(ctx, bc).metrics
+    assert m["reward"] == -1.0 and m["reward_lost"] and m["reward_arm"] == "topk" and m["reward_round"] == 0
+    assert m["reward_fed"] and math.isnan(m["reward_g"]) and m["reward_T"] == first["sim_T"]
+    assert st["policy"].warmup_sum.tolist() == [-1.0, 0.0, 0.0]  # fed to the lost arm
+    assert m["arm"] == "randomk"  # the warm-up moves on
+    # with a larger clip the lost reward is -clip; EXP3 gets it with the probability of its choice
+    exp3 = AscendClient(AscendParams(k=5, policy="exp3", distill_steps=0, gamma=None, reward_clip=2.0))
+    st = {}
+    ctx = make_ctx(0, 0, st)
+    client_bc = _bc("a", 0)
+    exp3.receive(ctx, client_bc)
+    arm = exp3.fit(ctx, client_bc).metrics["arm"]
+    p_chosen = st["policy"].pending_p[arm]
+    exp3.on_dropped(st, 0)
+    log_w = st["policy"].log_w.copy()
+    ctx = make_ctx(0, 1, st)
+    exp3.receive(ctx, _bc("a", 1))
+    m = exp3.fit(ctx, _bc("a", 1)).metrics
+    assert m["reward"] == -2.0 and m["reward_lost"]
+    # r' = (r + 1) / 2 clipped to [0, 1] = 0: the lost arm's weight does not grow, the others shift
+    i = st["policy"].arms.index(arm)
+    assert p_chosen > 0 and st["policy"].updates[i] == 1
+    assert np.allclose(st["policy"].log_w - st["policy"].log_w.max(), log_w - log_w.max())
+
+
+def test_epsilon_decays_in_the_clients_own_choices_not_in_global_rounds():
+    """A client that takes part every 7th round: after its warm-up (3 arms x 2) its t-th choice
+    uses eps = max(0.03, min(1, 1 * 3 / t)) whatever the global round number."""
+    client = AscendClient(AscendParams(k=5, distill_steps=0, gamma=None))
+    st, eps, reasons = {}, [], []
+    for i in range(16):
+        rnd = 7 * i
+        ctx = make_ctx(2, rnd, st)
+        bc = _bc("b", rnd)
+        client.receive(ctx, bc)
+        m = client.fit(ctx, bc).metrics
+        eps.append(m["epsilon"])
+        reasons.append(m["arm_reason"])
+    assert eps[:6] == [1.0] * 6 and reasons[:6] == ["warmup"] * 6
+    assert eps[6:] == pytest.approx([min(1.0, 3 / t) for t in range(1, 11)])  # 1, 1, 1, 0.75, ..., 0.3
+    assert st["policy"].post_choices == 10
+    assert "exploit" in reasons[6:]  # it does reach exploitation
+    # a fixed epsilon stays fixed
+    fixed = AscendClient(AscendParams(k=5, distill_steps=0, gamma=None, epsilon=0.2, warmup=0))
+    st = {}
+    ctx = make_ctx(2, 40, st)
+    fixed.receive(ctx, _bc("b", 40))
+    assert fixed.fit(ctx, _bc("b", 40)).metrics["epsilon"] == 0.2
+
+
+def test_server_dd_per_upload_against_the_previous_teacher():
+    """Two clients of one architecture with different arms get different dD (v1 gave every
+    client of an architecture the same number); dD is computed by hand from the teacher."""
+    from algorithms.compressed_fedavg import decode_upload
+    from algorithms.training import load_flat_params
+
+    params, server = make_server(k=6, distill_steps=3, gamma=None)
+    client, states = AscendClient(params), {}
+    r0 = run_clients(client, server.broadcast(0), 0, states, [0, 1, 2])
+    server.aggregate(0, r0)
+    tables = server.drain_tables()
+    assert all(math.isnan(a["dd"]) for a in tables["alignment"])  # no teacher before round 1
+    bc1 = server.broadcast(1)
+    assert set(bc1["a"].meta["dd"]) == {0, 1} and set(bc1["b"].meta["dd"]) == {2}
+    assert bc1["a"].meta["dd"][0][0] == 0 and math.isnan(bc1["a"].meta["dd"][0][1])
+    assert bc1["a"].nbytes == 4 * 83 + 12 * 2 + 4 * 2  # the model, 2 entries, forced flags
+    teacher = server.teacher_probe.clone()
+    w_t = {a: flat_params(m).clone() for a, m in server.models.items()}
+    r1 = run_clients(client, bc1, 1, states, [0, 1, 2])
+    assert [r.metrics["arm"] for r in r1] == ["randomk"] * 3
+    r1[1].upload.arrays["values"] *= -3.0  # client 1 sent something different
+    server.aggregate(1, r1)
+    rows = {a["client_id"]: a for a in server.drain_tables()["alignment"]}
+    for r in r1:
+        m = tiny(r.arch)
+        load_flat_params(m, w_t[r.arch])
+        d0 = float(kl_teacher_student(teacher, logits_of(m, server.probe_x)))
+        load_flat_params(m, w_t[r.arch] + decode_upload(r.upload).dense())
+        d1 = float(kl_teacher_student(teacher, logits_of(m, server.probe_x)))
+        row = rows[r.client_id]
+        assert row["d_before"] == pytest.approx(d0, rel=1e-5) and row["d_after"] == pytest.approx(d1, rel=1e-5)
+        assert row["dd"] == pytest.approx((d0 - d1) / d0, rel=1e-4, abs=1e-9) and row["arm"] == "randomk"
+    assert rows[0]["dd"] != rows[1]["dd"]
+    bc2 = server.broadcast(2)
+    assert bc2["a"].meta["dd"][1] == [1, rows[1]["dd"]]
+    # the client closes its round-1 reward with exactly that number
+    ctx = make_ctx(1, 2, states[1])
+    client.receive(ctx, bc2["a"])
+    m = client.fit(ctx, bc2["a"]).metrics
+    assert m["reward_round"] == 1 and m["reward_dd"] == rows[1]["dd"] and m["reward_rho"] == 0.5
+    # entries older than d_history rounds leave the broadcast
+    server.params = AscendParams(k=6, distill_steps=3, gamma=None, d_history=2)
+    assert set(server.broadcast(3)["a"].meta["dd"]) == {0, 1}  # round 1 >= 3 - 2
+    assert server.broadcast(4)["a"].meta["dd"] == {} and server.broadcast(4)["a"].nbytes == 4 * 83 + 4 * 2
+
+
+def test_two_epsilons_of_the_example_sweep_give_different_arm_sequences(tmp_path):
+    """The example sweep's trials (sweeps/examples/ascend_eps_gamma.yaml), on a small stand-in
+    data set and model: with its epsilon 0.05 and 0.5, the same seed and the same warm-up, the
+    clients' own choices after the warm-up differ."""
+    from pathlib import Path
+
+    from engine.config import load_config
+    from engine.results import load_run
+    from engine.run import run_experiment
+    from sweeps import resolve
+
+    sweep = resolve(Path(__file__).parents[1] / "sweeps" / "examples" / "ascend_eps_gamma.yaml")
+    assert sweep.spec.space["algorithm.epsilon"]["grid"] == [None, 0.05, 0.5]
+    arms = {}
+    for eps in (0.05, 0.5):
+        raw = sweep.trial_raw({"algorithm.epsilon": eps, "algorithm.gamma": 0.2})
+        raw.update(rounds=9, dataset={"name": "digits"}, model={"name": "mlp"},
+                   output={"dir": str(tmp_path), "name": f"eps{eps}"})
+        raw["clients"] = {**raw["clients"], "num_clients": 4}
+        raw["algorithm"] = {**raw["algorithm"], "distill_steps": 2}
+        raw["evaluation"] = {**raw.get("evaluation", {}), "personalized": False}
+        cfg = load_config(raw)
+        assert cfg.algorithm.epsilon == eps and cfg.algorithm.warmup == 2 and cfg.clients.participation == 1.0
+        c = load_run(run_experiment(cfg)).clients.sort_values(["round", "client_id"])
+        arms[eps] = c["arm"].tolist()
+        assert (c.loc[c["round"] < 6, "arm_reason"] == "warmup").all()
+        assert (c.loc[c["round"] >= 6, "epsilon"] == eps).all()
+    assert arms[0.05][:24] == arms[0.5][:24]  # the warm-up is the same
+    assert arms[0.05][24:] != arms[0.5][24:]

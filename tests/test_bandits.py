@@ -32,7 +32,7 @@ def test_warmup_round_robin_each_arm_warmup_times():
         p = EpsilonGreedyEMA(ARMS, warmup=w)
         chosen = warm(p, {a: [0.0] * w for a in ARMS})
         assert chosen == ARMS * w
-        assert p.epsilon() == 1.0  # 3 * 3 / 1 capped at 1
+        assert p.epsilon() == 1.0  # 1 * 3 / 1 capped at 1
 
 
 def test_q_after_warmup_is_mean_of_warmup_rewards():
@@ -67,16 +67,17 @@ def test_ema_update_exact_numbers_and_only_chosen_arm():
 
 
 def test_decaying_epsilon_values():
-    p = EpsilonGreedyEMA(ARMS)  # c = 3, |S| = 3, eps_min = 0.03
-    assert [p.epsilon_at(t) for t in (1, 9)] == [1.0, 1.0]
-    assert p.epsilon_at(10) == pytest.approx(0.9)
-    assert p.epsilon_at(18) == pytest.approx(0.5)
-    assert p.epsilon_at(300) == pytest.approx(0.03)
+    p = EpsilonGreedyEMA(ARMS)  # c = 1 (spec v2), |S| = 3, eps_min = 0.03
+    assert [p.epsilon_at(t) for t in (1, 3)] == [1.0, 1.0]
+    assert p.epsilon_at(4) == pytest.approx(0.75)
+    assert p.epsilon_at(10) == pytest.approx(0.3)
+    assert p.epsilon_at(100) == pytest.approx(0.03)
     assert p.epsilon_at(10_000) == 0.03
+    assert EpsilonGreedyEMA(ARMS, c=3.0).epsilon_at(18) == pytest.approx(0.5)  # the first version's c
     warm(p, {a: [0.0, 0.0] for a in ARMS})
     rng = np.random.default_rng(0)
     for t in range(1, 40):
-        assert p.epsilon() == max(0.03, min(1.0, 9 / t))
+        assert p.epsilon() == max(0.03, min(1.0, 3 / t))
         p.choose(rng)
 
 

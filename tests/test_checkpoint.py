@@ -35,11 +35,18 @@ METHODS = {
     "fedavg_compressed-topk": ["algorithm={name: fedavg_compressed, compressor: topk, k: 0.1}"],
     "fedavg_compressed-randomk-local": [
         "algorithm={name: fedavg_compressed, compressor: randomk, k: 0.1, buffers: local}"],
+    "fedavg_compressed-periodick": ["algorithm={name: fedavg_compressed, compressor: periodick, k: 0.1}"],
+    "fedavg_compressed-qsgd8": ["algorithm={name: fedavg_compressed, compressor: qsgd8}"],
     "fedcspack-own_mask": ["algorithm={name: fedcspack, pack_size: 64, personalization: own_mask}"],
     "fedcspack-global_mask": ["algorithm={name: fedcspack, pack_size: 64, personalization: global_mask, k: 0.5}"],
     "ascend-egreedy": ["algorithm={name: ascend, k: 0.1, warmup: 1, distill_steps: 3, gamma: 0.0, distill_lr: 0.05}",
                        "train.lr=1.0"],  # rolls back in rounds 1, 2 and 4
     "ascend-exp3": ["algorithm={name: ascend, k: 0.1, policy: exp3, distill_steps: 3}"],
+    # reward v2 (the default above) with the qsgd8 arm; reward v1 (the architecture's D history)
+    "ascend-qsgd8": ["algorithm={name: ascend, k: 0.1, warmup: 1, distill_steps: 3, "
+                     "arms: [topk, randomk, periodick, qsgd8]}"],
+    "ascend-v1": ["algorithm={name: ascend, k: 0.1, warmup: 1, distill_steps: 3, reward: v1, gamma: 0.0, "
+                  "distill_lr: 0.05}", "train.lr=1.0"],
 }
 
 
@@ -105,6 +112,10 @@ def test_every_method_continues_bit_identically_from_a_checkpoint(tmp_path, meth
 
 def test_every_registered_method_is_covered_by_the_continuation_test():
     assert {m.split("-")[0] for m in METHODS} == set(ALGORITHMS)
+    from algorithms.compressors import COMPRESSORS
+
+    compressed = {m.split("-")[1] for m in METHODS if m.startswith("fedavg_compressed-")}
+    assert compressed == set(COMPRESSORS)  # every compressor's client state (residual, sent)
 
 
 def test_a_checkpoint_refuses_another_config_and_the_middle_of_a_round(tmp_path):

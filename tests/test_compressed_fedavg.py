@@ -12,7 +12,6 @@ from algorithms.compressed_fedavg import (
     CompressedFedAvgParams,
     CompressedFedAvgServer,
     decode_upload,
-    payload_to_compressed,
 )
 from algorithms.compressors import decompress, randomk_indices, selection_ops
 from algorithms.training import flat_params, load_flat_params
@@ -75,7 +74,7 @@ def test_client_payload_bytes_ops_metrics_and_residual(name):
     from algorithms.training import local_sgd
     local_sgd(ctx)
     delta = flat_params(model) - start
-    assert torch.equal(decode_upload(res.upload) + torch.from_numpy(residual), delta)
+    assert torch.equal(decode_upload(res.upload).dense() + torch.from_numpy(residual), delta)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -84,7 +83,7 @@ def test_server_reconstructs_exactly_the_sent_coordinates(name):
     server = SPEC.server(params, {"": tiny()}, seed=0)
     before = flat_params(server.models[""])
     (res,) = one_round(params, server, {}, 3, clients=(5,), sizes=(24,))
-    c = payload_to_compressed(res.upload)
+    c = decode_upload(res.upload)
     if name == "randomk":
         seed = int(res.upload.arrays["seed"][0])
         assert torch.equal(c.index_tensor(), randomk_indices(before.numel(), c.k, seed))
@@ -103,8 +102,8 @@ def test_weighted_average_of_two_clients():
     before = flat_params(server.models[""])
     results = one_round(params, server, {}, 0, sizes=(24, 8))
     server.aggregate(0, results)
-    want = before + (0.75 * decode_upload(results[0].upload).double()
-                     + 0.25 * decode_upload(results[1].upload).double()).float()
+    want = before + (0.75 * decode_upload(results[0].upload).dense().double()
+                     + 0.25 * decode_upload(results[1].upload).dense().double()).float()
     torch.testing.assert_close(flat_params(server.models[""]), want, rtol=0, atol=1e-7)
 
 
@@ -175,8 +174,12 @@ def test_params_validation():
     for bad in (0, -1, 0.0, 1.5, True, "ten", "1e5", None):
         with pytest.raises(ValidationError, match="k"):
             CompressedFedAvgParams(k=bad)
-    with pytest.raises(ValidationError):
+    with pytest.raises(ValidationError, match=r"compressor='qsgd' is not allowed.*'qsgd8'"):
         CompressedFedAvgParams(compressor="qsgd")
+    assert CompressedFedAvgParams(compressor="qsgd8").compressor == "qsgd8"
+    assert CompressedFedAvgParams(op_costs={"qsgd8_per_element": 7}).op_costs == {"qsgd8_per_element": 7.0}
+    with pytest.raises(ValidationError, match="op_costs.topk_per_item is not allowed"):
+        CompressedFedAvgParams(op_costs={"topk_per_item": 1})
     with pytest.raises(ValidationError):
         CompressedFedAvgParams(unknown=1)
     with pytest.raises(ValidationError):
@@ -232,7 +235,7 @@ def test_on_dropped_puts_the_sent_values_back_bit_for_bit(name):
     assert sent["round"] == 1 and sent["compressor"] == name
     assert sum(v.nbytes for v in sent["arrays"].values()) == res.upload.nbytes
     np.testing.assert_array_equal(sent["arrays"]["values"], res.upload.arrays["values"])
-    idx = payload_to_compressed(res.upload).index_tensor()
+    idx = decode_upload(res.upload).index_tensor()
     assert (st["residual"][idx.numpy()] == 0).all()  # exactly 0 where sent, a elsewhere
     assert not torch.equal(torch.from_numpy(st["residual"]), a)
 
@@ -250,7 +253,7 @@ def test_on_dropped_puts_the_sent_values_back_bit_for_bit(name):
     # the next round accumulates on top of the whole a: nothing of round 1 was lost
     (res2,) = one_round(params, server, states, 2, clients=(0,), sizes=(24,))
     a2 = a + delta_of(server, 0, 2, d)
-    assert torch.equal(decode_upload(res2.upload) + torch.from_numpy(states[0]["residual"]), a2)
+    assert torch.equal(decode_upload(res2.upload).dense() + torch.from_numpy(states[0]["residual"]), a2)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -282,6 +285,23 @@ def test_on_dropped_without_error_feedback_is_a_no_op():
     SPEC.client(params).on_dropped(states[0], 0)
     assert "residual" not in states[0]
     SPEC.client(params).on_dropped({}, 0)  # a client without any state
+
+
+def test_qsgd8_client_round_and_on_dropped():
+    params = CompressedFedAvgParams(compressor="qsgd8", k=0.01)  # k is not used by qsgd8
+    server = SPEC.server(params, {"": tiny()}, seed=0)
+    client = SPEC.client(params)
+    states = {}
+    one_round(params, server, states, 0, clients=(0,), sizes=(24,))
+    before = states[0]["residual"].copy()
+    (res,) = one_round(params, server, states, 1, clients=(0,), sizes=(24,))
+    d = 83
+    assert res.upload.nbytes == d + 4 and res.metrics["k"] == d and res.compress_ops == 70.0 * d
+    a = torch.from_numpy(before) + delta_of(server, 0, 1, d)
+    sent = decode_upload(res.upload).dense()
+    torch.testing.assert_close(sent + torch.from_numpy(states[0]["residual"]), a, rtol=0, atol=1e-6)
+    client.on_dropped(states[0], 1)
+    np.testing.assert_allclose(states[0]["residual"], a.numpy(), rtol=0, atol=1e-6)
 
 
 def test_sent_record_is_overwritten_each_round():

@@ -6,27 +6,43 @@ import numpy as np
 import pytest
 import torch
 
+from algorithms.base import OFFSET_BYTES, SEED_BYTES
 from algorithms.compressors import (
     COMPRESSORS,
     DEFAULT_OP_COSTS,
-    OFFSET_BYTES,
-    SEED_BYTES,
+    QSGD8,
     Compressed,
+    Compressor,
     ErrorFeedback,
     OpCosts,
+    PeriodicK,
+    RandomK,
+    TopK,
     compress,
+    decode,
     decompress,
-    periodick,
     periodick_indices,
-    randomk,
     randomk_indices,
+    register,
     resolve_k,
     scatter_add_,
     selection_ops,
-    topk,
 )
 
 NAMES = sorted(COMPRESSORS)
+SPARSIFIERS = ["periodick", "randomk", "topk"]  # send K coordinates unscaled
+
+
+def topk(a, k, costs=None, clamp=False):
+    return TopK(costs).compress(a, k, clamp=clamp)
+
+
+def randomk(a, k, seed):
+    return RandomK().compress(a, k, seed=seed)
+
+
+def periodick(a, k, round):
+    return PeriodicK().compress(a, k, round=round)
 
 
 def vec(d, seed=0):
@@ -60,7 +76,7 @@ def test_resolve_k_rejects_bad_k(k):
 def test_bad_k_message_names_range():
     with pytest.raises(ValueError, match=r"k=11 .*\[1, d=10\]"):
         topk(vec(10), 11)
-    with pytest.raises(ValueError, match=r"ratio.*\(0, 1\]"):
+    with pytest.raises(ValueError, match=r"fraction in \(0, 1\]"):
         randomk(vec(10), 1.5, seed=1)
     with pytest.raises(ValueError, match="unknown compressor"):
         compress("bogus", vec(10), 2)
@@ -70,7 +86,7 @@ def test_bad_k_message_names_range():
         compress("periodick", vec(10), 2)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", SPARSIFIERS)
 def test_k_as_count_and_ratio_select_same_number(name):
     a = vec(200)
     assert run(name, a, 20).k == 20
@@ -102,6 +118,8 @@ def test_roundtrip_through_arrays(name):
     a = vec(500, 3)
     c = run(name, a, 37, round=5, seed=2**63 + 11)
     back = Compressed.from_arrays(name, c.to_arrays(), 500)
+    assert torch.equal(decode(name, {**c.to_arrays(), "buffers": np.ones(3, np.float32)}, 500).values,
+                       back.values)  # arrays that are not the compressor's are ignored
     assert back.nbytes == c.nbytes and back.ops == 0.0
     assert torch.equal(decompress(back, 500), decompress(c))
     assert torch.equal(back.index_tensor(), c.index_tensor())
@@ -109,7 +127,7 @@ def test_roundtrip_through_arrays(name):
     assert torch.equal(decompress(c2), decompress(c))
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", SPARSIFIERS)
 def test_decompress_places_values(name):
     a = vec(300, 4)
     c = run(name, a, 30, round=2)
@@ -190,7 +208,7 @@ def test_randomk_is_roughly_uniform():
 # ------------------------------------------------------------------ error feedback
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", SPARSIFIERS)
 def test_error_feedback_conserves_mass_exactly(name):
     d, k = 1_000, 37
     residual = None
@@ -227,6 +245,7 @@ def test_error_feedback_accepts_numpy_residual_and_checks_length():
 def test_topk_costs_more_than_randomk_and_periodick(d, k):
     t, r, p = (selection_ops(n, d, k) for n in ("topk", "randomk", "periodick"))
     assert t > r > p > 0
+    assert selection_ops("qsgd8", d, k) == 70.0 * d  # a streaming pass over d, whatever K
 
 
 def test_op_formulas_and_compressed_ops():
@@ -246,3 +265,106 @@ def test_op_formulas_and_compressed_ops():
     assert topk(a, k, costs=custom).ops == d
     with pytest.raises(ValueError, match="topk_per_element"):
         OpCosts(topk_per_element=-1.0)
+    with pytest.raises(ValueError, match="qsgd8_per_element"):  # the message lists the keys
+        OpCosts(topk_per_item=1.0)
+
+
+# ------------------------------------------------------------------ 8-bit stochastic quantisation
+
+
+def test_qsgd8_payload_bytes_levels_and_roundtrip():
+    d = 1300  # 3 buckets of 512, the last one partial
+    a = vec(d, 8)
+    a[600:700] = 0.0  # zeros quantise to exactly 0
+    a[1024:] = 0.0  # an all-zero (partial) bucket: scale 0, no division by 0
+    c = compress("qsgd8", a, 0.01, seed=77)  # K is not used: every coordinate travels
+    arrays = c.to_arrays()
+    assert set(arrays) == {"q", "scale"}
+    assert arrays["q"].dtype == np.int8 and arrays["q"].size == d
+    assert arrays["scale"].dtype == np.float32 and arrays["scale"].size == 3
+    assert c.nbytes == d * 1 + 3 * 4 == sum(x.nbytes for x in arrays.values())
+    assert c.k == d and c.ops == 70.0 * d
+    q = arrays["q"].astype(np.int64)
+    assert np.abs(q).max() <= 127 and np.all(q[600:700] == 0) and np.all(q[1024:] == 0)
+    scale = np.abs(a.numpy()[:512]).max()
+    assert arrays["scale"][0] == scale and arrays["scale"][2] == 0.0
+    # each value is one of the two levels around a_i (stochastic rounding), with the sign of a_i
+    step = np.repeat(arrays["scale"] / 127.0, 512)[:d]
+    lo = np.floor(np.abs(a.numpy()) / np.where(step > 0, step, 1))
+    assert np.all((np.abs(q) == lo) | (np.abs(q) == lo + 1) | (step == 0))
+    assert np.all(np.sign(q) * np.sign(a.numpy()) >= 0)
+    back = decode("qsgd8", arrays, d)
+    assert back.ops == 0.0 and back.nbytes == c.nbytes
+    assert torch.equal(back.dense(), c.dense())
+    np.testing.assert_allclose(c.dense().numpy(), q * step, rtol=1e-6)
+    assert torch.equal(compress("qsgd8", a, 1, seed=77).dense(), c.dense())  # seeded
+    assert not torch.equal(compress("qsgd8", a, 1, seed=78).dense(), c.dense())
+    with pytest.raises(ValueError, match="seed"):
+        compress("qsgd8", a, 1)
+
+
+def test_qsgd8_is_unbiased():
+    a = vec(512, 9)
+    mean = torch.stack([compress("qsgd8", a, 1, seed=s).dense() for s in range(4000)]).double().mean(0)
+    step = float(a.abs().max()) / 127
+    # per value: variance <= step^2 / 4, so the mean of 4000 draws is within ~4 sd = 2 step / sqrt(4000)
+    assert float((mean - a.double()).abs().max()) < 2 * step / math.sqrt(4000) * 2
+    assert float((mean - a.double()).abs().mean()) < step / 20
+
+
+def test_qsgd8_error_feedback_and_restore():
+    d = 1000
+    delta = vec(d, 10)
+    ef = ErrorFeedback(QSGD8())
+    c, e = ef.compress(None, delta, 1, seed=5)
+    torch.testing.assert_close(c.dense() + e, delta, rtol=0, atol=1e-6)  # a = sent + residual
+    back = ef.restore(e.numpy().copy(), c)
+    np.testing.assert_allclose(back, delta.numpy(), rtol=0, atol=1e-6)  # one rounding per value
+
+
+def test_a_new_compressor_is_one_class():
+    """Registering a class is all it takes: compress / decode / op costs / config keys."""
+
+    class SignOfFirst(Compressor):  # toy: the sign of the first K values, one byte each
+        name = "toy_sign"
+        COSTS = {"per_index": 1.5}
+        ARRAYS = ("signs",)
+
+        def compress(self, a, k, *, seed=None, round=None, clamp=False):
+            kk = resolve_k(k, a.numel())
+            return self._payload(a, None, torch.sign(a[:kk]), kk, kk, {})
+
+        def ops(self, d, k):
+            return self.cost["per_index"] * k
+
+        @classmethod
+        def positions(cls, c):
+            return torch.arange(c.k)
+
+        @classmethod
+        def to_arrays(cls, c):
+            return {"signs": c.values.numpy().astype(np.int8)}
+
+        @classmethod
+        def from_arrays(cls, arrays, numel):
+            v = torch.from_numpy(arrays["signs"].astype(np.float32))
+            return Compressed(None, v, arrays["signs"].nbytes, 0.0, {"strategy": cls.name}, numel)
+
+    register(SignOfFirst)
+    try:
+        a = torch.tensor([2.0, -3.0, 0.5, 9.0])
+        c = compress("toy_sign", a, 2)
+        assert c.nbytes == 2 and c.ops == 3.0 and c.dense().tolist() == [1.0, -1.0, 0.0, 0.0]
+        assert decode("toy_sign", c.to_arrays(), 4).dense().tolist() == [1.0, -1.0, 0.0, 0.0]
+        assert OpCosts(toy_sign_per_index=4.0).of("toy_sign") == {"per_index": 4.0}
+        assert selection_ops("toy_sign", 4, 2, OpCosts(toy_sign_per_index=4.0)) == 8.0
+        from algorithms.ascend import DEFAULT_ARMS, AscendParams
+        from algorithms.compressed_fedavg import CompressedFedAvgParams
+
+        assert CompressedFedAvgParams(compressor="toy_sign").compressor == "toy_sign"
+        assert AscendParams(arms=["topk", "toy_sign"]).arms == ("topk", "toy_sign")
+        assert "toy_sign" not in DEFAULT_ARMS and "toy_sign" not in AscendParams().arms  # never silently
+        with pytest.raises(ValueError, match="already registered"):
+            register(SignOfFirst)
+    finally:
+        del COMPRESSORS["toy_sign"]

@@ -197,7 +197,7 @@ BETA10 = torch.arange(10, dtype=torch.float64) / 100
     [
         ("all", [0, 1, 3, 4, 6, 7, 8, 9]),  # every candidate (theta < 0.85)
         (100, [0, 1, 3, 4, 6, 7, 8, 9]),
-        (1.0, [0, 1, 3, 4, 6, 7, 8, 9]),
+        (0.99, [0, 1, 3, 4, 6, 7, 8, 9]),  # floor(9.9) = 9 >= the 8 candidates
         (3, [1, 4, 6]),  # the three lowest theta: 0.0 (6), 0.1 (1), 0.2 (4)
         (0.3, [1, 4, 6]),  # floor(0.3 * 10) = 3
         (0.25, [1, 6]),  # floor(2.5) = 2
@@ -225,6 +225,8 @@ def test_pack_budget_values_and_errors():
     for bad in (0, -1, 0.0, 1.5, "half", True):
         with pytest.raises(ValueError):
             pack_budget(bad, 10)
+    with pytest.raises(ValueError, match="ambiguous"):
+        pack_budget(1.0, 10)
     with pytest.raises(ValueError):
         select_packs(THETA10, 0.85, BETA10, "all", "cosine")
 
@@ -291,7 +293,7 @@ def test_params_defaults_and_types():
     assert (p.personalization, p.sharing, p.record_packs) == ("own_mask", "packs", False)
     assert FedCSPACKParams(k=3).k == 3 and isinstance(FedCSPACKParams(k=3).k, int)
     assert FedCSPACKParams(k=0.5).k == 0.5
-    assert isinstance(FedCSPACKParams(k=1.0).k, float)  # fraction 1.0, not one pack
+    assert FedCSPACKParams(k=1).k == 1  # one pack
     assert SPEC.name == "fedcspack" and SPEC.params is FedCSPACKParams
     assert SPEC.client is FedCSPACKClient and SPEC.server is FedCSPACKServer
 
@@ -303,7 +305,8 @@ def test_params_defaults_and_types():
         ({"pack_size": 2.5}, "pack_size", ">= 1"),
         ({"pack_size": True}, "pack_size", ">= 1"),
         ({"k": 0}, "k", "'all'"),
-        ({"k": 1.5}, "k", "(0, 1]"),
+        ({"k": 1.5}, "k", "(0, 1)"),
+        ({"k": 1.0}, "k", "ambiguous (one of the packs or all of them?)"),
         ({"k": "most"}, "k", "'all'"),
         ({"k": False}, "k", "'all'"),
         ({"weighting": "cos"}, "weighting", "'cskd', 'cs' or 'kd'"),
@@ -435,7 +438,8 @@ def test_fit_upload_state_and_metrics():
     assert "shared_packs" not in m  # pack-level traces go to packs.parquet, not clients.parquet
     assert math.isfinite(m["train_loss"])
     # state: personal params, last shared packs, buffers - and nothing else (no W_prev kept)
-    assert set(ctx.state) == {fcs._PERSONAL, fcs._SHARED, fcs._BUFFERS}
+    assert set(ctx.state) == {fcs._PERSONAL, fcs._SHARED, fcs._SHARED_ROUND, fcs._BUFFERS}
+    assert ctx.state[fcs._SHARED_ROUND] == 0
     np.testing.assert_array_equal(ctx.state[fcs._PERSONAL].numpy(), local)
     assert ctx.state[fcs._SHARED].tolist() == expected_idx
     np.testing.assert_array_equal(bc.arrays["params"], g)  # the broadcast was not modified
@@ -622,3 +626,113 @@ def test_study_summary_compares_each_seed_with_its_own_fedavg():
     assert (row["pers_acc_min"], row["pers_acc_max"]) == (0.85, 0.89)
     assert row["pers_acc_vs_fedavg"] == pytest.approx(0.02)
     assert mean.loc[("ablation", "cs"), "upload_vs_fedavg"] == pytest.approx(0.5)
+
+
+# ---------------------------------------------------------------- decisions (version 2) ---
+
+
+def test_beta_is_exactly_zero_for_packs_of_one_value():
+    rng = np.random.default_rng(11)
+    g = rng.normal(0, 0.5, 50).astype(np.float32)
+    lo = (g + rng.normal(0, 0.3, 50)).astype(np.float32)
+    lo[:5] = g[:5] * 400  # some beyond exp's range: the stable path agrees
+    _, theta, beta = pack_scores(torch.from_numpy(lo), torch.from_numpy(g), 1)
+    assert beta.numel() == 50 and torch.all(beta == 0.0)
+    # the server then changes no parameter on account of beta: kd weights are all 0
+    _, w = select_packs(theta, 0.9999, beta, "all", "kd")
+    assert torch.all(w == 0.0)
+    # a last pack of one real value when the padding is excluded
+    _, _, be = pack_scores(torch.from_numpy(lo[:9]), torch.from_numpy(g[:9]), 4, kl_padding="exclude")
+    assert be[2].item() == 0.0 and be[0].item() > 0.0
+
+
+def test_kd_weights_of_a_real_cnn_update_match_float64():
+    """The reference CNN (44,426 parameters, 44 packs of 1024) after a few SGD steps: kd
+    weights ``|beta|`` are 1e-7 .. 1e-4 here; each within 1e-5 relative of float64."""
+    from engine.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("cnn", (1, 28, 28), 10)
+    g = flat_params(model).clone()
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(64, 1, 28, 28, generator=gen), torch.randint(0, 10, (64,), generator=gen)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(4):
+        opt.zero_grad()
+        F_loss = nn.functional.cross_entropy(model(x[16 * step:16 * step + 16]), y[16 * step:16 * step + 16])
+        F_loss.backward()
+        opt.step()
+    lo = flat_params(model)
+    theta_a, theta, beta = pack_scores(lo, g, 1024)
+    rta, rth, rbe = ref_scores(lo.numpy(), g.numpy(), 1024)
+    assert beta.numel() == 44 and 0 < rbe.min() and rbe.max() < 1e-3  # the regime that matters
+    np.testing.assert_allclose(beta.numpy(), rbe, rtol=1e-5)
+    np.testing.assert_allclose(theta.numpy(), rth, rtol=1e-12)
+    assert theta_a == pytest.approx(rta, rel=1e-12)
+    # the weights that travel (float32) keep that accuracy, for every weighting
+    for weighting, ref in (("kd", np.abs(rbe)), ("cs", np.abs(rth)), ("cskd", np.abs(rth + rbe))):
+        idx, w = select_packs(theta, theta_a, beta, "all", weighting)
+        assert idx.tolist() == [j for j in range(44) if rth[j] < rta]
+        np.testing.assert_allclose(w.numpy(), ref[idx.numpy()], rtol=1e-5)
+
+
+def _fit_once(client, state, g, round_):
+    ctx = make_ctx(nn.Linear(3, 2), state=state, lr=0.5, epochs=2, seed=1)
+    ctx.round = round_
+    bc = broadcast_of(g)
+    client.receive(ctx, bc)
+    res = client.fit(ctx, bc)
+    return ctx, res
+
+
+def test_packs_of_a_lost_upload_stay_personal():
+    client = FedCSPACKClient(FedCSPACKParams(pack_size=3))
+    g = np.array([0.03, -0.02, 0.05, 0.01, 0.04, -0.06, 0.001, -0.002], np.float32)
+    state: dict = {}
+    ctx, res = _fit_once(client, state, g, round_=4)
+    assert res.upload.arrays["idx"].tolist() == [1, 2]  # shared packs 1 and 2
+    personal = ctx.state[fcs._PERSONAL].numpy().copy()
+    client.on_dropped(ctx.state, 3)  # another round's loss: nothing changes
+    assert ctx.state[fcs._SHARED].tolist() == [1, 2]
+    client.on_dropped(ctx.state, 4)  # this upload was lost: nothing counts as shared
+    assert ctx.state[fcs._SHARED].numel() == 0
+    # next round: own_mask overwrites no pack; the whole trained model stays personal
+    nxt = make_ctx(nn.Linear(3, 2), state=ctx.state)
+    client.receive(nxt, broadcast_of(GLOBAL8))
+    np.testing.assert_array_equal(flat_params(nxt.model).numpy(), personal)
+    # whereas an upload that arrived: its packs 1 and 2 are overwritten by the global model
+    ctx2, _ = _fit_once(client, {}, g, round_=4)
+    arrived = make_ctx(nn.Linear(3, 2), state=ctx2.state)
+    client.receive(arrived, broadcast_of(GLOBAL8))
+    got = flat_params(arrived.model).numpy()
+    np.testing.assert_array_equal(got[3:], GLOBAL8[3:])
+    np.testing.assert_array_equal(got[:3], ctx2.state[fcs._PERSONAL].numpy()[:3])
+
+
+def test_lost_uploads_in_an_engine_run_leave_their_packs_personal(tmp_path):
+    """Under a deadline some uploads are lost; each such client's recorded pack set is empty
+    afterwards, each arrived client's equals the packs of its last upload."""
+    from engine.config import load_config
+    from engine.simulation import Simulation
+
+    overrides = [
+        "dataset.name=digits", "model.name=mlp", "clients.num_clients=6", "clients.participation=1.0",
+        "clients.profiles={availability: 1.0, dropout: 0.0, network: {5mbps: 0.5, 500mbps: 0.5}}",
+        "rounds=1", "clock.deadline_s=0.05",
+        "algorithm.name=fedcspack", "algorithm.pack_size=64", "algorithm.record_packs=true",
+    ]
+    cfg = load_config(None, overrides)
+    sim = Simulation(cfg)
+    sim.start()
+    try:
+        record = sim.run_round(0)
+        rows = {r["client_id"]: r for r in record.client_rows}
+        lost = [c for c, r in rows.items() if not r["made_deadline"]]
+        arrived = [c for c, r in rows.items() if r["made_deadline"]]
+        assert lost and arrived, rows  # the test is about something
+        for cid in lost:
+            assert sim.executor.host.client_state(cid)[fcs._SHARED].numel() == 0
+        for cid in arrived:
+            assert sim.executor.host.client_state(cid)[fcs._SHARED].numel() == rows[cid]["packs_shared"]
+    finally:
+        sim.executor.close()

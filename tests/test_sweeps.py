@@ -123,9 +123,9 @@ def test_example_specs_validate():
     assert r.num_trials == 6 and r.param_columns == {"train.lr": "lr", "algorithm.mu": "mu"}
     if "ascend" in ALGORITHMS:
         r = resolve(EXAMPLES / "ascend_eps_gamma.yaml")
-        assert r.num_trials == 18
-        assert r.param_columns == {"algorithm.epsilon": "epsilon", "algorithm.gamma": "gamma", "algorithm.k": "k"}
-        assert r.spec.scheduler.name == "asha" and r.rounds == 10
+        assert r.num_trials == 6
+        assert r.param_columns == {"algorithm.epsilon": "epsilon", "algorithm.gamma": "gamma"}
+        assert r.spec.scheduler.name == "fifo" and r.rounds == 30
 
 
 @pytest.mark.skipif("fedcspack" not in ALGORITHMS, reason="FedCSPACK is not registered")

@@ -1,0 +1,57 @@
+"""Steps that several methods share, in one place: K options, grouping uploads by
+architecture, and the sample-weighted mean.
+
+* :func:`check_k` - the one validator of a "how many" option (``k``): an int count >= 1, a
+  float fraction, and optionally ``"all"``. Compressors read a float as a ratio of the model
+  size in (0, 1] (1.0 = every coordinate); FedCSPACK reads it as a fraction of the packs in
+  (0, 1) and rejects 1.0 as ambiguous (``one_is_ambiguous``). Defined in
+  :mod:`algorithms.params` (config validation imports no torch), exported here.
+* :func:`group_by_arch` - the round's uploads per model architecture.
+* :func:`sample_weights`, :func:`weighted_mean` - ``sum_n (m_n / sum m) x_n`` accumulated in
+  float64 (FedAvg, compressed FedAvg, ASCEND).
+
+Plain torch / numpy: no Ray, no I/O.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from algorithms.base import ClientResult
+from algorithms.params import ALL, check_k  # noqa: F401 (torch-free, for config validation; exported here)
+
+
+def group_by_arch(results: Iterable[ClientResult], archs: Iterable[str]) -> dict[str, list[ClientResult]]:
+    """The uploads of each architecture in ``archs`` that has any, in ``archs``' order.
+
+    An upload for an architecture the server does not hold is an error (not silently dropped).
+    """
+    archs = list(archs)
+    groups: dict[str, list[ClientResult]] = {a: [] for a in archs}
+    for r in results:
+        if r.arch not in groups:
+            raise ValueError(f"client {r.client_id} uploaded for architecture {r.arch!r}; "
+                             f"the server holds {archs}")
+        groups[r.arch].append(r)
+    return {a: rs for a, rs in groups.items() if rs}
+
+
+def sample_weights(results: Sequence[ClientResult]) -> torch.Tensor:
+    """``m_n / sum m`` as float64 (uniform when every client reports 0 samples)."""
+    m = torch.tensor([float(r.num_samples) for r in results], dtype=torch.float64)
+    total = float(m.sum())
+    return m / total if total > 0 else torch.full_like(m, 1.0 / max(len(results), 1))
+
+
+def weighted_mean(weights: torch.Tensor, vectors: Sequence[torch.Tensor | np.ndarray]) -> torch.Tensor:
+    """``sum_n weights_n x_n`` of equal-length vectors, accumulated in float64, as float32."""
+    stacked = torch.stack([torch.as_tensor(np.asarray(v) if not isinstance(v, torch.Tensor) else v)
+                           .double().reshape(-1) for v in vectors])
+    return (weights.double() @ stacked).float()
+
+
+def sample_weighted_mean(results: Sequence[ClientResult], key: str) -> torch.Tensor:
+    """The sample-weighted mean of each upload's dense array ``key``."""
+    return weighted_mean(sample_weights(results), [r.upload.arrays[key] for r in results])
