@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
+if TYPE_CHECKING:  # torch is imported where used: check_device_request runs in torch-free processes
+    import torch
 
 from engine.config import ConfigError
 
@@ -38,6 +39,8 @@ class DeviceError(ConfigError):
 
 
 def cuda_available() -> bool:
+    import torch
+
     return torch.cuda.is_available()
 
 
@@ -64,6 +67,8 @@ def resolve_device(
     ``gpu_ids``: the Ray GPU ids of this worker, None outside Ray; ``"ask"`` finds out
     (:func:`ray_gpu_ids`). ``has_cuda``: whether torch can use CUDA (default: ask torch).
     """
+    import torch
+
     if requested == "cpu":
         return torch.device("cpu")
     if requested not in ("auto", "cuda"):
@@ -104,6 +109,8 @@ def prepare_device(device: torch.device, deterministic: bool = True) -> None:
     have no deterministic CUDA kernel warn instead of failing) and no cuDNN autotuning."""
     if device.type != "cuda":
         return
+    import torch
+
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC)
         torch.use_deterministic_algorithms(True, warn_only=True)
@@ -115,6 +122,8 @@ def describe_device(device: torch.device) -> dict:
     """Manifest fields: the resolved device and, for CUDA, the GPU's name and memory."""
     out: dict = {"device": device.type}
     if device.type == "cuda":
+        import torch
+
         props = torch.cuda.get_device_properties(device)
         out.update(gpu_name=props.name, gpu_memory_gb=round(props.total_memory / 2**30, 1))
     return out

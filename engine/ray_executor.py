@@ -28,11 +28,13 @@ import math
 import os
 import secrets
 import socket
+import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -57,6 +59,9 @@ _local_token: str | None = None  # the token of the local Ray this process start
 
 
 CHUNK_BYTES = 64 << 20  # checkpoint shards travel between nodes in pieces of this size
+
+
+T = TypeVar("T")
 
 
 class ExecutorError(RuntimeError):
@@ -85,10 +90,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, *,
     ``num_gpus`` declares the local Ray's GPUs (default: the ones Ray detects); Ray schedules
     declared GPUs even where none exist, which the tests use on CPU machines.
     """
-    for key, value in QUIET_RAY_ENV.items():
-        os.environ.setdefault(key, value)
-    import ray
-
+    ray = import_ray()
     if ray.is_initialized():
         return ray
     mark("ray: init begins")
@@ -97,6 +99,15 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, *,
     else:
         _join_cluster(ray, address, connect_timeout_s)
     mark("ray: init done")
+    return ray
+
+
+def import_ray():
+    """``import ray`` with the settings Ray reads at import."""
+    for key, value in QUIET_RAY_ENV.items():
+        os.environ.setdefault(key, value)
+    import ray
+
     return ray
 
 
@@ -279,9 +290,7 @@ def shutdown_ray() -> None:
     (``log_to_driver=False``). A local Ray started by this process stops; an attached cluster
     keeps running.
     """
-    import sys
-
-    if "ray" not in sys.modules:
+    if not ray_is_up():
         return
     import ray
 
@@ -289,6 +298,48 @@ def shutdown_ray() -> None:
         mark("ray: shutdown begins")
         ray.shutdown()
         mark("ray: shutdown done")
+
+
+def ray_is_up() -> bool:
+    """Whether this process is connected to a Ray (without importing Ray)."""
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
+def check_while_ray_starts(check: Callable[[], T], start: Callable[[], Any]) -> tuple[T, Any]:
+    """Run ``check`` (a validation that loads data: seconds of CPU for torch, the dataset and
+    the models) in a thread while ``start`` (starting or joining Ray: mostly waiting for Ray's
+    processes) runs in this one; returns both results.
+
+    The check's error wins over the start's (it is the user's mistake), and a Ray that ``start``
+    brought up for a config that failed is shut down again. The check must not depend on
+    whether Ray is up (``validate_experiment(..., ray_running=)`` pins it).
+    """
+    import_ray()  # first: imports in two threads take turns on the GIL and the import lock
+    was_up = ray_is_up()
+    box: dict[str, Any] = {}
+
+    def work():
+        try:
+            box["value"] = check()
+        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = err
+
+    worker = threading.Thread(target=work, name="hetsim-validation", daemon=True)
+    worker.start()
+    try:
+        started = start()
+    except BaseException:
+        worker.join()
+        if "error" in box:
+            raise box["error"] from None
+        raise
+    worker.join()
+    if "error" in box:
+        if not was_up:
+            shutdown_ray()
+        raise box["error"]
+    return box["value"], started
 
 
 def plan_pool(

@@ -253,10 +253,13 @@ def prepare_run(cfg: ExperimentConfig, run_dir: str | Path | None = None) -> tup
     """Validate ``cfg`` (nothing is written if it fails), log its warnings, then create and
     claim the run folder. Returns the folder (or a URI) and the warnings (for the manifest)."""
     from engine.device import check_device_request
-    from engine.validate import validate_experiment
+    from engine.validate import validate_experiment, validate_while_ray_starts
 
     check_device_request(cfg)  # `device: cuda` without CUDA: refused before anything is written
-    warnings = validate_experiment(cfg, run_dir)
+    if cfg.executor.kind == "ray":  # the data checks' CPU seconds overlap Ray's start-up
+        warnings = validate_while_ray_starts(cfg, run_dir)
+    else:
+        warnings = validate_experiment(cfg, run_dir)
     for text in warnings:
         log.warning("hetsim: warning: %s", text)
     return make_run_dir(cfg, run_dir), warnings

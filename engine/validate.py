@@ -21,7 +21,6 @@ from __future__ import annotations
 import inspect
 import math
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -39,17 +38,43 @@ def _fail(problems: list[str]) -> None:
         raise ConfigError(HEADER + "\n".join(problems))
 
 
-def validate_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None) -> list[str]:
+def validate_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None, *,
+                        ray_running: bool | None = None) -> list[str]:
     """Raise :class:`ConfigError` listing what would make ``cfg`` fail or mean nothing; return
-    the warnings (runs that can be made but are probably not what was meant)."""
-    warnings: list[str] = []
+    the warnings (runs that can be made but are probably not what was meant).
+
+    ``ray_running``: whether the Ray pool check may ask a Ray this process is connected to for
+    its CPUs (default: whether one is connected now); pinned by callers that start Ray while
+    this runs (:func:`validate_while_ray_starts`)."""
     _fail(_static_problems(cfg, run_dir))
+    return validate_with_data(cfg, ray_running=ray_running)
+
+
+def validate_while_ray_starts(cfg: ExperimentConfig, run_dir: str | Path | None = None) -> list[str]:
+    """:func:`validate_experiment` for a run with ``executor.kind: ray``: after the checks that
+    need no data, the ones that load it run while this thread starts (or joins) the Ray the
+    run needs next, instead of before it. A Ray started for a config that fails is stopped."""
+    from engine.ray_executor import check_while_ray_starts, init_ray, ray_is_up
+
+    _fail(_static_problems(cfg, run_dir))
+    running = ray_is_up()
+    warnings, _ = check_while_ray_starts(
+        lambda: validate_with_data(cfg, ray_running=running),
+        lambda: init_ray(cfg.ray.address, cfg.ray.num_cpus, num_gpus=cfg.ray.num_gpus,
+                         connect_timeout_s=cfg.ray.connect_timeout_s))
+    return warnings
+
+
+def validate_with_data(cfg: ExperimentConfig, *, ray_running: bool | None = None) -> list[str]:
+    """The checks of :func:`validate_experiment` that load the data (after the static ones)."""
+    warnings: list[str] = []
+    _fail(_params_problems(cfg))  # imports the model and dataset code (torch)
     data = _build_data(cfg)
     profiles = _build_profiles(cfg, data.num_clients)
     arch_names, client_arch, flops, sizes = _build_models(cfg, data, profiles)
     n = data.num_clients
     problems = _method_problems(cfg, sizes)
-    problems += _pool_problems(cfg, n)
+    problems += _pool_problems(cfg, n, ray_running)
     problems += _fleet_problems(cfg, data, profiles, arch_names, client_arch, flops, warnings)
     problems += _failure_injection_problems(cfg, n, profiles, warnings)
     if cfg.evaluation.global_model and len(data.global_test_idx) == 0:
@@ -83,7 +108,6 @@ def _static_problems(cfg: ExperimentConfig, run_dir) -> list[str]:
     if cfg.ray.address is not None and cfg.ray.num_cpus is not None:
         problems.append(f"  ray.num_cpus = {cfg.ray.num_cpus}: sizes a local Ray only, but ray.address "
                         f"= {cfg.ray.address!r} joins a cluster; remove one of them")
-    problems += _params_problems(cfg)
     fault = cfg.executor.inject_failure
     if fault is not None and fault.round >= cfg.rounds:
         problems.append(f"  executor.inject_failure.round = {fault.round}: the run has rounds "
@@ -255,15 +279,18 @@ def _method_problems(cfg: ExperimentConfig, sizes: dict[str, int]) -> list[str]:
     return problems
 
 
-def _pool_problems(cfg: ExperimentConfig, n: int) -> list[str]:
+def _pool_problems(cfg: ExperimentConfig, n: int, ray_running: bool | None) -> list[str]:
     """A Ray pool larger than a local Ray (a cluster's free CPUs are checked when it starts)."""
     ex = cfg.executor
     if ex.kind != "ray" or cfg.ray.address is not None:
         return []
-    from engine.ray_executor import PoolSizeError, plan_pool
+    from engine.ray_executor import PoolSizeError, plan_pool, ray_is_up
 
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():  # the run will use this Ray (init_ray)
+    if ray_running is None:
+        ray_running = ray_is_up()
+    if ray_running:  # the run will use this Ray (init_ray)
+        import ray
+
         cpus, source = ray.cluster_resources().get("CPU", 0.0), "the running Ray"
     else:
         cpus = cfg.ray.num_cpus or os.cpu_count() or 1

@@ -1,9 +1,9 @@
 """Run, resume and report a sweep with Ray Tune.
 
-``run_sweep(spec)`` validates the spec (no Ray before that), writes ``<storage>/sweep.yaml``,
-starts or joins Ray, runs one Tune trial per configuration (:func:`sweeps.trainable.hetsim_trial`)
-and writes ``trials.parquet`` and ``rounds.parquet``. ``resume_sweep(storage)`` rebuilds the
-trainable from ``sweep.yaml`` and continues with ``Tuner.restore``: finished trials are not
+``run_sweep(spec)`` validates the spec (the checks that load data while Ray starts; nothing is
+written before they pass), writes ``<storage>/sweep.yaml``, starts or joins Ray, runs one Tune
+trial per configuration (:func:`sweeps.trainable.hetsim_trial`) and writes ``trials.parquet``
+and ``rounds.parquet``. ``resume_sweep(storage)`` rebuilds the trainable from ``sweep.yaml`` and continues with ``Tuner.restore``: finished trials are not
 rerun, unfinished ones continue from their last checkpoint (from round 0 without one), errored
 ones are kept as errors unless ``retry_errored`` (then they continue the same way, keeping
 their trial id).
@@ -455,16 +455,26 @@ def run_sweep(
     ``storage``: a local path or a URI (``s3://bucket/prefix``); ``callbacks`` are extra Ray Tune
     callbacks (objects with ``on_trial_result`` etc.).
     """
+    from engine.ray_executor import check_while_ray_starts
+
+    data_checks: list = []
     resolved = resolve(source, storage=storage, address=address,
-                       command=command if command is not None else list(sys.argv))
+                       command=command if command is not None else list(sys.argv), data_checks=data_checks)
     store = resolved.open_storage()
     if store.exists(SWEEP_FILE):
         raise FileExistsError(
             f"sweep folder {resolved.storage} already exists; continue it with "
             f"`hetsim sweep --resume {resolved.storage}` or choose another storage")
-    check_writable(store)
     mark("sweep: spec resolved")
-    ray = _init_ray(resolved)
+
+    def check_data_then_storage():  # the storage check creates the folder: only for a valid spec
+        for check in data_checks:
+            check()
+        check_writable(store)
+
+    # the checks that load the data (seconds of CPU) run while Ray starts, not before it
+    _, ray = check_while_ray_starts(check_data_then_storage, lambda: _init_ray(resolved))
+    mark("sweep: data checked")
     _check_fits(ray, resolved)
     store.write_text(SWEEP_FILE, yaml.safe_dump(resolved.to_dict(), sort_keys=False))
     store = _tune_storage(ray, resolved, store)

@@ -30,9 +30,11 @@ names the field, the value and what is allowed.
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -259,21 +261,35 @@ def _config_problem(err: ConfigError) -> str:
     return "; ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
-def _check_experiment(raw: dict[str, Any], storage: Path | None = None) -> ExperimentConfig:
+def _check_experiment(raw: dict[str, Any], storage: Path | None = None,
+                      ray_running: bool | None = None) -> ExperimentConfig:
     """Schema check; with ``storage`` also the whole validation pass a run makes (data too)."""
     from engine.validate import validate_experiment
 
     cfg = load_config(raw)
     if storage is not None:
-        validate_experiment(cfg, run_dir=storage / "runs")
+        validate_experiment(cfg, run_dir=storage / "runs", ray_running=ray_running)
     return cfg
 
 
-def _validate_experiment(raw: dict[str, Any], where: str, storage: Path | None = None) -> ExperimentConfig:
+def _validate_experiment(raw: dict[str, Any], where: str, storage: Path | None = None,
+                         ray_running: bool | None = None) -> ExperimentConfig:
     try:
-        return _check_experiment(raw, storage)
+        return _check_experiment(raw, storage, ray_running)
     except ConfigError as err:
         raise SweepSpecError(f"invalid sweep spec:\n  {where}: {_config_problem(err)}") from None
+
+
+def _check_probe(base_raw: dict[str, Any], key: str, kind: str, args: Any, value: Any, base_cfg,
+                 storage: Path | None = None, ray_running: bool | None = None) -> None:
+    """The base with ``key`` set to one probed ``value`` of its distribution must validate."""
+    try:
+        _check_experiment(apply_overrides(base_raw, {key: value}), storage, ray_running)
+    except ConfigError as err:
+        raise SweepSpecError(
+            f"invalid sweep spec:\n  space.{key}.{kind} = {args!r}: value {value!r} is "
+            f"rejected by the experiment config: {_config_problem(err)}"
+            + _algorithm_hint(key, base_cfg)) from None
 
 
 def read_mapping_file(path: Path, what: str) -> dict[str, Any]:
@@ -481,8 +497,14 @@ def resolve(
     storage: str | Path | None = None,
     address: str | None = None,
     command: list[str] | None = None,
+    data_checks: list[Callable[[], Any]] | None = None,
 ) -> ResolvedSweep:
-    """Load and fully validate a sweep spec; nothing is started or written."""
+    """Load and fully validate a sweep spec; nothing is started or written.
+
+    ``data_checks``: if a list, the checks that load the data (the base and each probed value,
+    validated as a run validates them: seconds of CPU) are appended to it instead of run here,
+    for the caller to run while Ray starts; each raises :class:`SweepSpecError`.
+    """
     spec_dir = None
     default_name = None
     if isinstance(source, (str, Path)):
@@ -508,7 +530,13 @@ def resolve(
             raise SweepSpecError(f"invalid sweep spec:\n  overrides: {err}") from None
     storage_path = storage_location(storage if storage is not None else (spec.storage or Path("sweeps_out") / spec.name))
     local_storage = None if is_uri(storage_path) else Path(storage_path)  # run folders' checks
-    base_cfg = _validate_experiment(base_raw, "base", local_storage)
+    checks_now = local_storage if data_checks is None else None
+    from engine.ray_executor import ray_is_up
+
+    ray_running = ray_is_up()  # pinned: the deferred checks may run while Ray starts
+    base_cfg = _validate_experiment(base_raw, "base", checks_now)
+    if data_checks is not None and local_storage is not None:
+        data_checks.append(functools.partial(_validate_experiment, base_raw, "base", local_storage, ray_running))
 
     if not spec.space:
         raise SweepSpecError("invalid sweep spec:\n  space = {}: give at least one dotted key to sweep")
@@ -523,13 +551,10 @@ def resolve(
                     "(set it in base or overrides)")
         kind, args = _check_distribution(key, dist)
         for value in _probe_values(kind, args):
-            try:
-                _check_experiment(apply_overrides(base_raw, {key: value}), local_storage)
-            except ConfigError as err:
-                raise SweepSpecError(
-                    f"invalid sweep spec:\n  space.{key}.{kind} = {args!r}: value {value!r} is "
-                    f"rejected by the experiment config: {_config_problem(err)}"
-                    + _algorithm_hint(key, base_cfg)) from None
+            _check_probe(base_raw, key, kind, args, value, base_cfg, checks_now)
+            if data_checks is not None and local_storage is not None:
+                data_checks.append(functools.partial(
+                    _check_probe, base_raw, key, kind, args, value, base_cfg, local_storage, ray_running))
         dims[key] = (kind, args)
     spec.space = {k: {kind: args} for k, (kind, args) in dims.items()}
     # Grid values are validated together too (fields can constrain each other) when few.

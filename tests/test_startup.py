@@ -150,3 +150,78 @@ print(json.dumps([counts, dynamo]))
         runs[mode] = json.loads(out.stdout.strip().splitlines()[-1])
     assert runs["with"][1] is True and runs["without"][1] is False
     assert runs["with"][0] == runs["without"][0]
+
+
+# ------------------------------------------- data checks overlap Ray's start (a Ray run, a sweep)
+def test_the_check_runs_in_another_thread_while_ray_starts_and_its_error_wins():
+    import threading
+
+    from engine.errors import ConfigError
+    from engine.ray_executor import check_while_ray_starts
+
+    started = threading.Event()
+    threads = {}
+
+    def check():
+        threads["check"] = threading.get_ident()
+        assert started.wait(10), "the start did not run while the check did"
+        return "checked"
+
+    def start():
+        threads["start"] = threading.get_ident()
+        started.set()
+        return "started"
+
+    assert check_while_ray_starts(check, start) == ("checked", "started")
+    assert threads["start"] == threading.get_ident() != threads["check"]
+
+    def bad_check():
+        raise ConfigError("invalid experiment config:\n  a user mistake")
+
+    def bad_start():
+        raise RuntimeError("Ray failed too")
+
+    with pytest.raises(ConfigError, match="a user mistake"):
+        check_while_ray_starts(bad_check, bad_start)
+    with pytest.raises(RuntimeError, match="Ray failed too"):
+        check_while_ray_starts(lambda: None, bad_start)
+
+
+@pytest.mark.ray
+def test_a_ray_run_whose_data_checks_fail_says_so_and_leaves_no_folder_and_no_ray(tmp_path):
+    from engine.config import load_config
+    from engine.errors import ConfigError
+    from engine.ray_executor import ray_is_up
+    from engine.run import run_experiment
+    from engine.validate import validate_experiment
+
+    assert not ray_is_up()
+    cfg = load_config(None, ["dataset.name=digits", "model.name=mlp", "clients.num_clients=5000",
+                             "executor.kind=ray", "ray.num_cpus=2", f"output.dir={tmp_path / 'runs'}"])
+    with pytest.raises(ConfigError) as sequential:
+        validate_experiment(cfg)
+    with pytest.raises(ConfigError) as overlapped:
+        run_experiment(cfg)
+    assert str(overlapped.value) == str(sequential.value)
+    assert "clients.num_clients = 5000" in str(overlapped.value)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+    assert not ray_is_up(), "the Ray started for the run was left running"
+
+
+def test_a_sweep_defers_exactly_the_data_checks():
+    from sweeps.spec import SweepSpecError, resolve
+
+    spec = {"name": "s", "base": {"dataset": {"name": "digits"}, "model": {"name": "mlp"},
+                                  "clients": {"num_clients": 10}, "rounds": 2},
+            "space": {"clients.num_clients": {"grid": [10, 5000]}}}  # 5000 > the samples: data only
+    with pytest.raises(SweepSpecError) as direct:
+        resolve(spec)
+    checks = []
+    resolved = resolve(spec, data_checks=checks)  # the schema is fine: nothing raised yet
+    assert resolved.num_trials == 2 and len(checks) == 3  # the base and the two probed values
+    checks[0]()
+    checks[1]()
+    with pytest.raises(SweepSpecError) as deferred:
+        checks[2]()
+    assert str(deferred.value) == str(direct.value)
+    assert "space.clients.num_clients.grid" in str(direct.value) and "5000" in str(direct.value)
