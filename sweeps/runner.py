@@ -3,10 +3,10 @@
 ``run_sweep(spec)`` validates the spec (the checks that load data while Ray starts; nothing is
 written before they pass), writes ``<storage>/sweep.yaml``, starts or joins Ray, runs one Tune
 trial per configuration (:func:`sweeps.trainable.hetsim_trial`) and writes ``trials.parquet``
-and ``rounds.parquet``. ``resume_sweep(storage)`` rebuilds the trainable from ``sweep.yaml`` and continues with ``Tuner.restore``: finished trials are not
-rerun, unfinished ones continue from their last checkpoint (from round 0 without one), errored
-ones are kept as errors unless ``retry_errored`` (then they continue the same way, keeping
-their trial id).
+and ``rounds.parquet``. ``resume_sweep(storage)`` rebuilds the trainable from ``sweep.yaml`` and
+continues with ``Tuner.restore``: finished trials are not rerun, unfinished ones continue from
+their last checkpoint (from round 0 without one), errored ones are kept as errors unless
+``retry_errored`` (then they continue the same way, keeping their trial id).
 
 Storage is Tune's: ``RunConfig(storage_path, storage_filesystem)`` with the pyarrow filesystem
 of :func:`engine.storage.open_storage`. A local path on a cluster that the driver joined gets a
