@@ -16,6 +16,9 @@ machine hit every figure alike, and each figure prints its median and range. Fig
               rounds against the same job in-process (rounds: sum of ``rounds.parquet`` wall_s;
               in-process ÷ Ray >= 1.7, computed per repeat). ``--timeline`` prints where the
               seconds of the median Ray run went (``HETSIM_TRACE``, see engine/trace.py).
+              Next to them, the same rounds as bare PyTorch (bench_engine.BareLoop / BarePool):
+              one process ÷ a hand-written pool of 2 processes, the speed-up this machine's two
+              cores give any engine, and bare pool ÷ Ray (> 1: Ray rounds faster than the pool).
 * ``attach``  the same Ray job attached to a running local Ray (``ray start --head`` once, then
               ``ray.address=auto``): what repeated runs on one machine pay.
 * ``light``   in one process, in-process engine rounds ÷ a bare PyTorch loop over the same
@@ -62,6 +65,8 @@ GOALS = {  # figure -> (goal text, test)
     "hetsim validate": ("<= 1.5 s", lambda v: v <= 1.5),
     "Ray job, whole process": ("<= 10 s", lambda v: v <= 10.0),
     "Ray job, rounds: in-process ÷ Ray": (">= 1.7x", lambda v: v >= 1.7),
+    "bare rounds: 1 process ÷ pool of 2": ("", None),
+    "Ray job, rounds: bare pool ÷ Ray": ("", None),
     "in-process job, whole process": ("", None),
     "Ray job attached (ray.address=auto)": ("", None),
     "light rounds: engine ÷ bare loop, CPU": ("<= 1.05", lambda v: v <= 1.05),
@@ -156,6 +161,37 @@ print(json.dumps(out))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tree)
     if proc.returncode != 0:
         raise RuntimeError(f"light rounds failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def bare_rounds(tree: Path = REPO) -> dict[str, float]:
+    """Seconds of the reference job's rounds as bare PyTorch (bench_engine), one fresh process
+    each way: a single process (BareLoop) and a pool of 2 worker processes (BarePool). Each
+    runs one warm-up round first (untimed: first-touch costs, ~1 s in a fresh pool), then times
+    as many rounds as the job has; the engine's rounds.parquet counts its round 0 too."""
+    code = f"""
+import json, sys, time
+sys.path[:0] = [{str(tree)!r}, {str(REPO / 'bench')!r}]
+import torch
+torch.set_num_threads(1)
+from bench_engine import BareLoop, BarePool
+from engine.config import load_config
+rounds = load_config(None, {REFERENCE_JOB!r}).rounds
+out = {{}}
+for name, make in (("single", lambda: BareLoop(load_config(None, {REFERENCE_JOB!r}))),
+                   ("pool", lambda: BarePool({REFERENCE_JOB!r}, workers=2))):
+    loop = make()
+    loop.round(0)
+    t0 = time.perf_counter()
+    for r in range(1, rounds + 1):
+        loop.round(r)
+    out[name] = time.perf_counter() - t0
+    getattr(loop, "close", lambda: None)()
+print(json.dumps(out))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tree)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bare rounds failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -309,6 +345,10 @@ def main(argv: list[str] | None = None) -> int:
                     add("Ray job, whole process" + label, wall_ray)
                     add("Ray job, rounds: in-process ÷ Ray" + label, rounds_local / rounds_ray)
                     ray_traces.setdefault(label, []).append((wall_ray, trace))
+                    if not label:  # the hardware's own 2-process speed-up on this job
+                        bare = bare_rounds(tree)
+                        add("bare rounds: 1 process ÷ pool of 2", bare["single"] / bare["pool"])
+                        add("Ray job, rounds: bare pool ÷ Ray", bare["pool"] / rounds_ray)
                 if "sweep" in which:
                     one = sweep_overhead(tmp, 1, tree)
                     four = sweep_overhead(tmp, 4, tree)

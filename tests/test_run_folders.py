@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from engine.config import load_config
@@ -169,3 +170,37 @@ def test_ctrl_c_under_the_ray_executor_is_honoured_and_says_what_was_saved(tmp_p
     assert "Traceback" not in err
     run = load_run(tmp_path / "r")
     assert run.manifest["status"] == "interrupted" and len(run.rounds) == saved
+
+
+ROW_SHAPES = {  # rows appended as dicts: each shape must read back as pandas would have written it
+    "ints and missing": [{"a": 1, "b": None}, {"a": None, "b": 2.5}],
+    "keys that only some rows have": [{"a": 1}, {"b": "x"}, {"a": 3, "c": True}],
+    "numpy scalars": [{"a": np.float32(1.5), "b": np.int64(3), "c": np.bool_(True), "d": np.float64(np.nan)}],
+    "ints and floats": [{"a": 1}, {"a": 2.5}, {"a": np.int64(4)}],
+    "strings and missing": [{"s": "x"}, {"s": None}],
+    "lists": [{"l": [1, 2]}, {"l": [3]}],
+    "bools and missing": [{"b": True}, {"b": None}],
+    "all missing": [{"n": None}, {"n": None}],
+    "large ints": [{"a": 2**40}],
+    "mixed kinds (pandas decides)": [{"a": 1}, {"a": "x"}],
+}
+
+
+@pytest.mark.parametrize("shape", sorted(ROW_SHAPES))
+def test_appended_rows_read_back_as_pandas_would_write_them(tmp_path, shape):
+    import pandas as pd
+
+    from engine.results import RunWriter
+
+    rows = ROW_SHAPES[shape]
+    writer = RunWriter(tmp_path / "run")
+    if shape == "mixed kinds (pandas decides)":  # Arrow cannot type it; pandas cannot write it
+        with pytest.raises(Exception):
+            pd.DataFrame(rows).to_parquet(tmp_path / "ref.parquet", index=False)
+        with pytest.raises(Exception):
+            writer.append("t", rows)
+        return
+    pd.DataFrame(rows).to_parquet(tmp_path / "ref.parquet", index=False)
+    writer.append("t", rows)
+    pd.testing.assert_frame_equal(read_table(tmp_path / "run", "t"),
+                                  pd.read_parquet(tmp_path / "ref.parquet"))
