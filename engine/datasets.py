@@ -32,7 +32,7 @@ The default ``root`` of the torchvision datasets is ``$HETSIM_DATA_ROOT`` if
 set, else ``./data``.  Besides what torchvision downloads when ``download=True``,
 one thing is kept on disk: the parsed ``mnist5k`` images (raw uint8, 3.9 MB) under
 ``$HETSIM_CACHE_DIR`` (default ``$XDG_CACHE_HOME/hetsim`` or ``~/.cache/hetsim``), so
-that later processes skip parsing its CSV (~0.1 s); see :func:`cached_arrays`.
+that later processes skip parsing its CSV (~0.1 s); see :mod:`engine.cache`.
 """
 
 from __future__ import annotations
@@ -42,8 +42,6 @@ import importlib.util
 import inspect
 import os
 import struct
-import tempfile
-import zlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -198,48 +196,6 @@ def _normalise_uint8_images(images: np.ndarray, mean, std) -> np.ndarray:
     return out
 
 
-CACHE_FORMAT = 1  # bump when what a cached file holds changes
-
-
-def cache_dir() -> str:
-    """Where parsed datasets are kept: ``$HETSIM_CACHE_DIR``, else ``$XDG_CACHE_HOME/hetsim``,
-    else ``~/.cache/hetsim``."""
-    explicit = os.environ.get("HETSIM_CACHE_DIR")
-    if explicit:
-        return explicit
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "hetsim")
-
-
-def cached_arrays(name: str, source: str, parse: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """``parse()``'s arrays, kept in an uncompressed ``.npz`` keyed by ``source``'s path, size and
-    modification time: a changed source is parsed again. The cache is a convenience only: a
-    cache that cannot be read is parsed over, one that cannot be written is skipped, and
-    concurrent writers (a run's driver and its CLI) each replace the file atomically."""
-    st = os.stat(source)
-    key = f"{name}-v{CACHE_FORMAT}-{st.st_size}-{st.st_mtime_ns}-{zlib.crc32(os.path.realpath(source).encode()):08x}"
-    path = os.path.join(cache_dir(), key + ".npz")
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            return {k: npz[k] for k in npz.files}
-    except Exception:  # absent, truncated, not ours (zipfile.BadZipFile, ValueError, ...): parse
-        pass
-    arrays = parse()
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".npz.tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, **arrays)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError:
-        pass  # a read-only home: parse every time
-    return arrays
-
-
 _IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
 
@@ -300,6 +256,8 @@ def load_mnist5k(*, root=None, download=False, seed=0) -> ArrayDataset:
         table = np.loadtxt(source, delimiter=",")  # pixels in [0, 255], labels last
         return {"images": table[:, :-1].astype(np.uint8).reshape(-1, 1, 28, 28),
                 "labels": table[:, -1].astype(np.int64)}
+
+    from engine.cache import cached_arrays
 
     arrays = cached_arrays("mnist5k", source, parse)
     x = _normalise_uint8_images(arrays["images"], MNIST_MEAN, MNIST_STD)

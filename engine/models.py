@@ -23,7 +23,6 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 import torch.nn as nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from engine.model_names import MODEL_NAMES
 
@@ -346,6 +345,7 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "resnet18": cifar_resnet18,
     "mlp": MLP,
 }
+_BUILTIN_MODELS = dict(MODELS)
 if tuple(MODELS) != MODEL_NAMES:  # config validation checks names against MODEL_NAMES
     raise ImportError(f"engine/model_names.py lists {MODEL_NAMES}, MODELS has {tuple(MODELS)}")
 
@@ -419,6 +419,31 @@ def _count_without_dynamo() -> None:
 def _training_flops_cached(
     name: str, input_shape: tuple[int, ...], num_classes: int, frozen_params: tuple
 ) -> int:
+    """Per process; the counts of the built-in models also on disk (:mod:`engine.cache`), so
+    that a process that finds its count there neither imports the FLOP counter nor runs the pass."""
+    def count() -> int:
+        return _count_training_flops(name, input_shape, num_classes, frozen_params)
+
+    if MODELS.get(name) is not _BUILTIN_MODELS.get(name):  # a model of the caller's: count here
+        return count()
+    from engine.cache import cached_number
+
+    key = f"{name}|{input_shape}|{num_classes}|{frozen_params!r}|torch {torch.__version__}|{_source_digest()}"
+    return int(cached_number("training_flops", key, count))
+
+
+@functools.lru_cache(maxsize=None)
+def _source_digest() -> str:
+    """Of this file: a changed model or counting rule is a new disk-cache key."""
+    import hashlib
+
+    with open(__file__, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:16]
+
+
+def _count_training_flops(
+    name: str, input_shape: tuple[int, ...], num_classes: int, frozen_params: tuple
+) -> int:
     params = dict(frozen_params)
     # Do not disturb the caller's global RNG stream (model init draws from it).
     with torch.random.fork_rng(devices=[]):
@@ -434,6 +459,8 @@ def _training_flops_cached(
     # layer input + grad w.r.t. the weights), so training ~= 3x forward. It is
     # slightly less than 3x because the first layer needs no grad w.r.t. the
     # data input (e.g. exactly 2x for logistic regression).
+    from torch.utils.flop_counter import FlopCounterMode  # imports triton (~70 ms): only to count
+
     _count_without_dynamo()
     with torch.enable_grad(), FlopCounterMode(display=False) as counter:
         loss = nn.functional.cross_entropy(model(x), y)
@@ -448,7 +475,7 @@ def training_flops_per_sample(name: str, input_shape: tuple[int, ...], num_class
     Counted once with ``torch.utils.flop_counter.FlopCounterMode`` on a batch
     of ``_FLOP_BATCH`` samples (forward + ``loss.backward()``), divided by the
     batch size. Only matmul/conv FLOPs are counted (see comment in the
-    implementation); backward ~= 2x forward.
+    implementation); backward ~= 2x forward. Built-in models' counts are kept on disk too.
     """
     return _training_flops_cached(name, _as_shape(input_shape), int(num_classes), _freeze(params))
 

@@ -176,6 +176,42 @@ def test_flops_cache_and_rng_untouched():
     assert training_flops_per_sample("mlp", (64,), 10, hidden=[32]) != a
 
 
+def test_flops_of_builtin_models_are_kept_on_disk(tmp_path, monkeypatch):
+    import engine.models as models
+
+    monkeypatch.setenv("HETSIM_CACHE_DIR", str(tmp_path))
+    training_flops_per_sample.cache_clear()
+    counted = training_flops_per_sample("mlp", (64,), 10, hidden=[32, 16])
+    (stored,) = tmp_path.glob("training_flops-*.json")
+    # a new process (per-process memo cleared) reads the count instead of counting
+    training_flops_per_sample.cache_clear()
+    monkeypatch.setattr(models, "_count_training_flops", lambda *a: pytest.fail("counted again"))
+    assert training_flops_per_sample("mlp", (64,), 10, hidden=(32, 16)) == counted
+    # another key (params, shape, classes) is counted; so is an unreadable cache
+    for call in (lambda: training_flops_per_sample("mlp", (64,), 10, hidden=[8]),
+                 lambda: training_flops_per_sample("mlp", (64,), 3, hidden=[32, 16])):
+        with pytest.raises(pytest.fail.Exception, match="counted again"):
+            call()
+    stored.write_text("{not json")
+    training_flops_per_sample.cache_clear()
+    with pytest.raises(pytest.fail.Exception, match="counted again"):
+        training_flops_per_sample("mlp", (64,), 10, hidden=[32, 16])
+
+
+def test_flops_of_a_model_not_built_in_are_not_kept_on_disk(tmp_path, monkeypatch):
+    import engine.models as models
+
+    monkeypatch.setenv("HETSIM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setitem(models.MODELS, "mlp", lambda input_shape, num_classes: torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(input_shape[0], num_classes)))
+    training_flops_per_sample.cache_clear()
+    try:
+        assert training_flops_per_sample("mlp", (64,), 10) == 3 * 64 * 10 * 2 - 64 * 10 * 2
+        assert not list(tmp_path.glob("training_flops-*.json"))
+    finally:
+        training_flops_per_sample.cache_clear()
+
+
 @pytest.mark.parametrize("name", ["cnn", "lenet5_half", "resnet18", "mlp"])
 def test_flat_params_roundtrip(name):
     torch.manual_seed(0)
