@@ -84,6 +84,7 @@ def cached_number(table: str, key: str, compute: Callable[[], float]) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return value
     value = compute()
+    value = int(value) if isinstance(value, (int, np.integer)) else float(value)  # JSON-able
     entries[key] = value
     _write_atomic(path, lambda f: f.write(json.dumps(entries, sort_keys=True).encode()))
     return value

@@ -80,6 +80,8 @@ def _rows_as_arrow(rows: list[dict[str, Any]]):
     import pyarrow as pa
 
     keys = list(dict.fromkeys(k for row in rows for k in row))
+    if not keys:  # rows without columns: pandas' empty frame, which is not written
+        return None
     try:
         return pa.table({k: [row.get(k) for row in rows] for k in keys})
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):

@@ -201,6 +201,8 @@ def test_appended_rows_read_back_as_pandas_would_write_them(tmp_path, shape):
             writer.append("t", rows)
         return
     pd.DataFrame(rows).to_parquet(tmp_path / "ref.parquet", index=False)
+    writer.append("t", [{}, {}])  # no columns: nothing written, as before
     writer.append("t", rows)
+    assert [p.name for p in (tmp_path / "run" / "_parts" / "t").iterdir()] == ["0000000.parquet"]
     pd.testing.assert_frame_equal(read_table(tmp_path / "run", "t"),
                                   pd.read_parquet(tmp_path / "ref.parquet"))
