@@ -19,6 +19,10 @@ machine hit every figure alike, and each figure prints its median and range. Fig
               Next to them, the same rounds as bare PyTorch (bench_engine.BareLoop / BarePool):
               one process ÷ a hand-written pool of 2 processes, the speed-up this machine's two
               cores give any engine, and bare pool ÷ Ray (> 1: Ray rounds faster than the pool).
+              With ``--flower PYTHON`` (an environment with ``flwr[simulation]`` that also sees
+              torch; docs/benchmarks.md), the same job as a Flower simulation (bench/flower_job.py)
+              in each repeat: whole process, rounds, Ray job ÷ Flower job, and rounds 2-5 of
+              Flower ÷ those of the Ray job (Flower starts its actors inside round 1).
 * ``attach``  the same Ray job attached to a running local Ray (``ray start --head`` once, then
               ``ray.address=auto``): what repeated runs on one machine pay.
 * ``light``   in one process, in-process engine rounds ÷ a bare PyTorch loop over the same
@@ -67,6 +71,10 @@ GOALS = {  # figure -> (goal text, test)
     "Ray job, rounds: in-process ÷ Ray": (">= 1.7x", lambda v: v >= 1.7),
     "bare rounds: 1 process ÷ pool of 2": ("", None),
     "Ray job, rounds: bare pool ÷ Ray": ("", None),
+    "Flower job, whole process": ("", None),
+    "Flower job, rounds (strategy.start)": ("", None),
+    "Ray job ÷ Flower job, whole process": ("about 0.5", None),
+    "rounds 2-5: Flower ÷ Ray": ("", None),
     "in-process job, whole process": ("", None),
     "Ray job attached (ray.address=auto)": ("", None),
     "light rounds: engine ÷ bare loop, CPU": ("<= 1.05", lambda v: v <= 1.05),
@@ -97,10 +105,11 @@ def hetsim(args: list[str], tree: Path = REPO, trace: Path | None = None, check:
     return wall
 
 
-def rounds_wall(run_dir: Path) -> float:
+def rounds_wall(run_dir: Path, first: int = 0) -> float:
+    """Sum of ``rounds.parquet``'s wall_s from round ``first`` on."""
     import pandas as pd
 
-    return float(pd.read_parquet(run_dir / "rounds.parquet")["wall_s"].sum())
+    return float(pd.read_parquet(run_dir / "rounds.parquet")["wall_s"].iloc[first:].sum())
 
 
 def run_job(tmp: Path, tag: str, extra: list[str], tree: Path = REPO,
@@ -193,6 +202,20 @@ print(json.dumps(out))
     if proc.returncode != 0:
         raise RuntimeError(f"bare rounds failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def flower_job(python: str, tmp: Path) -> tuple[float, dict[str, float]]:
+    """(whole process, {rounds_s, later_rounds_s}) of the reference job as a Flower simulation
+    (bench/flower_job.py)."""
+    out = tmp / "flower.json"
+    env = {**os.environ, "RAY_ADDRESS": ""}  # Flower starts its own local Ray
+    t0 = time.perf_counter()
+    proc = subprocess.run([python, str(REPO / "bench" / "flower_job.py"), "--out", str(out)],
+                          capture_output=True, text=True, env=env, cwd=tmp)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"Flower job failed:\n{proc.stderr[-3000:]}")
+    return wall, json.loads(out.read_text())
 
 
 # ---------------------------------------------------------------- sweeps
@@ -306,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="figures: cli ray attach light sweep (default: all)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--timeline", action="store_true", help="print the median Ray run's timeline")
+    ap.add_argument("--flower", metavar="PYTHON",
+                    help="the Python of an environment with flwr[simulation]: adds the Flower figures")
     ap.add_argument("--baseline", type=Path, metavar="TREE",
                     help="another checkout whose figures are measured interleaved with this one's")
     args = ap.parse_args(argv)
@@ -349,6 +374,13 @@ def main(argv: list[str] | None = None) -> int:
                         bare = bare_rounds(tree)
                         add("bare rounds: 1 process ÷ pool of 2", bare["single"] / bare["pool"])
                         add("Ray job, rounds: bare pool ÷ Ray", bare["pool"] / rounds_ray)
+                        if args.flower:
+                            wall_flower, flower = flower_job(args.flower, tmp)
+                            add("Flower job, whole process", wall_flower)
+                            add("Flower job, rounds (strategy.start)", flower["rounds_s"])
+                            add("Ray job ÷ Flower job, whole process", wall_ray / wall_flower)
+                            add("rounds 2-5: Flower ÷ Ray",
+                                flower["later_rounds_s"] / rounds_wall(tmp / "ray", first=1))
                 if "sweep" in which:
                     one = sweep_overhead(tmp, 1, tree)
                     four = sweep_overhead(tmp, 4, tree)
