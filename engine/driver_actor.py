@@ -37,16 +37,24 @@ def _driver_actor_class():
 
     @ray.remote(num_cpus=0, max_concurrency=2, max_restarts=0)
     class DriverActor:
-        def __init__(self):
+        def __init__(self, cfg: ExperimentConfig | None = None):
             mark("driver actor: up")
             self._relay = _Relay()
+            self._executor = None
+            if cfg is not None:  # started early: the client actors start now
+                from engine.ray_executor import RayExecutor
+
+                self._executor = RayExecutor(cfg)
+                self._executor.prelaunch()
 
         def run(self, cfg: ExperimentConfig, path: str, command: list[str], resume: bool = False,
                 warnings=None) -> str:
             from engine.ray_executor import RayExecutor
 
-            executor = RayExecutor(cfg)
-            executor.prelaunch()  # the client actors start while execute_run loads the data
+            executor, self._executor = self._executor, None
+            if executor is None:
+                executor = RayExecutor(cfg)
+                executor.prelaunch()  # the client actors start while execute_run loads the data
             from engine.run import execute_run
 
             try:
@@ -69,23 +77,69 @@ class DriverDiedError(RuntimeError):
     """The driver actor (the round loop) died; the run folder holds every finished round."""
 
 
+def _request_driver(ray, cfg: ExperimentConfig, early: bool = False):
+    """A driver actor pinned to this node (its run folder is written here); ``early``: it starts
+    the client actors for ``cfg`` at once."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node_id = ray.get_runtime_context().get_node_id()
+    _check_driver_gpus(ray, node_id, cfg.executor.driver_gpus)
+    # no GPU unless asked for (executor.driver_gpus): the server aggregates on the CPU
+    driver = _driver_actor_class().options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        num_gpus=cfg.executor.driver_gpus).remote(cfg if early else None)
+    mark("cli: driver actor requested")
+    return driver
+
+
+# the driver started by start_driver_early, with the config it was started for
+_early: tuple[ExperimentConfig, object] | None = None
+
+
+def start_driver_early(cfg: ExperimentConfig) -> None:
+    """Start ``cfg``'s driver actor, and through it the client actors, now that Ray is up, while
+    this process still validates ``cfg`` with its data: :func:`run_on_driver_actor` takes it
+    over, :func:`discard_early_driver` stops it (and its client actors) if ``cfg`` fails. What
+    repeated runs attached to a running Ray gain: their actors start during the validation."""
+    global _early
+    import ray
+
+    discard_early_driver()
+    _early = (cfg, _request_driver(ray, cfg, early=True))
+
+
+def discard_early_driver() -> None:
+    global _early
+    early, _early = _early, None
+    if early is not None:
+        import ray
+
+        if ray.is_initialized():  # (a Ray started for a config that failed is already down)
+            ray.kill(early[1])  # the client actors it owns die with it
+
+
+def _take_early_driver(cfg: ExperimentConfig):
+    global _early
+    early, _early = _early, None
+    if early is None:
+        return None
+    if early[0] is cfg:
+        return early[1]
+    import ray
+
+    ray.kill(early[1])  # started for another config
+    return None
+
+
 def run_on_driver_actor(
     cfg: ExperimentConfig, path: Path, callbacks: list[CallbackLike], command, resume: bool = False,
     warnings=None,
 ) -> Path:
     ray = init_ray(cfg.ray.address, cfg.ray.num_cpus, num_gpus=cfg.ray.num_gpus,
                    connect_timeout_s=cfg.ray.connect_timeout_s)
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     cbs = CallbackList(callbacks)
     run = RunContext(cfg, Path(path), first_round=_resume_round(path) if resume else 0, simulation=None)
-    node_id = ray.get_runtime_context().get_node_id()
-    here = NodeAffinitySchedulingStrategy(node_id, soft=False)
-    _check_driver_gpus(ray, node_id, cfg.executor.driver_gpus)
-    # no GPU unless asked for (executor.driver_gpus): the server aggregates on the CPU
-    driver = _driver_actor_class().options(
-        scheduling_strategy=here, num_gpus=cfg.executor.driver_gpus).remote()
-    mark("cli: driver actor requested")
+    driver = _take_early_driver(cfg) or _request_driver(ray, cfg)
     done = driver.run.remote(cfg, str(Path(path).resolve()), command, resume, list(warnings or []))
     stop_sent = False
 

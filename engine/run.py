@@ -262,7 +262,14 @@ def prepare_run(cfg: ExperimentConfig, run_dir: str | Path | None = None) -> tup
         warnings = validate_experiment(cfg, run_dir)
     for text in warnings:
         log.warning("hetsim: warning: %s", text)
-    return make_run_dir(cfg, run_dir), warnings
+    try:
+        return make_run_dir(cfg, run_dir), warnings
+    except BaseException:
+        if cfg.executor.kind == "ray":  # no run for the driver started during the validation
+            from engine.driver_actor import discard_early_driver
+
+            discard_early_driver()
+        raise
 
 
 def run_in_folder(

@@ -54,14 +54,22 @@ def validate_while_ray_starts(cfg: ExperimentConfig, run_dir: str | Path | None 
     """:func:`validate_experiment` for a run with ``executor.kind: ray``: after the checks that
     need no data, the ones that load it run while this thread starts (or joins) the Ray the
     run needs next, instead of before it. A Ray started for a config that fails is stopped."""
+    from engine.driver_actor import discard_early_driver, start_driver_early
     from engine.ray_executor import check_while_ray_starts, init_ray, ray_is_up
 
     _fail(_static_problems(cfg, run_dir))
     running = ray_is_up()
-    warnings, _ = check_while_ray_starts(
-        lambda: validate_with_data(cfg, ray_running=running),
-        lambda: init_ray(cfg.ray.address, cfg.ray.num_cpus, num_gpus=cfg.ray.num_gpus,
-                         connect_timeout_s=cfg.ray.connect_timeout_s))
+
+    def start():
+        init_ray(cfg.ray.address, cfg.ray.num_cpus, num_gpus=cfg.ray.num_gpus,
+                 connect_timeout_s=cfg.ray.connect_timeout_s)
+        start_driver_early(cfg)  # its actors start while the check still runs
+
+    try:
+        warnings, _ = check_while_ray_starts(lambda: validate_with_data(cfg, ray_running=running), start)
+    except BaseException:
+        discard_early_driver()
+        raise
     return warnings
 
 

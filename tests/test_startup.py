@@ -225,3 +225,45 @@ def test_a_sweep_defers_exactly_the_data_checks():
         checks[2]()
     assert str(deferred.value) == str(direct.value)
     assert "space.clients.num_clients.grid" in str(direct.value) and "5000" in str(direct.value)
+
+
+@pytest.mark.ray
+def test_with_ray_up_the_driver_starts_during_the_validation_and_is_stopped_if_it_fails(tmp_path):
+    """Attached to a running Ray, the driver actor (and through it the client actors) is started
+    while the data checks run; a config that fails them leaves no actor behind, one that passes
+    is run by that same driver."""
+    import time
+
+    import ray._private.state as ray_state
+
+    from engine.config import load_config
+    from engine.errors import ConfigError
+    from engine.ray_executor import init_ray, shutdown_ray
+    from engine.run import run_experiment
+
+    def actors(state=None, kind=("DriverActor", "ClientActor")):
+        # class names read '_driver_actor_class.<locals>.DriverActor'
+        return [a for a in ray_state.actors().values()
+                if a["ActorClassName"].rsplit(".", 1)[-1] in kind
+                and (state is None or a["State"] == state)]
+
+    ray = init_ray(None, 2)
+    try:
+        base = ["dataset.name=digits", "model.name=mlp", "executor.kind=ray", "rounds=1",
+                f"output.dir={tmp_path / 'runs'}"]
+        with pytest.raises(ConfigError, match="clients.num_clients = 5000"):
+            run_experiment(load_config(None, [*base, "clients.num_clients=5000"]))
+        assert actors(kind=("DriverActor",)), "no driver was started early"
+        deadline = time.time() + 30
+        while actors("ALIVE") and time.time() < deadline:
+            time.sleep(0.2)
+        assert not actors("ALIVE"), "the driver started for a failing config was left running"
+        assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+        drivers_before = len(actors(kind=("DriverActor",)))
+        path = run_experiment(load_config(None, [*base, "clients.num_clients=4"]))
+        assert json.loads((Path(path) / "manifest.json").read_text())["status"] == "finished"
+        assert len(actors(kind=("DriverActor",))) == drivers_before + 1
+    finally:
+        assert ray.is_initialized()
+        shutdown_ray()
