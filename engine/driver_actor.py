@@ -104,8 +104,13 @@ def start_driver_early(cfg: ExperimentConfig) -> None:
     global _early
     import ray
 
+    from engine.ray_executor import ExecutorError
+
     discard_early_driver()
-    _early = (cfg, _request_driver(ray, cfg, early=True))
+    try:
+        _early = (cfg, _request_driver(ray, cfg, early=True))
+    except ExecutorError:  # a driver this node cannot host: said when the run asks for it
+        pass
 
 
 def discard_early_driver() -> None:
