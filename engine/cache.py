@@ -54,15 +54,17 @@ def _write_atomic(path: str, write: Callable) -> None:
         pass
 
 
-def cached_arrays(name: str, source: str, parse: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """``parse()``'s arrays, kept in an uncompressed ``.npz`` keyed by ``source``'s path, size and
-    modification time: a changed source is parsed again."""
+def cached_arrays(name: str, source: str, keys: tuple[str, ...],
+                  parse: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """``parse()``'s arrays (named ``keys``), kept in an uncompressed ``.npz`` keyed by
+    ``source``'s path, size and modification time: a changed source is parsed again."""
     st = os.stat(source)
     where = zlib.crc32(os.path.realpath(source).encode())
     path = os.path.join(cache_dir(), f"{name}-v{FORMAT}-{st.st_size}-{st.st_mtime_ns}-{where:08x}.npz")
     try:
         with np.load(path, allow_pickle=False) as npz:
-            return {k: npz[k] for k in npz.files}
+            if sorted(npz.files) == sorted(keys):  # else not ours: parse
+                return {k: npz[k] for k in keys}
     except Exception:  # absent, truncated, not ours (zipfile.BadZipFile, ValueError, ...): parse
         pass
     arrays = parse()

@@ -259,7 +259,7 @@ def load_mnist5k(*, root=None, download=False, seed=0) -> ArrayDataset:
 
     from engine.cache import cached_arrays
 
-    arrays = cached_arrays("mnist5k", source, parse)
+    arrays = cached_arrays("mnist5k", source, ("images", "labels"), parse)
     x = _normalise_uint8_images(arrays["images"], MNIST_MEAN, MNIST_STD)
     return ArrayDataset("mnist5k", x, arrays["labels"], 10)
 
