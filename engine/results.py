@@ -222,7 +222,17 @@ def read_table(run_dir, table: str) -> pd.DataFrame | None:
     """One table of a run, finished (compacted) or still in progress / crashed (parts).
 
     ``run_dir``: a local path, a URI (``s3://...``) or an :class:`engine.storage.Storage`.
+    A run that compacts its parts while they are read (it finished meanwhile) is read again.
     """
+    for _ in range(2):
+        try:
+            return _read_table_once(run_dir, table)
+        except FileNotFoundError:  # a listed part is gone: the parts were compacted meanwhile
+            pass
+    return _read_table_once(run_dir, table)
+
+
+def _read_table_once(run_dir, table: str) -> pd.DataFrame | None:
     if not isinstance(run_dir, (str, Path)) or "://" in str(run_dir):
         store = _as_storage(run_dir)
         if store.exists(f"{table}.parquet"):

@@ -206,3 +206,37 @@ def test_appended_rows_read_back_as_pandas_would_write_them(tmp_path, shape):
     assert [p.name for p in (tmp_path / "run" / "_parts" / "t").iterdir()] == ["0000000.parquet"]
     pd.testing.assert_frame_equal(read_table(tmp_path / "run", "t"),
                                   pd.read_parquet(tmp_path / "ref.parquet"))
+
+
+@pytest.mark.parametrize("as_uri", [False, True])
+def test_a_table_read_while_its_run_compacts_it_is_read_again(tmp_path, monkeypatch, as_uri):
+    """A sweep collects a trial's rounds while the trial may still be finishing: a part that
+    disappears between listing and reading means the compacted table is there now."""
+    import pandas as pd
+
+    import engine.results as results
+    import engine.storage as storage
+    from engine.results import RunWriter
+
+    run = tmp_path / "run"
+    writer = RunWriter(run)
+    for r in range(3):
+        writer.append("rounds", [{"round": r, "x": float(r)}])
+    compacted = []
+
+    def finish_then(read):
+        def wrapper(*args, **kwargs):
+            if not compacted:  # the run finishes between the listing and this read
+                compacted.append(True)
+                RunWriter(run).finalize()
+            return read(*args, **kwargs)
+        return wrapper
+
+    if as_uri:
+        monkeypatch.setattr(storage.Storage, "read_parquet", finish_then(storage.Storage.read_parquet))
+        got = read_table(run.as_uri(), "rounds")
+    else:
+        monkeypatch.setattr(results, "_read_parquet", finish_then(results._read_parquet))
+        got = read_table(run, "rounds")
+    assert compacted and (run / "rounds.parquet").exists()
+    pd.testing.assert_frame_equal(got, pd.DataFrame({"round": [0, 1, 2], "x": [0.0, 1.0, 2.0]}))
