@@ -231,7 +231,10 @@ def test_a_replacement_that_dies_too_stops_the_run_naming_the_checkpoint(tmp_pat
 
 # ------------------------------------------------------------------------------ the driver actor dies
 def test_driver_actor_death_is_reported_with_the_resume_command(tmp_path, local_ray):
-    overrides = [*METHODS["fedavg"], "rounds=30", "checkpoint.every=2"]  # still running when killed
+    # still running when killed: the first round reaches the callback at the caller's first
+    # poll (0.5 s), and 30 rounds sleep 3 s in all
+    overrides = [*METHODS["fedavg"], "rounds=30", "checkpoint.every=2",
+                 "clock.mode=realtime", "clock.max_sleep_s=0.1", "clock.time_scale=1000000"]
     path = tmp_path / "r"
     killed = {}
 
