@@ -45,11 +45,31 @@ def sample_weights(results: Sequence[ClientResult]) -> torch.Tensor:
     return m / total if total > 0 else torch.full_like(m, 1.0 / max(len(results), 1))
 
 
+# float64 rows converted at a time by weighted_mean: its memory stays this, not n copies of the model
+WEIGHTED_MEAN_BLOCK_BYTES = 256 * 2**20
+
+
 def weighted_mean(weights: torch.Tensor, vectors: Sequence[torch.Tensor | np.ndarray]) -> torch.Tensor:
-    """``sum_n weights_n x_n`` of equal-length vectors, accumulated in float64, as float32."""
-    stacked = torch.stack([torch.as_tensor(np.asarray(v) if not isinstance(v, torch.Tensor) else v)
-                           .double().reshape(-1) for v in vectors])
-    return (weights.double() @ stacked).float()
+    """``sum_n weights_n x_n`` of equal-length vectors, accumulated in float64, as float32.
+
+    The vectors are converted to float64 a block of rows at a time (one copy each, into a
+    reused buffer) and each block is one matrix-vector product added to the sum."""
+    w = weights.double()
+    d = _as_tensor(vectors[0]).numel()
+    rows = max(1, min(len(vectors), WEIGHTED_MEAN_BLOCK_BYTES // max(8 * d, 1)))
+    block = torch.empty((rows, d), dtype=torch.float64)
+    total = None
+    for start in range(0, len(vectors), rows):
+        part = vectors[start:start + rows]
+        for i, v in enumerate(part):
+            block[i].copy_(_as_tensor(v).reshape(-1))
+        partial = w[start:start + len(part)] @ block[:len(part)]
+        total = partial if total is None else total.add_(partial)
+    return total.float()
+
+
+def _as_tensor(v: torch.Tensor | np.ndarray) -> torch.Tensor:
+    return v if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v))
 
 
 def sample_weighted_mean(results: Sequence[ClientResult], key: str) -> torch.Tensor:
