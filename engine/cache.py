@@ -3,8 +3,9 @@
 Two things are kept, both cheap to recompute and costly to redo in every process of every run
 (the CLI, the validation, the driver and each client actor):
 
-* parsed datasets (:func:`cached_arrays`): ``mnist5k``'s CSV as raw uint8 (3.9 MB), keyed by the
-  source file's path, size and modification time;
+* parsed datasets (:func:`cached_arrays`): ``mnist5k``'s CSV as raw uint8 (3.9 MB) and
+  ``digits``' (0.1 MB; reading it through scikit-learn imports scikit-learn, ~1 s), keyed by
+  the source file's path, size and modification time;
 * training FLOPs per sample of the built-in models (:func:`cached_number`, used by
   :func:`engine.models.training_flops_per_sample`): counting imports torch's FLOP counter (and
   with it triton, ~70 ms) and runs a forward and backward pass; keyed by the model, its

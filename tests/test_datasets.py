@@ -5,7 +5,10 @@ from __future__ import annotations
 import gzip
 import os
 import struct
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +21,8 @@ from engine.datasets import (
     load_dataset,
     read_idx,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _check_basic(ds: ArrayDataset, n: int, shape: tuple, num_classes: int):
@@ -54,6 +59,36 @@ def test_digits_flat_and_images():
     img = load_dataset("Digits", flat=False)  # names are case/dash-insensitive
     _check_basic(img, 1797, (1, 8, 8), 10)
     np.testing.assert_array_equal(img.x.reshape(-1, 64), ds.x)
+
+
+def test_digits_are_scikit_learns_values_without_importing_scikit_learn(tmp_path, monkeypatch):
+    monkeypatch.setenv("HETSIM_CACHE_DIR", str(tmp_path / "cache"))
+    code = ("import sys; from engine.datasets import load_dataset; load_dataset('digits'); "
+            "load_dataset('digits'); print('sklearn' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.stdout.strip() == "False", out.stderr
+    assert [p.name.split("-")[0] for p in (tmp_path / "cache").glob("*.npz")] == ["digits"]
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = bunch.data.astype(np.float32) / 16.0
+    parsed = load_dataset("digits")  # read from the cache that the subprocess wrote
+    monkeypatch.setenv("HETSIM_CACHE_DIR", str(tmp_path / "empty"))
+    for ds in (parsed, load_dataset("digits")):  # ... and parsed anew
+        np.testing.assert_array_equal(ds.x, (x - x.mean()) / x.std())
+        np.testing.assert_array_equal(ds.y, bunch.target)
+        assert ds.x.dtype == np.float32 and ds.y.dtype == np.int64
+
+
+def test_a_dataset_of_a_missing_package_names_the_package(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sklearn" else real(name, *a))
+    with pytest.raises(DatasetNotFoundError, match=r"dataset 'digits' comes with the package "
+                                                   r"scikit-learn, which is not installed; pip install scikit-learn"):
+        load_dataset("digits")
 
 
 def test_mnist5k_offline():
