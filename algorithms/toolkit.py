@@ -55,21 +55,21 @@ def weighted_mean(weights: torch.Tensor, vectors: Sequence[torch.Tensor | np.nda
     The vectors are converted to float64 a block of rows at a time (one copy each, into a
     reused buffer) and each block is one matrix-vector product added to the sum."""
     w = weights.double()
-    d = _as_tensor(vectors[0]).numel()
+    first = vectors[0]
+    d = first.numel() if isinstance(first, torch.Tensor) else np.asarray(first).size
     rows = max(1, min(len(vectors), WEIGHTED_MEAN_BLOCK_BYTES // max(8 * d, 1)))
     block = torch.empty((rows, d), dtype=torch.float64)
     total = None
     for start in range(0, len(vectors), rows):
         part = vectors[start:start + rows]
         for i, v in enumerate(part):
-            block[i].copy_(_as_tensor(v).reshape(-1))
+            if isinstance(v, torch.Tensor):
+                block[i].copy_(v.reshape(-1))
+            else:  # numpy converts while copying (an upload from Ray's object store is read-only)
+                block[i].numpy()[:] = np.asarray(v).reshape(-1)
         partial = w[start:start + len(part)] @ block[:len(part)]
         total = partial if total is None else total.add_(partial)
     return total.float()
-
-
-def _as_tensor(v: torch.Tensor | np.ndarray) -> torch.Tensor:
-    return v if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v))
 
 
 def sample_weighted_mean(results: Sequence[ClientResult], key: str) -> torch.Tensor:
