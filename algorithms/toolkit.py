@@ -54,6 +54,8 @@ def weighted_mean(weights: torch.Tensor, vectors: Sequence[torch.Tensor | np.nda
 
     The vectors are converted to float64 a block of rows at a time (one copy each, into a
     reused buffer) and each block is one matrix-vector product added to the sum."""
+    if len(vectors) == 0:
+        raise ValueError("weighted_mean: no vectors to average")
     w = weights.double()
     first = vectors[0]
     d = first.numel() if isinstance(first, torch.Tensor) else np.asarray(first).size

@@ -46,3 +46,8 @@ def test_weighted_mean_takes_read_only_numpy_arrays_of_any_shape():
         out = weighted_mean(torch.from_numpy(weights), rows)
     expected = fsum_reference(weights, [r.reshape(-1) for r in rows])
     np.testing.assert_allclose(out.numpy(), expected.astype(np.float32), rtol=2 ** -23, atol=0)
+
+
+def test_weighted_mean_of_nothing_says_so():
+    with pytest.raises(ValueError, match="no vectors to average"):
+        weighted_mean(torch.zeros(0, dtype=torch.float64), [])
