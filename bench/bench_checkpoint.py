@@ -4,7 +4,7 @@
     .venv/bin/python bench/bench_checkpoint.py overhead        # or one of: overhead, scale
     .venv/bin/python bench/bench_checkpoint.py scale --clients 10000
 
-overhead: the default experiment (engine/configs/default.yaml: FedAvg, CNN on mnist5k, 20
+overhead: the default experiment (engine/config/default.yaml: FedAvg, CNN on mnist5k, 20
     clients), `--rounds` rounds with `checkpoint.every: 0` and `checkpoint.every: 1`, each in a
     fresh process, best of `--repeat`; wall seconds per round (rounds 1.. , the first is warm-up,
     measured after every callback, so the checkpoint write is inside) and the size and write time
@@ -40,9 +40,9 @@ def _status_mb(pid: int, key: str) -> float:
 
 
 def case_overhead(rounds: int, every: int) -> dict:
-    from engine.checkpoint import CheckpointCallback
-    from engine.config import load_config
-    from engine.run import run_experiment
+    from engine.checkpoint.snapshot import CheckpointCallback
+    from engine.config.schema import load_config
+    from engine.run.api import run_experiment
 
     cfg = load_config(None, [f"rounds={rounds}", f"checkpoint.every={every}"])
     stamps: list[float] = []
@@ -74,10 +74,10 @@ def case_overhead(rounds: int, every: int) -> dict:
 def case_scale(clients: int, executor: str) -> dict:
     import numpy as np
 
-    from engine.checkpoint import restore_checkpoint, write_checkpoint
-    from engine.config import load_config
-    from engine.run import make_executor
-    from engine.simulation import Simulation
+    from engine.checkpoint.snapshot import restore_checkpoint, write_checkpoint
+    from engine.config.schema import load_config
+    from engine.run.api import make_executor
+    from engine.loop.simulation import Simulation
 
     cfg = load_config(None, [
         "dataset.name=synthetic", "partition.scheme=natural", "model.name=mlp",

@@ -30,7 +30,7 @@ def cnn_steps(_: int) -> float:
     sys.path.insert(0, str(REPO))
     import torch
 
-    from engine.models import build_model
+    from engine.models.zoo import build_model
 
     torch.set_num_threads(1)
     model = build_model("cnn", (1, 28, 28), 10)

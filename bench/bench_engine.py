@@ -37,7 +37,7 @@ COMPUTE_BOUND = [
 
 
 def _cfg(extra):
-    from engine.config import load_config
+    from engine.config.schema import load_config
 
     return load_config(None, [*COMPUTE_BOUND, *extra])
 
@@ -46,9 +46,9 @@ def case_engine(rounds: int) -> dict:
     """In-process engine, including Parquet writing, for `rounds` rounds (after 1 warm-up)."""
     import tempfile
 
-    from engine.executor import InProcessExecutor
-    from engine.results import RunWriter
-    from engine.simulation import Simulation
+    from engine.execution.base import InProcessExecutor
+    from engine.results.tables import RunWriter
+    from engine.loop.simulation import Simulation
 
     cfg = _cfg([f"rounds={rounds + 1}"])
     writer = RunWriter(tempfile.mkdtemp())
@@ -73,8 +73,8 @@ class BareLoop:
     def __init__(self, cfg, data=None):
         import torch
 
-        from engine.runtime import build_arch_model
-        from engine.simulation import build_data
+        from engine.clients.host import build_arch_model
+        from engine.loop.simulation import build_data
 
         self.cfg = cfg
         self.data = data if data is not None else build_data(cfg)
@@ -85,7 +85,7 @@ class BareLoop:
         self.g = torch.nn.utils.parameters_to_vector(global_model.parameters()).detach().clone()
 
     def round(self, r: int) -> None:
-        from engine.simulation import select_clients
+        from engine.loop.simulation import select_clients
 
         selected, _ = select_clients(self.cfg, self.data.num_clients, r)
         states, weights = self.train_clients(r, selected.tolist())
@@ -96,7 +96,7 @@ class BareLoop:
         import torch
         import torch.nn.functional as F
 
-        from engine.runtime import client_rng
+        from engine.clients.host import client_rng
 
         cfg, data, model = self.cfg, self.data, self.model
         bs, lr = cfg.train.batch_size, cfg.train.lr
@@ -130,7 +130,7 @@ def _pool_worker(conn, cfg_args: list[str]) -> None:
     """One process of :class:`BarePool`: trains the clients it is sent, from the global it is sent."""
     import torch
 
-    from engine.config import load_config
+    from engine.config.schema import load_config
 
     torch.set_num_threads(1)
     loop = BareLoop(load_config(None, cfg_args))
@@ -151,7 +151,7 @@ class BarePool:
     def __init__(self, cfg_args: list[str], workers: int = 2):
         import multiprocessing as mp
 
-        from engine.config import load_config
+        from engine.config.schema import load_config
 
         self.loop = BareLoop(load_config(None, cfg_args))  # the parent's data: client selection
         ctx = mp.get_context("spawn")  # a fresh interpreter per worker, as a Ray actor
@@ -166,7 +166,7 @@ class BarePool:
             assert conn.recv() == "ready"
 
     def round(self, r: int) -> None:
-        from engine.simulation import select_clients
+        from engine.loop.simulation import select_clients
 
         selected, _ = select_clients(self.loop.cfg, self.loop.data.num_clients, r)
         ids = selected.tolist()
@@ -200,8 +200,8 @@ def case_bare(rounds: int) -> dict:
 
 
 def case_ray(rounds: int) -> dict:
-    from engine.ray_executor import RayExecutor
-    from engine.simulation import Simulation
+    from engine.ray.executor import RayExecutor
+    from engine.loop.simulation import Simulation
 
     cfg = _cfg([f"rounds={rounds + 1}", "executor.kind=ray", "ray.num_cpus=2"])
     ex = RayExecutor(cfg)
@@ -217,8 +217,8 @@ def case_ray(rounds: int) -> dict:
 
 
 def case_memory(num_clients: int, executor: str = "inprocess", rounds: int = 3) -> dict:
-    from engine.config import load_config
-    from engine.simulation import Simulation
+    from engine.config.schema import load_config
+    from engine.loop.simulation import Simulation
 
     cfg = load_config(None, [
         "dataset.name=synthetic", "partition.scheme=natural", "model.name=mlp",
@@ -227,7 +227,7 @@ def case_memory(num_clients: int, executor: str = "inprocess", rounds: int = 3) 
         "clients.profiles={bandwidth: {distribution: loguniform}}",
         "evaluation.global_model=true", f"executor.kind={executor}", "ray.num_cpus=2",
     ])
-    from engine.run import make_executor
+    from engine.run.api import make_executor
 
     t0 = time.perf_counter()
     sim = Simulation(cfg, executor=make_executor(cfg))

@@ -41,8 +41,8 @@ NUM_CLASSES = 10
 
 def synthetic_cifar(num_clients: int, samples: int, seed: int = 0, test: int = 1000):
     """FederatedData of CIFAR-10 shape: ``samples`` per client (IID) + a global test split."""
-    from engine.datasets import ArrayDataset
-    from engine.partition import build_federated_data
+    from engine.data.datasets import ArrayDataset
+    from engine.data.partition import build_federated_data
 
     rng = np.random.default_rng(seed)
     n = num_clients * samples + test
@@ -55,7 +55,7 @@ def synthetic_cifar(num_clients: int, samples: int, seed: int = 0, test: int = 1
 
 
 def config(model: str, device: str, batched: bool, rounds: int, clients: int, extra=()):
-    from engine.config import load_config
+    from engine.config.schema import load_config
 
     return load_config(None, [
         "dataset.name=digits",  # unused: the data is passed in
@@ -68,8 +68,8 @@ def config(model: str, device: str, batched: bool, rounds: int, clients: int, ex
 
 
 def simulation(cfg, data, executor=None):
-    from engine.executor import InProcessExecutor
-    from engine.simulation import Simulation
+    from engine.execution.base import InProcessExecutor
+    from engine.loop.simulation import Simulation
 
     return Simulation(cfg, executor or InProcessExecutor(threads=torch.get_num_threads()), data=data)
 
@@ -113,7 +113,7 @@ def agreement(model: str, device: str, data, lr: float = 0.05) -> dict:
     from algorithms.base import ClientContext, TrainSettings
     from algorithms.batched_training import BatchJob, draw_batches, train_batched
     from algorithms.training import local_sgd
-    from engine.models import build_model
+    from engine.models.zoo import build_model
 
     dev = torch.device(device)
     x, y = torch.from_numpy(data.x).to(dev), torch.from_numpy(data.y).to(dev)
@@ -212,7 +212,7 @@ def cpu_vs_gpu(rounds: int, data, has_cuda: bool) -> dict:
 
 
 def ray_fractional(rounds: int, data) -> dict:
-    from engine.ray_executor import RayExecutor, init_ray
+    from engine.ray.executor import RayExecutor, init_ray
 
     ray = init_ray()
     try:

@@ -40,13 +40,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
-    from engine.ray_executor import init_ray
+    from engine.ray.executor import init_ray
 
     init_ray(num_cpus=args.cpus)
     ray_start = time.perf_counter() - t0
 
-    from engine.config import load_config
-    from engine.run import run_experiment
+    from engine.config.schema import load_config
+    from engine.run.api import run_experiment
     from sweeps import run_sweep
 
     lrs = [round(0.02 + 0.01 * i, 4) for i in range(args.trials)]

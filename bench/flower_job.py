@@ -35,7 +35,7 @@ _data: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def model() -> torch.nn.Module:
-    from engine.models import CNN
+    from engine.models.zoo import CNN
 
     return CNN((1, 28, 28), 10)
 
@@ -44,7 +44,7 @@ def client_data(pid: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Client ``pid``'s 150 normalised images, loaded once per process (as the engine's hosts)."""
     global _data
     if _data is None:
-        from engine.datasets import load_dataset
+        from engine.data.datasets import load_dataset
 
         ds = load_dataset("mnist5k")
         _data = torch.from_numpy(ds.x), torch.from_numpy(ds.y)

@@ -123,9 +123,9 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
-    from engine.config import load_config
-    from engine.results import load_run
-    from engine.run import run_experiment
+    from engine.config.schema import load_config
+    from engine.results.tables import load_run
+    from engine.run.api import run_experiment
 
     path = Path(job["run_dir"])
     wall = float("nan")
@@ -140,7 +140,7 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def _finished(path: Path) -> bool:
-    from engine.results import load_run
+    from engine.results.tables import load_run
 
     try:
         return load_run(path).manifest.get("status") == "finished"
@@ -184,7 +184,7 @@ def curve_metrics(run_dir: str, budget: float) -> dict[str, float]:
     """Over [0, budget] simulated seconds: the accuracy of the last round finished in time, the
     mean accuracy (area under accuracy-vs-time / budget; a step function, 0.1 = chance before the
     first round), and the simulated time at which each target accuracy is first reached."""
-    from engine.results import load_run
+    from engine.results.tables import load_run
 
     r = load_run(run_dir).rounds
     t, a = r["sim_time_s"].to_numpy(), r["global_acc"].to_numpy()
@@ -202,7 +202,7 @@ def curve_metrics(run_dir: str, budget: float) -> dict[str, float]:
 def arm_shares(rows: pd.DataFrame) -> pd.DataFrame:
     """Per link, architecture and overall: the share of each arm among the policy's own choices
     (after warm-up, not forced) and among its exploit choices only (epsilon-greedy)."""
-    from engine.results import load_run
+    from engine.results.tables import load_run
 
     parts = []
     for row in rows.itertuples():

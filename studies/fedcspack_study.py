@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from engine.config import load_config
-from engine.results import load_run
-from engine.run import run_experiment
+from engine.config.schema import load_config
+from engine.results.tables import load_run
+from engine.run.api import run_experiment
 
 REFERENCE = [
     "partition.scheme=dirichlet",

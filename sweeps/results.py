@@ -27,8 +27,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from engine.results import ROUND_COLUMNS, read_table
-from engine.storage import Storage, open_storage
+from engine.results.tables import ROUND_COLUMNS, read_table
+from engine.results.storage import Storage, open_storage
 
 SWEEP_FILE = "sweep.yaml"
 TRIALS_FILE = "trials.parquet"
@@ -91,7 +91,7 @@ class Sweep:
 
     def run(self, trial_id: str):
         """One trial's run folder as :class:`engine.results.Run`."""
-        from engine.results import load_run
+        from engine.results.tables import load_run
 
         store = self.storage or open_storage(self.path)
         return load_run(store.child(RUNS_DIR, trial_id))
@@ -139,7 +139,7 @@ def _trial_status(tune_status: str | None, info_status: str | None, rounds_done:
 
 
 def _planned_rounds(spec: dict[str, Any], params: dict[str, Any]) -> int:
-    from engine.config import apply_overrides, load_config
+    from engine.config.schema import apply_overrides, load_config
     from sweeps.spec import expand_params
 
     try:
@@ -262,7 +262,7 @@ def write(storage: Storage, trials: pd.DataFrame, rounds: pd.DataFrame) -> None:
 
 def read_sweep_file(path: str | Path | Storage, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     from engine.errors import ConfigError
-    from engine.yamlio import parse_yaml
+    from engine.config.yamlio import parse_yaml
 
     store = open_storage(path, storage_options)
     if not store.exists(SWEEP_FILE):

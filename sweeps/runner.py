@@ -36,7 +36,7 @@ for _key, _value in QUIET_TUNE_ENV.items():  # before ray.tune is imported
 from ray.tune import Callback  # noqa: E402
 from ray.tune.logger import TBXLoggerCallback  # noqa: E402
 
-from engine.storage import Storage, check_writable  # noqa: E402
+from engine.results.storage import Storage, check_writable  # noqa: E402
 from sweeps.results import (SWEEP_FILE, TUNE_DIR, Sweep, TrialState, collect,  # noqa: E402
                             load_sweep, read_sweep_file, tune_rounds_frame, write)
 from sweeps.spec import ResolvedSweep, SweepSpecError, resolve  # noqa: E402
@@ -220,7 +220,7 @@ def _alive_nodes(ray) -> list[dict]:
 def _init_ray(resolved: ResolvedSweep):
     for key, value in QUIET_TUNE_ENV.items():
         os.environ.setdefault(key, value)
-    from engine.ray_executor import init_ray
+    from engine.ray.executor import init_ray
 
     ray = init_ray(resolved.spec.ray.address, resolved.spec.ray.num_cpus,
                    num_gpus=resolved.spec.ray.num_gpus, connect_timeout_s=resolved.spec.ray.connect_timeout_s)
@@ -260,7 +260,7 @@ def _check_fits(ray, resolved: ResolvedSweep) -> None:
 
 def _check_gpus_fit(ray, bundles: list[dict]) -> None:
     """GPUs as for CPUs: the trial's total, and each bundle's share from one node."""
-    from engine.ray_executor import gpu_capacity
+    from engine.ray.executor import gpu_capacity
 
     need = sum(b.get("GPU", 0.0) for b in bundles)
     if need <= 0:
@@ -281,7 +281,7 @@ def _check_gpus_fit(ray, bundles: list[dict]) -> None:
 
 def _tune_storage(ray, resolved: ResolvedSweep, store: Storage | None = None) -> Storage:
     """The sweep's storage as Tune will use it (see the module docstring)."""
-    from engine.storage import node_disk_filesystem, nodes_sharing
+    from engine.results.storage import node_disk_filesystem, nodes_sharing
 
     store = store or resolved.open_storage()
     if store.is_remote or not resolved.spec.ray.address:
@@ -455,7 +455,7 @@ def run_sweep(
     ``storage``: a local path or a URI (``s3://bucket/prefix``); ``callbacks`` are extra Ray Tune
     callbacks (objects with ``on_trial_result`` etc.).
     """
-    from engine.ray_executor import check_while_ray_starts
+    from engine.ray.executor import check_while_ray_starts
 
     data_checks: list = []
     resolved = resolve(source, storage=storage, address=address,

@@ -48,10 +48,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from engine.callbacks import RunCallback
-from engine.config import load_config
-from engine.ray_executor import RayExecutor
-from engine.storage import DirectoryMirror, Storage, StorageError
+from engine.loop.callbacks import RunCallback
+from engine.config.schema import load_config
+from engine.ray.executor import RayExecutor
+from engine.results.storage import DirectoryMirror, Storage, StorageError
 from engine.trace import mark
 from sweeps.space import plain
 from sweeps.spec import ResolvedSweep
@@ -216,7 +216,12 @@ class TrialFolder:
     def continue_from(self, checkpoint) -> int | None:
         """Make Tune's ``checkpoint`` the newest of the run folder (fetched from storage if it
         is staged here); returns the round it continues from, None if the run folder is gone."""
-        from engine.checkpoint import CHECKPOINTS, checkpoint_name, list_checkpoints, read_meta
+        from engine.checkpoint.snapshot import (
+            CHECKPOINTS,
+            checkpoint_name,
+            list_checkpoints,
+            read_meta,
+        )
 
         if self.mirror is not None:  # a fresh node, or a stale staging copy: storage has the truth
             if self.run_dir.exists():
@@ -254,8 +259,8 @@ def hetsim_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
     import ray
     from ray import tune
 
-    from engine.run import execute_run, run_in_folder
-    from engine.validate import validate_experiment
+    from engine.run.api import execute_run, run_in_folder
+    from engine.run.validate import validate_experiment
 
     mark("trial: begins")
     resolved = ResolvedSweep.from_dict(sweep)

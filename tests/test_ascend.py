@@ -389,7 +389,7 @@ def test_v1_lost_upload_forgets_exp3_choice_probability():
 
 # ------------------------------------------------------------------------------ through the engine
 def _engine_cfg(tmp_path, name, *extra):
-    from engine.config import load_config
+    from engine.config.schema import load_config
 
     return load_config({
         "seed": 0, "rounds": 4,
@@ -411,8 +411,8 @@ TRACE = ["arch", "arm", "arm_reason", "reward", "reward_df", "reward_dd", "rewar
 
 
 def test_engine_run_traces_and_warmup_round_robin(tmp_path):
-    from engine.results import load_run
-    from engine.run import run_experiment
+    from engine.results.tables import load_run
+    from engine.run.api import run_experiment
 
     run = load_run(run_experiment(_engine_cfg(tmp_path, "plain", "algorithm.gamma=null")))
     c = run.clients
@@ -431,8 +431,8 @@ def test_engine_run_traces_and_warmup_round_robin(tmp_path):
 
 
 def test_engine_run_with_rollbacks_table(tmp_path):
-    from engine.results import load_run
-    from engine.run import run_experiment
+    from engine.results.tables import load_run
+    from engine.run.api import run_experiment
 
     # lr 2.0 diverges: the guard rolls every round back and the models never move (the
     # engine's own divergence policy is off here so that ASCEND's guard sees the uploads)
@@ -673,9 +673,9 @@ def test_two_epsilons_of_the_example_sweep_give_different_arm_sequences(tmp_path
     clients' own choices after the warm-up differ."""
     from pathlib import Path
 
-    from engine.config import load_config
-    from engine.results import load_run
-    from engine.run import run_experiment
+    from engine.config.schema import load_config
+    from engine.results.tables import load_run
+    from engine.run.api import run_experiment
     from sweeps import resolve
 
     sweep = resolve(Path(__file__).parents[1] / "sweeps" / "examples" / "ascend_eps_gamma.yaml")

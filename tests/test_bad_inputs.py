@@ -354,7 +354,7 @@ def test_real_process_argparse_error_exit_2(tmp_path):
 
 BUG = """
 import sys
-import engine.simulation as sim
+import engine.loop.simulation as sim
 def broken_round(self, r):
     raise ZeroDivisionError("a bug in the round loop")
 sim.Simulation.run_round = broken_round
@@ -379,12 +379,12 @@ def test_real_process_unexpected_error_exit_1_traceback_in_the_run_folder(tmp_pa
 
 
 def test_unexpected_error_before_a_run_folder_goes_to_a_temp_log(tmp_path, monkeypatch, capsys):
-    import engine.validate
+    import engine.run.validate
 
     def broken(cfg, run_dir=None):
         raise KeyError("internal")
 
-    monkeypatch.setattr(engine.validate, "validate_experiment", broken)
+    monkeypatch.setattr(engine.run.validate, "validate_experiment", broken)
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr("tempfile.tempdir", None)
     assert main(["validate", *BASE]) == 1
@@ -395,8 +395,8 @@ def test_unexpected_error_before_a_run_folder_goes_to_a_temp_log(tmp_path, monke
 
 
 def test_degenerate_but_runnable_experiments_warn_loudly_and_record_it(tmp_path, monkeypatch, capsys):
-    from engine.config import load_config
-    from engine.simulation import select_clients
+    from engine.config.schema import load_config
+    from engine.loop.simulation import select_clients
 
     monkeypatch.chdir(tmp_path)
     few = sets("partition.public_fraction=0.9", "partition.min_samples=1", "clients.num_clients=30",

@@ -1,10 +1,10 @@
 """Round-loop callbacks: hooks in order, metrics that reach Parquet, stop requests, end status."""
 import pytest
 
-from engine.callbacks import CallbackList, RunCallback, Stop
-from engine.config import load_config
-from engine.results import load_run
-from engine.run import run_experiment
+from engine.loop.callbacks import CallbackList, RunCallback, Stop
+from engine.config.schema import load_config
+from engine.results.tables import load_run
+from engine.run.api import run_experiment
 
 TINY = ["dataset.name=digits", "model.name=mlp", "clients.num_clients=6", "rounds=4"]
 

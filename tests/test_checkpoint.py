@@ -13,12 +13,17 @@ import pandas as pd
 import pytest
 
 from algorithms import ALGORITHMS
-from engine.callbacks import RunCallback, Stop
-from engine.checkpoint import CheckpointError, list_checkpoints, restore_checkpoint, write_checkpoint
-from engine.config import ConfigError, load_config
-from engine.results import WALL_COLUMNS, RunWriter, load_run, read_table
-from engine.run import RunStateError, make_executor, resume_run, run_experiment
-from engine.simulation import Simulation
+from engine.loop.callbacks import RunCallback, Stop
+from engine.checkpoint.snapshot import (
+    CheckpointError,
+    list_checkpoints,
+    restore_checkpoint,
+    write_checkpoint,
+)
+from engine.config.schema import ConfigError, load_config
+from engine.results.tables import WALL_COLUMNS, RunWriter, load_run, read_table
+from engine.run.api import RunStateError, make_executor, resume_run, run_experiment
+from engine.loop.simulation import Simulation
 from hetsim.cli import main
 
 REPO = Path(__file__).resolve().parents[1]

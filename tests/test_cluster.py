@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from cluster_util import PrivateDiskCluster, S3Server, can_unshare_mounts, kill_worker_node, mount_namespace
-from engine.config import load_config
-from engine.results import WALL_COLUMNS, load_run
-from engine.run import run_experiment
-from engine.storage import DirectoryMirror, StorageError, open_storage, redact
+from engine.config.schema import load_config
+from engine.results.tables import WALL_COLUMNS, load_run
+from engine.run.api import run_experiment
+from engine.results.storage import DirectoryMirror, StorageError, open_storage, redact
 from sweeps import SweepSpecError, load_sweep, resolve
 
 from test_sweeps import BASE, GRID  # noqa: E402 - the same tiny experiment

@@ -320,10 +320,10 @@ def test_engine_run_keeps_the_mass_of_uploads_that_miss_the_deadline(tmp_path, m
     upload makes the client's residual its whole accumulated vector, which for a client never
     heard is the sum of all its local deltas; the trace's ``residual_norm`` of its next round is
     the norm of that sum minus its Top-K (without the hook it would be a different number)."""
-    from engine.config import load_config
-    from engine.results import load_run
-    from engine.run import run_experiment
-    from engine.runtime import ClientHost
+    from engine.config.schema import load_config
+    from engine.results.tables import load_run
+    from engine.run.api import run_experiment
+    from engine.clients.host import ClientHost
 
     deltas, restored = {}, {}
     compress_delta = CompressedFedAvgClient.compress_delta

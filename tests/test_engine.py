@@ -6,10 +6,16 @@ import pandas as pd
 import pytest
 
 from hetsim.cli import main
-from engine.config import load_config
-from engine.results import CLIENT_COLUMNS, PROFILE_COLUMNS, ROUND_COLUMNS, WALL_COLUMNS, load_run
-from engine.run import run_experiment
-from engine.runtime import ClientFailure
+from engine.config.schema import load_config
+from engine.results.tables import (
+    CLIENT_COLUMNS,
+    PROFILE_COLUMNS,
+    ROUND_COLUMNS,
+    WALL_COLUMNS,
+    load_run,
+)
+from engine.run.api import run_experiment
+from engine.clients.host import ClientFailure
 
 DIGITS = [
     "dataset.name=digits",

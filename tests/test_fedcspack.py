@@ -558,9 +558,9 @@ def test_read_only_arrays_from_the_transport_are_accepted_silently():
 
 
 def test_engine_run_writes_fedcspack_traces_and_pack_tables(tmp_path):
-    from engine.config import load_config
-    from engine.results import load_run
-    from engine.run import run_experiment
+    from engine.config.schema import load_config
+    from engine.results.tables import load_run
+    from engine.run.api import run_experiment
 
     cfg = load_config(None, [
         "dataset.name=digits", "model.name=mlp", "clients.num_clients=6", "clients.participation=0.5",
@@ -649,7 +649,7 @@ def test_beta_is_exactly_zero_for_packs_of_one_value():
 def test_kd_weights_of_a_real_cnn_update_match_float64():
     """The reference CNN (44,426 parameters, 44 packs of 1024) after a few SGD steps: kd
     weights ``|beta|`` are 1e-7 .. 1e-4 here; each within 1e-5 relative of float64."""
-    from engine.models import build_model
+    from engine.models.zoo import build_model
 
     torch.manual_seed(0)
     model = build_model("cnn", (1, 28, 28), 10)
@@ -712,8 +712,8 @@ def test_packs_of_a_lost_upload_stay_personal():
 def test_lost_uploads_in_an_engine_run_leave_their_packs_personal(tmp_path):
     """Under a deadline some uploads are lost; each such client's recorded pack set is empty
     afterwards, each arrived client's equals the packs of its last upload."""
-    from engine.config import load_config
-    from engine.simulation import Simulation
+    from engine.config.schema import load_config
+    from engine.loop.simulation import Simulation
 
     overrides = [
         "dataset.name=digits", "model.name=mlp", "clients.num_clients=6", "clients.participation=1.0",

@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
-from engine.config import ConfigError, load_config
-from engine.device import DeviceError, resolve_device
-from engine.ray_executor import ExecutorError, gpu_capacity, plan_pool
-from engine.results import load_run
-from engine.run import run_experiment
+from engine.config.schema import ConfigError, load_config
+from engine.clients.device import DeviceError, resolve_device
+from engine.ray.executor import ExecutorError, gpu_capacity, plan_pool
+from engine.results.tables import load_run
+from engine.run.api import run_experiment
 from hetsim.cli import main
 
 NO_CUDA = not torch.cuda.is_available()
@@ -117,7 +117,7 @@ def test_gpu_shares_bound_the_pool_like_cpus():
 def fake_gpu_ray():
     import ray as ray_module
 
-    from engine.ray_executor import init_ray
+    from engine.ray.executor import init_ray
 
     ray_module.shutdown()  # a Ray left by another module has no GPUs declared
     ray = init_ray(num_cpus=2, num_gpus=2)
@@ -158,8 +158,8 @@ def test_four_half_gpu_actors_share_two_declared_gpus_on_the_cpu(tmp_path, fake_
 
 @pytest.mark.ray
 def test_a_fifth_half_gpu_actor_is_refused_up_front(fake_gpu_ray):
-    from engine.ray_executor import RayExecutor
-    from engine.simulation import Simulation
+    from engine.ray.executor import RayExecutor
+    from engine.loop.simulation import Simulation
 
     executor = RayExecutor(gpu_actors(5))
     sim = Simulation(executor.cfg, executor)

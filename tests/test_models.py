@@ -6,7 +6,7 @@ import torch.nn as nn
 import torchvision
 from torch.utils.flop_counter import FlopCounterMode
 
-from engine.models import (
+from engine.models.zoo import (
     DEFAULT_INPUT_SHAPES,
     MODELS,
     build_model,
@@ -177,7 +177,7 @@ def test_flops_cache_and_rng_untouched():
 
 
 def test_flops_of_builtin_models_are_kept_on_disk(tmp_path, monkeypatch):
-    import engine.models as models
+    import engine.models.zoo as models
 
     monkeypatch.setenv("HETSIM_CACHE_DIR", str(tmp_path))
     training_flops_per_sample.cache_clear()
@@ -199,7 +199,7 @@ def test_flops_of_builtin_models_are_kept_on_disk(tmp_path, monkeypatch):
 
 
 def test_flops_of_a_model_not_built_in_are_not_kept_on_disk(tmp_path, monkeypatch):
-    import engine.models as models
+    import engine.models.zoo as models
 
     monkeypatch.setenv("HETSIM_CACHE_DIR", str(tmp_path))
     monkeypatch.setitem(models.MODELS, "mlp", lambda input_shape, num_classes: torch.nn.Sequential(

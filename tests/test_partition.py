@@ -7,8 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from engine.datasets import ArrayDataset, load_dataset
-from engine.partition import FederatedData, build_federated_data, label_skew, partition_labels
+from engine.data.datasets import ArrayDataset, load_dataset
+from engine.data.partition import FederatedData, build_federated_data, label_skew, partition_labels
 
 
 @pytest.fixture(scope="module")

@@ -4,11 +4,11 @@ import os
 import pandas as pd
 import pytest
 
-from engine.config import load_config
-from engine.ray_executor import ExecutorError, plan_pool
-from engine.results import WALL_COLUMNS, load_run
-from engine.config import ConfigError
-from engine.run import run_experiment, run_in_folder
+from engine.config.schema import load_config
+from engine.ray.executor import ExecutorError, plan_pool
+from engine.results.tables import WALL_COLUMNS, load_run
+from engine.config.schema import ConfigError
+from engine.run.api import run_experiment, run_in_folder
 
 pytestmark = pytest.mark.ray
 
@@ -27,7 +27,7 @@ PACED = ["clock.mode=realtime", "clock.max_sleep_s=0.1", "clock.time_scale=10000
 
 @pytest.fixture(scope="module")
 def local_ray():
-    from engine.ray_executor import init_ray
+    from engine.ray.executor import init_ray
 
     ray = init_ray(num_cpus=2)
     yield ray
@@ -91,7 +91,7 @@ def test_unplaceable_pool_fails_fast_with_clear_message(tmp_path, local_ray):
 def test_client_failure_on_an_actor_names_client_and_round_quickly(tmp_path, local_ray):
     import time
 
-    from engine.runtime import ClientFailure
+    from engine.clients.host import ClientFailure
 
     cfg = load_config(None, [*TINY, "executor.kind=ray", "clients.participation=1.0",
                              "executor.inject_failure={round: 1, client: 5}"])

@@ -8,14 +8,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from engine.callbacks import RunCallback, Stop
-from engine.checkpoint import list_checkpoints, restore_checkpoint
-from engine.driver_actor import DriverDiedError
-from engine.executor import InProcessExecutor
-from engine.ray_executor import ExecutorError, RayExecutor
-from engine.results import load_run
-from engine.run import execute_run, resume_run, run_experiment
-from engine.simulation import Simulation
+from engine.loop.callbacks import RunCallback, Stop
+from engine.checkpoint.snapshot import list_checkpoints, restore_checkpoint
+from engine.ray.driver import DriverDiedError
+from engine.execution.base import InProcessExecutor
+from engine.ray.executor import ExecutorError, RayExecutor
+from engine.results.tables import load_run
+from engine.run.api import execute_run, resume_run, run_experiment
+from engine.loop.simulation import Simulation
 from hetsim.cli import main
 from test_checkpoint import (
     KILL_METHODS, METHODS, SLOW_ROUNDS, Collect, assert_same_tables, cfg_of, frames, hetsim_process,
@@ -31,7 +31,7 @@ ALL_RUN = ["clients.participation=1.0", "clock.over_selection=1.0",
 
 @pytest.fixture(scope="module")
 def local_ray():
-    from engine.ray_executor import init_ray
+    from engine.ray.executor import init_ray
 
     ray = init_ray(num_cpus=2)
     yield ray
@@ -100,7 +100,7 @@ def on_this_cluster(ray) -> list[str]:
 def join_env() -> dict[str, str]:
     """What a process needs to join this test's private local Ray (docs/security.md): its
     session token, and Ray's local-only mode so that it looks for the cluster on loopback."""
-    from engine import ray_executor
+    from engine.ray import executor as ray_executor
 
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": ray_executor._local_token,
             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
@@ -259,7 +259,7 @@ def test_driver_actor_death_is_reported_with_the_resume_command(tmp_path, local_
 def test_shards_shipped_in_chunks_and_restored_on_another_executor_size(tmp_path, local_ray, monkeypatch):
     """Actors on another node ship their shard in chunks; a checkpoint of 2 actors restores into
     one actor, and into the in-process executor, with the same results."""
-    import engine.ray_executor as rx
+    import engine.ray.executor as rx
 
     monkeypatch.setattr(rx, "CHUNK_BYTES", 4096)  # many chunks per shard
     overrides = [*METHODS["ascend-egreedy"], "rounds=4"]

@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from engine.config import load_config
-from engine.results import load_run
-from engine.run import run_experiment
+from engine.config.schema import load_config
+from engine.results.tables import load_run
+from engine.run.api import run_experiment
 from hetsim.cli import main
 from hetsim.report import ASCEND_FIGURES, FEDCSPACK_FIGURES, RUN_FIGURES, build_report
 
@@ -266,7 +266,7 @@ def test_compare_cli_errors(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def local_ray():
-    from engine.ray_executor import init_ray
+    from engine.ray.executor import init_ray
 
     ray = init_ray(num_cpus=2)
     yield ray
@@ -466,7 +466,7 @@ def test_whatif_spec_is_a_sweep_over_named_fleets_of_the_default_experiment():
     from sweeps.whatif import base_experiment, whatif_sweep_spec
 
     spec = whatif_sweep_spec(base_experiment(None), {"a": FAST, "b": SLOW}, name="x", overrides=["rounds=2"])
-    assert spec["base"]["dataset"]["name"] == "mnist5k" and spec["base"]["rounds"] == 2  # engine/configs/default.yaml
+    assert spec["base"]["dataset"]["name"] == "mnist5k" and spec["base"]["rounds"] == 2  # engine/config/default.yaml
     assert spec["space"] == {"clients.profiles": {"named": {"a": FAST, "b": SLOW}}}
     r = resolve(spec)
     assert r.num_trials == 2 and r.param_columns == {"clients.profiles": "fleet"}

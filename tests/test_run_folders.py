@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.config import load_config
-from engine.results import load_run, read_table, run_status
-from engine.run import make_run_dir
+from engine.config.schema import load_config
+from engine.results.tables import load_run, read_table, run_status
+from engine.run.api import make_run_dir
 from hetsim.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,7 +190,7 @@ ROW_SHAPES = {  # rows appended as dicts: each shape must read back as pandas wo
 def test_appended_rows_read_back_as_pandas_would_write_them(tmp_path, shape):
     import pandas as pd
 
-    from engine.results import RunWriter
+    from engine.results.tables import RunWriter
 
     rows = ROW_SHAPES[shape]
     writer = RunWriter(tmp_path / "run")
@@ -214,9 +214,9 @@ def test_a_table_read_while_its_run_compacts_it_is_read_again(tmp_path, monkeypa
     disappears between listing and reading means the compacted table is there now."""
     import pandas as pd
 
-    import engine.results as results
-    import engine.storage as storage
-    from engine.results import RunWriter
+    import engine.results.tables as results
+    import engine.results.storage as storage
+    from engine.results.tables import RunWriter
 
     run = tmp_path / "run"
     writer = RunWriter(run)

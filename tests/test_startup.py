@@ -51,8 +51,8 @@ assert "algorithms.fedcspack" not in sys.modules and "algorithms.ascend" not in 
 def test_light_registries_match_the_heavy_ones():
     from algorithms import ALGORITHMS
     from algorithms.params import ALGORITHM_PARAMS
-    from engine.model_names import MODEL_NAMES
-    from engine.models import MODELS
+    from engine.models.names import MODEL_NAMES
+    from engine.models.zoo import MODELS
 
     assert tuple(MODELS) == MODEL_NAMES
     assert list(ALGORITHMS) == list(ALGORITHM_PARAMS)
@@ -65,7 +65,7 @@ def test_resnet18_built_on_first_use_pickles():
 
     import torch
 
-    from engine import models
+    from engine.models import zoo as models
 
     model = models.build_model("resnet18", (3, 8, 8), 4)
     assert type(model) is models.CifarResNet18
@@ -76,7 +76,7 @@ def test_resnet18_built_on_first_use_pickles():
 
 
 def test_unknown_names_still_list_the_allowed_ones():
-    from engine.config import ConfigError, load_config
+    from engine.config.schema import ConfigError, load_config
 
     with pytest.raises(ConfigError, match="unknown model 'nope'; allowed: cifar_cnn, cnn, lenet5"):
         load_config(None, {"model.name": "nope"})
@@ -109,7 +109,7 @@ def test_sgd_is_torch_optim_sgd_bit_for_bit(momentum, weight_decay):
     import torch.nn.functional as F
 
     from algorithms.training import SGD
-    from engine.models import build_model
+    from engine.models.zoo import build_model
 
     torch.manual_seed(0)
     x, y = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
@@ -132,7 +132,7 @@ def test_sgd_is_torch_optim_sgd_bit_for_bit(momentum, weight_decay):
 def test_flop_counts_without_dynamo_equal_the_counts_with_it():
     code = """
 import json, sys
-import engine.models as m
+import engine.models.zoo as m
 if sys.argv[1] == "with":
     import torch._dynamo
     m._count_without_dynamo = lambda: None
@@ -157,7 +157,7 @@ def test_the_check_runs_in_another_thread_while_ray_starts_and_its_error_wins():
     import threading
 
     from engine.errors import ConfigError
-    from engine.ray_executor import check_while_ray_starts
+    from engine.ray.executor import check_while_ray_starts
 
     started = threading.Event()
     threads = {}
@@ -189,11 +189,11 @@ def test_the_check_runs_in_another_thread_while_ray_starts_and_its_error_wins():
 
 @pytest.mark.ray
 def test_a_ray_run_whose_data_checks_fail_says_so_and_leaves_no_folder_and_no_ray(tmp_path):
-    from engine.config import load_config
+    from engine.config.schema import load_config
     from engine.errors import ConfigError
-    from engine.ray_executor import ray_is_up
-    from engine.run import run_experiment
-    from engine.validate import validate_experiment
+    from engine.ray.executor import ray_is_up
+    from engine.run.api import run_experiment
+    from engine.run.validate import validate_experiment
 
     assert not ray_is_up()
     cfg = load_config(None, ["dataset.name=digits", "model.name=mlp", "clients.num_clients=5000",
@@ -236,10 +236,10 @@ def test_with_ray_up_the_driver_starts_during_the_validation_and_is_stopped_if_i
 
     import ray._private.state as ray_state
 
-    from engine.config import load_config
+    from engine.config.schema import load_config
     from engine.errors import ConfigError
-    from engine.ray_executor import init_ray, shutdown_ray
-    from engine.run import run_experiment
+    from engine.ray.executor import init_ray, shutdown_ray
+    from engine.run.api import run_experiment
 
     def actors(state=None, kind=("DriverActor", "ClientActor")):
         # class names read '_driver_actor_class.<locals>.DriverActor'

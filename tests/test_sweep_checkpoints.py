@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from engine.config import load_config
-from engine.results import WALL_COLUMNS, load_run
-from engine.run import run_experiment
+from engine.config.schema import load_config
+from engine.results.tables import WALL_COLUMNS, load_run
+from engine.run.api import run_experiment
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "sweeps" / "examples"
 from test_sweeps import BASE as SWEEP_BASE  # noqa: E402
@@ -21,7 +21,7 @@ BASE = {**SWEEP_BASE, "rounds": 6, "algorithm": {"name": "fedavg"}}
 
 @pytest.fixture(scope="module")
 def local_ray():
-    from engine.ray_executor import init_ray
+    from engine.ray.executor import init_ray
 
     ray = init_ray(num_cpus=2)
     yield ray
@@ -178,7 +178,7 @@ def test_reporter_attaches_only_checkpoints_written_in_this_run(monkeypatch, tmp
 
     from ray import tune
 
-    from engine.callbacks import RunContext
+    from engine.loop.callbacks import RunContext
     from sweeps.trainable import TuneReporter
 
     reports = []

@@ -11,9 +11,9 @@ import yaml
 
 from algorithms import ALGORITHMS
 from hetsim.cli import main
-from engine.config import load_config
-from engine.results import ROUND_COLUMNS, WALL_COLUMNS, load_run
-from engine.run import run_experiment
+from engine.config.schema import load_config
+from engine.results.tables import ROUND_COLUMNS, WALL_COLUMNS, load_run
+from engine.run.api import run_experiment
 from sweeps import SweepSpecError, load_sweep, resolve
 from sweeps.spec import param_column_names
 
@@ -159,7 +159,7 @@ def test_cli_reports_a_bad_spec_before_starting_anything(tmp_path, capsys):
 def test_tables_are_rebuilt_from_run_folders_with_errors_and_mixed_value_types(tmp_path):
     """load_sweep(refresh=True) without any Tune state: a finished trial, an errored one and a
     hyperparameter whose values mix numbers and strings (like FedCSPACK's k: 0.5 | "all")."""
-    from engine.results import RunWriter
+    from engine.results.tables import RunWriter
     from sweeps.trainable import _write_info
 
     storage = tmp_path / "sw"
@@ -191,7 +191,7 @@ def test_tables_are_rebuilt_from_run_folders_with_errors_and_mixed_value_types(t
 
 @pytest.fixture(scope="module")
 def local_ray():
-    from engine.ray_executor import init_ray
+    from engine.ray.executor import init_ray
 
     ray = init_ray(num_cpus=2)
     yield ray

@@ -38,13 +38,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from engine.config import ExperimentConfig
+from engine.config.schema import ExperimentConfig
 from engine.errors import UserError
-from engine.executor import Executor
+from engine.execution.base import Executor
 from engine.trace import mark
 
 if TYPE_CHECKING:  # engine.runtime imports torch: imported by the client actors themselves
-    from engine.runtime import HostSetup
+    from engine.clients.host import HostSetup
 
 # Measured with ray 2.60: these keep a local Ray quiet and fast to start.
 QUIET_RAY_ENV = {
@@ -426,8 +426,8 @@ def _client_actor_class():
 
             torch.set_num_threads(threads)
             ALGORITHMS[cfg.algorithm.name]
-            import engine.models  # noqa: F401
-            import engine.runtime  # noqa: F401
+            import engine.models.zoo  # noqa: F401
+            import engine.clients.host  # noqa: F401
 
             self.threads = threads
             self.host = None
@@ -437,7 +437,7 @@ def _client_actor_class():
 
         def setup(self, setup: HostSetup) -> int:
             """Build the host from the shipped data (a device error keeps its type for the caller)."""
-            from engine.runtime import ClientHost
+            from engine.clients.host import ClientHost
 
             self.host = ClientHost(setup, threads=self.threads)
             mark("client actor: host ready")
@@ -495,7 +495,7 @@ def _client_actor_class():
 
 def _device_error(err: BaseException):
     """The :class:`engine.device.DeviceError` an actor's start-up raised, if that is what failed."""
-    from engine.device import DeviceError
+    from engine.clients.device import DeviceError
 
     as_cause = getattr(err, "as_instanceof_cause", None)  # a RayTaskError from ready()
     inner = as_cause() if as_cause is not None else err
@@ -667,7 +667,7 @@ class RayExecutor(Executor):
     def save_client_states(self, directory):
         import ray
 
-        from engine.checkpoint import shard_name
+        from engine.checkpoint.snapshot import shard_name
 
         directory = Path(directory).resolve()
 
@@ -699,7 +699,7 @@ class RayExecutor(Executor):
         """Start loading actor ``a``'s clients from a checkpoint; returns the task's ref."""
         import ray
 
-        from engine.checkpoint import shards_for
+        from engine.checkpoint.snapshot import shards_for
 
         mine = shards_for(shards, self.num_actors, a)
         if self._local(a):
@@ -718,7 +718,7 @@ class RayExecutor(Executor):
         checkpoint) and its call is made again on the replacement."""
         import ray
 
-        from engine.runtime import ClientFailure
+        from engine.clients.host import ClientFailure
 
         refs: dict = {}
         for a, make in calls.items():
@@ -754,7 +754,7 @@ class RayExecutor(Executor):
         """Start a new actor ``a`` and restore its clients' states; returns the fault row."""
         import ray
 
-        from engine.checkpoint import read_meta
+        from engine.checkpoint.snapshot import read_meta
 
         dead_pid = self.pids[a]
         try:

@@ -9,9 +9,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.callbacks import CallbackLike, CallbackList, RoundRecord, RunCallback, RunContext, Stop
-from engine.config import ConfigError, ExperimentConfig
-from engine.ray_executor import init_ray
+from engine.loop.callbacks import (
+    CallbackLike,
+    CallbackList,
+    RoundRecord,
+    RunCallback,
+    RunContext,
+    Stop,
+)
+from engine.config.schema import ConfigError, ExperimentConfig
+from engine.ray.executor import init_ray
 from engine.trace import mark
 
 POLL_S = 0.5
@@ -42,20 +49,20 @@ def _driver_actor_class():
             self._relay = _Relay()
             self._executor = None
             if cfg is not None:  # started early: the client actors start now
-                from engine.ray_executor import RayExecutor
+                from engine.ray.executor import RayExecutor
 
                 self._executor = RayExecutor(cfg)
                 self._executor.prelaunch()
 
         def run(self, cfg: ExperimentConfig, path: str, command: list[str], resume: bool = False,
                 warnings=None) -> str:
-            from engine.ray_executor import RayExecutor
+            from engine.ray.executor import RayExecutor
 
             executor, self._executor = self._executor, None
             if executor is None:
                 executor = RayExecutor(cfg)
                 executor.prelaunch()  # the client actors start while execute_run loads the data
-            from engine.run import execute_run
+            from engine.run.api import execute_run
 
             try:
                 return str(execute_run(cfg, Path(path), [self._relay], command, executor=executor,
@@ -104,7 +111,7 @@ def start_driver_early(cfg: ExperimentConfig) -> None:
     global _early
     import ray
 
-    from engine.ray_executor import ExecutorError
+    from engine.ray.executor import ExecutorError
 
     discard_early_driver()
     try:
@@ -194,7 +201,7 @@ def _check_driver_gpus(ray, node_id: str, driver_gpus: float) -> None:
     (Ray would wait forever)."""
     if driver_gpus <= 0:
         return
-    from engine.ray_executor import ExecutorError
+    from engine.ray.executor import ExecutorError
 
     here = next((n for n in ray.nodes() if n["NodeID"] == node_id), {"Resources": {}})
     have = here["Resources"].get("GPU", 0.0)
@@ -205,7 +212,7 @@ def _check_driver_gpus(ray, node_id: str, driver_gpus: float) -> None:
 
 
 def _resume_round(path: Path) -> int:
-    from engine.checkpoint import latest_checkpoint, read_meta
+    from engine.checkpoint.snapshot import latest_checkpoint, read_meta
 
     latest = latest_checkpoint(path)
     return int(read_meta(latest)["next_round"]) if latest is not None else 0
@@ -213,7 +220,7 @@ def _resume_round(path: Path) -> int:
 
 def _driver_died(path: Path, err: BaseException) -> str:
     """Mark the run failed (the driver could not) and say how to continue it."""
-    from engine.checkpoint import latest_checkpoint
+    from engine.checkpoint.snapshot import latest_checkpoint
 
     cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     message = f"the driver actor running the round loop died ({cause})"
@@ -232,7 +239,7 @@ def _driver_died(path: Path, err: BaseException) -> str:
 
 def close_abandoned_run(path: Path, status: str, message: str) -> None:
     """Compact the parts of a run whose loop process was killed and record why it ended."""
-    from engine.results import RunWriter, utc_now
+    from engine.results.tables import RunWriter, utc_now
 
     writer = RunWriter(path)
     writer.finalize()

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 import torch.nn as nn
 
-from engine.model_names import MODEL_NAMES
+from engine.models.names import MODEL_NAMES
 
 __all__ = [
     "MODELS",

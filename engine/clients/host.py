@@ -22,8 +22,8 @@ import torch
 from algorithms import ALGORITHMS
 from algorithms.base import Broadcast, ClientContext, ClientResult, TrainSettings
 from algorithms.training import evaluate
-from engine.config import ExperimentConfig
-from engine.partition import FederatedData
+from engine.config.schema import ExperimentConfig
+from engine.data.partition import FederatedData
 
 
 @dataclass
@@ -39,7 +39,7 @@ class HostSetup:
 
 def build_arch_model(cfg: ExperimentConfig, arch: str, input_shape, num_classes) -> torch.nn.Module:
     """The initial model of one architecture: identical on the server and on every host."""
-    from engine.models import build_model
+    from engine.models.zoo import build_model
 
     name, params = arch_spec(cfg, arch)
     with torch.random.fork_rng():
@@ -53,7 +53,7 @@ def arch_flops(cfg: ExperimentConfig, arch: str, input_shape, num_classes) -> fl
     Counted by the hosts, which need it, not by the driver, which would count it for them:
     the count runs a forward and backward pass of the model under torch's FLOP counter.
     """
-    from engine.models import training_flops_per_sample
+    from engine.models.zoo import training_flops_per_sample
 
     name, params = arch_spec(cfg, arch)
     return float(training_flops_per_sample(name, input_shape, num_classes, **params))
@@ -116,7 +116,7 @@ class ClientHost:
     def __init__(self, setup: HostSetup, threads: int | None = None, device: torch.device | None = None):
         """``device``: where the clients train; default: ``executor.device`` resolved in this
         process (:func:`engine.device.resolve_device`)."""
-        from engine.device import prepare_device, resolve_device
+        from engine.clients.device import prepare_device, resolve_device
 
         if threads:
             torch.set_num_threads(threads)
@@ -308,7 +308,7 @@ class ClientHost:
 
     def save_states(self, dest) -> dict:
         """Write every hosted client's state as one checkpoint shard (a path or a file object)."""
-        from engine.checkpoint import save_client_states
+        from engine.checkpoint.snapshot import save_client_states
 
         return save_client_states(self.states, dest)
 
@@ -316,7 +316,7 @@ class ClientHost:
         """Replace the hosted clients' states by those in the shards ``sources`` (paths or
         bytes) of the clients this host serves (``client % num_hosts == host``); clients
         without a saved state start from their initial (empty) state. Returns how many."""
-        from engine.checkpoint import load_client_states
+        from engine.checkpoint.snapshot import load_client_states
 
         self.states = load_client_states(sources, lambda cid: cid % num_hosts == host)
         return len(self.states)

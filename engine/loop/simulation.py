@@ -17,11 +17,11 @@ import torch
 from algorithms import ALGORITHMS
 from algorithms.base import ClientResult, ServerContext
 from algorithms.training import evaluate
-from engine.callbacks import CallbackLike, CallbackList, RoundRecord, RunContext, Stop  # noqa: F401 (RoundRecord re-exported)
-from engine.config import ExperimentConfig
-from engine.executor import Executor, InProcessExecutor
-from engine.partition import FederatedData
-from engine.runtime import HostSetup, build_arch_model
+from engine.loop.callbacks import CallbackLike, CallbackList, RoundRecord, RunContext, Stop  # noqa: F401 (RoundRecord re-exported)
+from engine.config.schema import ExperimentConfig
+from engine.execution.base import Executor, InProcessExecutor
+from engine.data.partition import FederatedData
+from engine.clients.host import HostSetup, build_arch_model
 from engine.trace import mark
 from hardware_profiles import clock
 from hardware_profiles.sampler import assign_profiles
@@ -47,8 +47,8 @@ def select_clients(cfg: ExperimentConfig, num_clients: int, round: int) -> tuple
 
 
 def build_data(cfg: ExperimentConfig) -> FederatedData:
-    from engine.datasets import load_dataset_cached
-    from engine.partition import build_federated_data
+    from engine.data.datasets import load_dataset_cached
+    from engine.data.partition import build_federated_data
 
     ds_cfg, p = cfg.dataset, cfg.partition
     params = dict(ds_cfg.params)
@@ -128,7 +128,7 @@ class Simulation:
         # The server aggregates on the CPU, where the uploads arrive (numpy) and a weighted sum
         # of a few vectors costs less than moving them; only global evaluation uses a GPU, when
         # this process holds one (in-process executor, or a driver actor with driver_gpus).
-        from engine.device import prepare_device, resolve_device
+        from engine.clients.device import prepare_device, resolve_device
 
         self.eval_device = resolve_device("cpu" if cfg.executor.device == "cpu" else "auto")
         prepare_device(self.eval_device, cfg.executor.cuda_deterministic)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:  # torch is imported where used: check_device_request runs in torch-free processes
     import torch
 
-from engine.config import ConfigError
+from engine.config.schema import ConfigError
 
 DeviceName = Literal["auto", "cpu", "cuda"]
 FIELD = "executor.device"

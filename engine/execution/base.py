@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from algorithms.base import Broadcast, ClientResult
 
 if TYPE_CHECKING:  # engine.runtime imports torch: only the processes that host clients need it
-    from engine.runtime import ClientHost, HostSetup
+    from engine.clients.host import ClientHost, HostSetup
 
 
 class Executor(ABC):
@@ -62,7 +62,7 @@ class InProcessExecutor(Executor):
     def start(self, setup: HostSetup) -> None:
         import torch
 
-        from engine.runtime import ClientHost
+        from engine.clients.host import ClientHost
 
         self._caller_threads = torch.get_num_threads()
         self._caller_deterministic = (torch.are_deterministic_algorithms_enabled(),
@@ -89,18 +89,18 @@ class InProcessExecutor(Executor):
         self.host.notify_dropped(round, client_ids)
 
     def save_client_states(self, directory):
-        from engine.checkpoint import shard_name
+        from engine.checkpoint.snapshot import shard_name
 
         info = self.host.save_states(Path(directory) / shard_name(0))
         return [{"file": shard_name(0), "host": 0, "num_hosts": 1, **info}]
 
     def load_client_states(self, directory, shards):
-        from engine.checkpoint import shards_for
+        from engine.checkpoint.snapshot import shards_for
 
         self.host.load_states([Path(directory) / s["file"] for s in shards_for(shards, 1, 0)], 1, 0)
 
     def describe(self) -> dict:
-        from engine.device import describe_device
+        from engine.clients.device import describe_device
 
         out = {"kind": "inprocess", "hosts": 1}
         if self.host is not None:

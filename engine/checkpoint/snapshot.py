@@ -37,12 +37,12 @@ import numpy as np
 import torch
 
 from algorithms.state import decode, encode
-from engine.callbacks import RunCallback, RunContext
+from engine.loop.callbacks import RunCallback, RunContext
 
 if TYPE_CHECKING:
-    from engine.config import ExperimentConfig
-    from engine.results import RunWriter
-    from engine.simulation import RoundRecord, Simulation
+    from engine.config.schema import ExperimentConfig
+    from engine.results.tables import RunWriter
+    from engine.loop.simulation import RoundRecord, Simulation
 
 FORMAT = "hetsim-checkpoint/1"
 BLOB_FORMAT = "hetsim-state/1"
@@ -185,7 +185,7 @@ def config_changes(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
 
 def check_resumable(saved: "ExperimentConfig", new: "ExperimentConfig") -> None:
     """Refuse a config change that could change results (ConfigError naming the fields)."""
-    from engine.config import ConfigError
+    from engine.config.schema import ConfigError
 
     bad = [(k, o, n) for k, o, n in config_changes(saved.to_dict(), new.to_dict()) if not _neutral(k)]
     lines = [f"  {k}: {o!r} -> {n!r}" for k, o, n in bad]

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from engine.datasets import ArrayDataset
+from engine.data.datasets import ArrayDataset
 
 __all__ = [
     "FederatedData",

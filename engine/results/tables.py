@@ -31,7 +31,7 @@ import pandas as pd
 from engine.errors import UserError
 
 if TYPE_CHECKING:
-    from engine.storage import Storage
+    from engine.results.storage import Storage
 
 SCHEMA_VERSION = 1
 PARTS = "_parts"
@@ -213,7 +213,7 @@ def _read_parts(table_dir: Path) -> pd.DataFrame | None:
 
 
 def _as_storage(run_dir) -> "Storage":
-    from engine.storage import Storage, open_storage
+    from engine.results.storage import Storage, open_storage
 
     return run_dir if isinstance(run_dir, Storage) else open_storage(run_dir)
 

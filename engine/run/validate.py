@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.config import ExperimentConfig
+from engine.config.schema import ExperimentConfig
 from engine.errors import ConfigError
 
 HEADER = "invalid experiment config:\n"
@@ -54,8 +54,8 @@ def validate_while_ray_starts(cfg: ExperimentConfig, run_dir: str | Path | None 
     """:func:`validate_experiment` for a run with ``executor.kind: ray``: after the checks that
     need no data, the ones that load it run while this thread starts (or joins) the Ray the
     run needs next, instead of before it. A Ray started for a config that fails is stopped."""
-    from engine.driver_actor import discard_early_driver, start_driver_early
-    from engine.ray_executor import check_while_ray_starts, init_ray, ray_is_up
+    from engine.ray.driver import discard_early_driver, start_driver_early
+    from engine.ray.executor import check_while_ray_starts, init_ray, ray_is_up
 
     _fail(_static_problems(cfg, run_dir))
     running = ray_is_up()
@@ -106,7 +106,7 @@ def validate_with_data(cfg: ExperimentConfig, *, ray_running: bool | None = None
 def _static_problems(cfg: ExperimentConfig, run_dir) -> list[str]:
     problems = []
     if cfg.executor.kind == "ray" and cfg.ray.address is not None:
-        from engine.ray_executor import RayConnectError, check_reachable, resolve_address
+        from engine.ray.executor import RayConnectError, check_reachable, resolve_address
 
         try:  # at most ray.connect_timeout_s; a run would otherwise fail after creating its folder
             check_reachable(resolve_address(cfg.ray.address), cfg.ray.connect_timeout_s,
@@ -160,8 +160,8 @@ def _unknown_keys(given: dict, allowed: list[str] | None, field: str, owner: str
 
 
 def _params_problems(cfg: ExperimentConfig) -> list[str]:
-    from engine.datasets import _COMMON_ARGS, DATASETS
-    from engine.models import MODELS
+    from engine.data.datasets import _COMMON_ARGS, DATASETS
+    from engine.models.zoo import MODELS
 
     m = cfg.model
     problems = _unknown_keys(
@@ -185,8 +185,8 @@ def _params_problems(cfg: ExperimentConfig) -> list[str]:
 
 
 def _build_data(cfg: ExperimentConfig):
-    from engine.datasets import DatasetNotFoundError
-    from engine.simulation import build_data
+    from engine.data.datasets import DatasetNotFoundError
+    from engine.loop.simulation import build_data
 
     p = cfg.partition
     try:
@@ -219,9 +219,9 @@ def _build_models(cfg: ExperimentConfig, data, profiles):
     """Architectures per client, then every model built and its training FLOPs counted (which
     runs one forward and backward pass: a model that does not fit the data fails here)."""
     from algorithms.training import num_params
-    from engine.models import training_flops_per_sample
-    from engine.runtime import arch_spec, build_arch_model
-    from engine.simulation import assign_architectures
+    from engine.models.zoo import training_flops_per_sample
+    from engine.clients.host import arch_spec, build_arch_model
+    from engine.loop.simulation import assign_architectures
 
     try:
         arch_names, client_arch = assign_architectures(cfg, profiles)
@@ -250,8 +250,8 @@ def _build_models(cfg: ExperimentConfig, data, profiles):
 
 def _build_server(cfg: ExperimentConfig, data) -> None:
     """The method's server, built as the run builds it (ASCEND needs a public split, ...)."""
-    from engine.executor import InProcessExecutor
-    from engine.simulation import Simulation
+    from engine.execution.base import InProcessExecutor
+    from engine.loop.simulation import Simulation
 
     try:
         Simulation(cfg, InProcessExecutor(), data=data)
@@ -292,7 +292,7 @@ def _pool_problems(cfg: ExperimentConfig, n: int, ray_running: bool | None) -> l
     ex = cfg.executor
     if ex.kind != "ray" or cfg.ray.address is not None:
         return []
-    from engine.ray_executor import PoolSizeError, plan_pool, ray_is_up
+    from engine.ray.executor import PoolSizeError, plan_pool, ray_is_up
 
     if ray_running is None:
         ray_running = ray_is_up()
@@ -368,7 +368,7 @@ def _failure_injection_problems(cfg, n: int, profiles, warnings) -> list[str]:
     if fault.client >= n:
         return [f"  executor.inject_failure.client = {fault.client}: no such client; client ids "
                 f"are 0..{n - 1} (clients.num_clients = {n})"]
-    from engine.simulation import select_clients
+    from engine.loop.simulation import select_clients
 
     selected, _ = select_clients(cfg, n, fault.round)
     if fault.client not in set(selected.tolist()):

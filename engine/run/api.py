@@ -16,11 +16,24 @@ import time
 import traceback
 from pathlib import Path
 
-from engine.callbacks import CallbackLike, RoundRecord, RunCallback, RunContext, Stop, around_recorder
-from engine.config import ExperimentConfig, dump_config, expand_path, load_config
-from engine.results import HEARTBEAT_S, SCHEMA_VERSION, RunWriter, process_identity, utc_now
-from engine.storage import (DirectoryMirror, MirrorCallback, StorageError, check_writable, is_uri,
-                            open_storage)
+from engine.loop.callbacks import (
+    CallbackLike,
+    RoundRecord,
+    RunCallback,
+    RunContext,
+    Stop,
+    around_recorder,
+)
+from engine.config.schema import ExperimentConfig, dump_config, expand_path, load_config
+from engine.results.tables import HEARTBEAT_S, SCHEMA_VERSION, RunWriter, process_identity, utc_now
+from engine.results.storage import (
+    DirectoryMirror,
+    MirrorCallback,
+    StorageError,
+    check_writable,
+    is_uri,
+    open_storage,
+)
 from engine.trace import mark
 
 # The loop's modules (torch) are imported by execute_run, in the process that runs the loop:
@@ -112,10 +125,10 @@ def _claim(path: Path) -> bool:
 
 def make_executor(cfg: ExperimentConfig):
     if cfg.executor.kind == "ray":
-        from engine.ray_executor import RayExecutor
+        from engine.ray.executor import RayExecutor
 
         return RayExecutor(cfg)
-    from engine.executor import InProcessExecutor
+    from engine.execution.base import InProcessExecutor
 
     # One torch thread by default: on 2 cores, small models train as fast with 1 thread as
     # with 2, and 2 threads slow down ~7x as soon as another process competes for a core.
@@ -252,8 +265,8 @@ def run_experiment(
 def prepare_run(cfg: ExperimentConfig, run_dir: str | Path | None = None) -> tuple[Path | str, list[str]]:
     """Validate ``cfg`` (nothing is written if it fails), log its warnings, then create and
     claim the run folder. Returns the folder (or a URI) and the warnings (for the manifest)."""
-    from engine.device import check_device_request
-    from engine.validate import validate_experiment, validate_while_ray_starts
+    from engine.clients.device import check_device_request
+    from engine.run.validate import validate_experiment, validate_while_ray_starts
 
     check_device_request(cfg)  # `device: cuda` without CUDA: refused before anything is written
     if cfg.executor.kind == "ray":  # the data checks' CPU seconds overlap Ray's start-up
@@ -266,7 +279,7 @@ def prepare_run(cfg: ExperimentConfig, run_dir: str | Path | None = None) -> tup
         return make_run_dir(cfg, run_dir), warnings
     except BaseException:
         if cfg.executor.kind == "ray":  # no run for the driver started during the validation
-            from engine.driver_actor import discard_early_driver
+            from engine.ray.driver import discard_early_driver
 
             discard_early_driver()
         raise
@@ -289,7 +302,7 @@ def run_in_folder(
 
 def _dispatch(cfg, path, callbacks, command, resume: bool, warnings: list[str] | None = None) -> Path:
     if cfg.executor.kind == "ray":
-        from engine.driver_actor import run_on_driver_actor
+        from engine.ray.driver import run_on_driver_actor
 
         with _interrupt_signals(None):
             return run_on_driver_actor(cfg, path, callbacks or [], command, resume=resume,
@@ -310,7 +323,7 @@ def resume_config(
 ) -> ExperimentConfig:
     """The config to resume ``run_dir`` with: its own ``config.yaml``, or ``cfg`` (a config or a
     YAML path), with ``overrides``; a change that could alter results raises ``ConfigError``."""
-    from engine.checkpoint import check_resumable
+    from engine.checkpoint.snapshot import check_resumable
 
     path = Path(run_dir)
     if not (path / "manifest.json").is_file() or not (path / "config.yaml").is_file():
@@ -419,12 +432,12 @@ def execute_run(
     which checks the config first); ``allow_config_change``: that checkpoint may come from another
     config (:func:`engine.checkpoint.restore_checkpoint`; Population Based Training).
     """
-    from engine.checkpoint import CheckpointCallback
-    from engine.device import check_device_request
+    from engine.checkpoint.snapshot import CheckpointCallback
+    from engine.clients.device import check_device_request
 
     mark("run: begins")
     check_device_request(cfg)
-    from engine.simulation import Simulation
+    from engine.loop.simulation import Simulation
 
     path = Path(path)
     writer = RunWriter(path)
@@ -442,7 +455,7 @@ def execute_run(
         manifest.update(status="running", **process_identity(), loop_pid=os.getpid())
         dump_config(cfg, path / "config.yaml")  # result-neutral fields may have changed
     else:
-        from engine.checkpoint import CHECKPOINTS
+        from engine.checkpoint.snapshot import CHECKPOINTS
 
         shutil.rmtree(path / CHECKPOINTS, ignore_errors=True)  # an overwritten run's: not ours
         dump_config(cfg, path / "config.yaml")
@@ -505,8 +518,12 @@ def execute_run(
 def _restore_for_resume(sim: Simulation, path: Path, writer: RunWriter, manifest: dict, entry: dict,
                         allow_config_change: bool = False) -> None:
     """Load the newest checkpoint into ``sim`` and cut the tables back to it."""
-    from engine.checkpoint import (
-        CHECKPOINTS, CheckpointError, list_checkpoints, prune_checkpoints, restore_checkpoint,
+    from engine.checkpoint.snapshot import (
+        CHECKPOINTS,
+        CheckpointError,
+        list_checkpoints,
+        prune_checkpoints,
+        restore_checkpoint,
     )
 
     ckpt, meta = None, None

@@ -20,12 +20,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from algorithms.params import ALGORITHM_PARAMS
 from engine.errors import ConfigError
-from engine.model_names import MODEL_NAMES
-from engine.yamlio import check_values, parse_yaml, read_yaml_file
+from engine.models.names import MODEL_NAMES
+from engine.config.yamlio import check_values, parse_yaml, read_yaml_file
 from hardware_profiles.clock import RoundPolicy
 from hardware_profiles.sampler import ProfileSpec
 
-DEFAULT_CONFIG = Path(__file__).parent / "configs" / "default.yaml"
+DEFAULT_CONFIG = Path(__file__).parent / "default.yaml"
 __all__ = ["ConfigError", "ExperimentConfig", "load_config", "apply_overrides", "expand_path"]
 
 
@@ -57,7 +57,7 @@ class DatasetConfig(Section):
     @field_validator("name")
     @classmethod
     def _known_dataset(cls, v: str) -> str:
-        from engine.datasets import DATASETS
+        from engine.data.datasets import DATASETS
 
         if v not in DATASETS:
             raise ValueError(f"unknown dataset {v!r}; allowed: {', '.join(sorted(DATASETS))}")
@@ -414,7 +414,7 @@ def load_config(
 
 
 def dump_config(cfg: ExperimentConfig, path: str | Path) -> None:
-    from engine.storage import redact
+    from engine.results.storage import redact
 
     raw = cfg.to_dict()
     raw["output"]["storage_options"] = redact(raw["output"]["storage_options"])  # no credentials

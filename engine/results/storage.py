@@ -35,7 +35,7 @@ from urllib.parse import parse_qsl, urlparse
 
 import pyarrow.fs as pafs
 
-from engine.callbacks import RunCallback
+from engine.loop.callbacks import RunCallback
 from engine.errors import UserError
 
 SECRET_OPTIONS = ("access_key", "secret_key", "session_token")

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Union
 
 if TYPE_CHECKING:
-    from engine.config import ExperimentConfig
-    from engine.simulation import Simulation
+    from engine.config.schema import ExperimentConfig
+    from engine.loop.simulation import Simulation
 
 
 @dataclass(frozen=True)
