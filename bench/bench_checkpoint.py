@@ -40,7 +40,7 @@ def _status_mb(pid: int, key: str) -> float:
 
 
 def case_overhead(rounds: int, every: int) -> dict:
-    from engine.checkpoint.snapshot import CheckpointCallback
+    from engine.checkpoint.folder import CheckpointCallback
     from engine.config.schema import load_config
     from engine.run.api import run_experiment
 
@@ -76,7 +76,7 @@ def case_scale(clients: int, executor: str) -> dict:
 
     from engine.checkpoint.snapshot import restore_checkpoint, write_checkpoint
     from engine.config.schema import load_config
-    from engine.run.api import make_executor
+    from engine.run.body import make_executor
     from engine.loop.simulation import Simulation
 
     cfg = load_config(None, [

@@ -46,7 +46,7 @@ def case_engine(rounds: int) -> dict:
     """In-process engine, including Parquet writing, for `rounds` rounds (after 1 warm-up)."""
     import tempfile
 
-    from engine.execution.base import InProcessExecutor
+    from engine.execution.inprocess import InProcessExecutor
     from engine.results.tables import RunWriter
     from engine.loop.simulation import Simulation
 
@@ -73,8 +73,8 @@ class BareLoop:
     def __init__(self, cfg, data=None):
         import torch
 
-        from engine.clients.host import build_arch_model
-        from engine.loop.simulation import build_data
+        from engine.models.arch import build_arch_model
+        from engine.data.build import build_data
 
         self.cfg = cfg
         self.data = data if data is not None else build_data(cfg)
@@ -85,7 +85,7 @@ class BareLoop:
         self.g = torch.nn.utils.parameters_to_vector(global_model.parameters()).detach().clone()
 
     def round(self, r: int) -> None:
-        from engine.loop.simulation import select_clients
+        from engine.loop.selection import select_clients
 
         selected, _ = select_clients(self.cfg, self.data.num_clients, r)
         states, weights = self.train_clients(r, selected.tolist())
@@ -166,7 +166,7 @@ class BarePool:
             assert conn.recv() == "ready"
 
     def round(self, r: int) -> None:
-        from engine.loop.simulation import select_clients
+        from engine.loop.selection import select_clients
 
         selected, _ = select_clients(self.loop.cfg, self.loop.data.num_clients, r)
         ids = selected.tolist()
@@ -227,7 +227,7 @@ def case_memory(num_clients: int, executor: str = "inprocess", rounds: int = 3) 
         "clients.profiles={bandwidth: {distribution: loguniform}}",
         "evaluation.global_model=true", f"executor.kind={executor}", "ray.num_cpus=2",
     ])
-    from engine.run.api import make_executor
+    from engine.run.body import make_executor
 
     t0 = time.perf_counter()
     sim = Simulation(cfg, executor=make_executor(cfg))

@@ -68,7 +68,7 @@ def config(model: str, device: str, batched: bool, rounds: int, clients: int, ex
 
 
 def simulation(cfg, data, executor=None):
-    from engine.execution.base import InProcessExecutor
+    from engine.execution.inprocess import InProcessExecutor
     from engine.loop.simulation import Simulation
 
     return Simulation(cfg, executor or InProcessExecutor(threads=torch.get_num_threads()), data=data)
@@ -212,7 +212,8 @@ def cpu_vs_gpu(rounds: int, data, has_cuda: bool) -> dict:
 
 
 def ray_fractional(rounds: int, data) -> dict:
-    from engine.ray.executor import RayExecutor, init_ray
+    from engine.ray.executor import RayExecutor
+    from engine.ray.cluster import init_ray
 
     ray = init_ray()
     try:

@@ -136,14 +136,18 @@ def light_rounds(pairs: int, tree: Path = REPO) -> dict[str, list[float]]:
     """
     code = f"""
 import json, sys, tempfile, time
-sys.path[:0] = [{str(tree)!r}, {str(REPO / 'bench')!r}]
+sys.path[:0] = [{str(tree)!r}, {str(tree / 'bench')!r}]
 import torch
 torch.set_num_threads(1)
 from bench_engine import BareLoop
-from engine.config import load_config
-from engine.executor import InProcessExecutor
-from engine.results import RunWriter
-from engine.simulation import Simulation
+try:
+    from engine import InProcessExecutor, Simulation, load_config
+    from engine.results import RunWriter
+except ImportError:  # a baseline tree from before engine/ had subpackages
+    from engine.config import load_config
+    from engine.executor import InProcessExecutor
+    from engine.results import RunWriter
+    from engine.simulation import Simulation
 cfg = load_config(None, {REFERENCE_JOB!r})
 sim = Simulation(cfg, executor=InProcessExecutor(threads=1))
 sim.start()
@@ -180,11 +184,11 @@ def bare_rounds(tree: Path = REPO) -> dict[str, float]:
     as many rounds as the job has; the engine's rounds.parquet counts its round 0 too."""
     code = f"""
 import json, sys, time
-sys.path[:0] = [{str(tree)!r}, {str(REPO / 'bench')!r}]
+sys.path[:0] = [{str(tree)!r}, {str(tree / 'bench')!r}]
 import torch
 torch.set_num_threads(1)
 from bench_engine import BareLoop, BarePool
-from engine.config import load_config
+from engine import load_config
 rounds = load_config(None, {REFERENCE_JOB!r}).rounds
 out = {{}}
 for name, make in (("single", lambda: BareLoop(load_config(None, {REFERENCE_JOB!r}))),

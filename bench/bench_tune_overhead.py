@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
-    from engine.ray.executor import init_ray
+    from engine.ray.cluster import init_ray
 
     init_ray(num_cpus=args.cpus)
     ray_start = time.perf_counter() - t0

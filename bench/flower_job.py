@@ -5,7 +5,7 @@
 Run by the Python of a separate environment with ``flwr[simulation]`` (Flower pins its own Ray,
 2.55.1 for flwr 1.42, beside ours 2.60), which also sees torch; see docs/benchmarks.md. The same
 work as ``hetsim run`` of the reference job: FedAvg with Flower's own strategy, the engine's
-CNN (``engine.models.CNN``), the 5,000 ``mnist5k`` images, 20 IID clients of 150 training
+CNN (``engine.models.zoo.CNN``), the 5,000 ``mnist5k`` images, 20 IID clients of 150 training
 samples, 1 local epoch of batch 16 with plain SGD (lr 0.05), all clients every round, 5 rounds,
 no evaluation, 2 Ray actors of 1 CPU each and 1 torch thread per actor. Writes to ``--out`` the
 seconds of all rounds (Flower's ``strategy.start``, which starts the actors) and of rounds 2 to

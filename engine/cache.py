@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import zlib
 from typing import Callable
 
 import numpy as np
+
+from engine.atomic import write_atomic
 
 FORMAT = 1  # bump when what a cached file holds changes
 
@@ -39,18 +40,11 @@ def cache_dir() -> str:
 
 
 def _write_atomic(path: str, write: Callable) -> None:
-    """``write(file)`` into a temporary file beside ``path``, then rename it over ``path``;
-    nothing if the folder cannot be written (a read-only home: recompute every time)."""
+    """:func:`engine.atomic.write_atomic`, or nothing if the folder cannot be written (a
+    read-only home: recompute every time)."""
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                write(f)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        write_atomic(path, write)
     except OSError:
         pass
 

@@ -6,7 +6,7 @@ traceback; anything else is a bug and exits 1 with the traceback written to a lo
 Every message names the field (or file and line), the value and what is allowed.
 
 Not here: the errors themselves live next to the code that raises them (``ConfigError`` in
-:mod:`engine.config`, ``RayConnectError`` in :mod:`engine.ray_executor`, ...).
+:mod:`engine.errors`, ``RayConnectError`` in :mod:`engine.ray.cluster`, ...).
 """
 from __future__ import annotations
 

@@ -229,6 +229,20 @@ def dropout_elapsed_s(times: TimeDict, fraction) -> np.ndarray:
     return times["download_s"] + np.asarray(fraction, dtype=np.float64) * times["compute_s"]
 
 
+def draw_participation(profiles: ProfileTable, client_ids, seed: int, round: int,
+                       policy: RoundPolicy) -> tuple[np.ndarray, np.ndarray]:
+    """(available, dropped) per selected client of this round: the seeded draws, with the
+    policy's switches applied (``apply_availability: false``: everyone is online;
+    ``apply_dropout: false``: nobody drops out)."""
+    available = draw_availability(profiles, client_ids, seed, round)
+    dropped = draw_dropout(profiles, client_ids, seed, round)
+    if not policy.apply_availability:
+        available[:] = True
+    if not policy.apply_dropout:
+        dropped[:] = False
+    return available, dropped
+
+
 # --------------------------------------------------------------------------- resolution
 
 
@@ -308,3 +322,15 @@ def resolve_round(
     else:
         round_time = float(policy.deadline_s) if policy.deadline_s is not None else 0.0
     return RoundOutcome(client_ids=ids, made_deadline=alive, drop_reason=reason, round_time_s=round_time)
+
+
+def round_seconds(outcome: RoundOutcome, policy: RoundPolicy, *, dropped_in_flight: bool,
+                  arrived: int, target: int) -> float:
+    """How long the server waits in a round: until the slowest kept upload
+    (``outcome.round_time_s``), or until the deadline if a client lost in flight (it dropped
+    out, or it is late) was needed to reach the target: the server cannot tell such a client
+    from a slow one."""
+    lost_in_flight = dropped_in_flight or bool((outcome.drop_reason == "deadline").any())
+    if policy.deadline_s is not None and lost_in_flight and arrived < target:
+        return max(outcome.round_time_s, policy.deadline_s)
+    return outcome.round_time_s

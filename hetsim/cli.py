@@ -17,8 +17,8 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from engine.loop.callbacks import RunCallback  # light: no torch, no Ray
-from engine.trace import mark
+from engine import RunCallback  # light: no torch, no Ray
+from engine import mark
 from hetsim import results_cli  # report / compare / whatif: argparse only at import
 
 EPILOG = """examples:
@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(args):
-    from engine.config.schema import load_config
+    from engine import load_config
 
     return load_config(args.config, args.overrides)
 
@@ -105,8 +105,8 @@ def _load(args):
 def cmd_validate(args) -> int:
     import yaml
 
-    from engine.clients.device import check_device_request
-    from engine.run.validate import validate_experiment
+    from engine import check_device_request
+    from engine import validate_experiment
 
     cfg = _load(args)
     check_device_request(cfg)  # e.g. device: cuda on a machine without CUDA
@@ -146,11 +146,13 @@ class ProgressBar(RunCallback):
 
 
 def cmd_run(args) -> int:
-    from engine.ray.driver import DriverDiedError
-    from engine.errors import UserError
-    from engine.ray.executor import ExecutorError
-    from engine.results.tables import load_run, run_status
-    from engine.run.api import RunStateError, prepare_run, resume_config, resume_run, run_in_folder
+    from engine import DriverDiedError
+    from engine import UserError
+    from engine import ExecutorError
+    from engine.results import load_run
+    from engine.results import run_status
+    from engine import RunStateError
+    from engine import prepare_run, resume_config, resume_run, run_in_folder
 
     if args.resume:
         if args.out:
@@ -194,7 +196,7 @@ def cmd_run(args) -> int:
 def cmd_sweep(args) -> int:
     from sweeps import runner
 
-    from engine.errors import UserError
+    from engine import UserError
 
     mark("cli: sweep modules imported")
     if bool(args.spec) == bool(args.resume):
@@ -221,7 +223,8 @@ def cmd_show(args) -> int:
 
 
 def summary_table(path: Path | str) -> str:
-    from engine.results.tables import load_run, run_status
+    from engine.results import load_run
+    from engine.results import run_status
 
     run = load_run(path)
     m = run.manifest
@@ -275,7 +278,7 @@ def _human_bytes(n: float) -> str:
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    from engine.errors import UserError
+    from engine import UserError
 
     return (UserError, FileNotFoundError, FileExistsError, NotADirectoryError,
             IsADirectoryError, PermissionError)
@@ -285,7 +288,7 @@ def _interrupted(args) -> str:
     path = getattr(args, "run_path", None)
     if path is None:
         return "hetsim: interrupted; nothing was written"
-    from engine.results.tables import read_table
+    from engine.results import read_table
 
     try:
         rounds = read_table(path, "rounds")
@@ -350,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         logger.removeHandler(handler)
         logger.propagate = True
         if not ray_before:  # the command started Ray (or joined a cluster): end that now
-            from engine.ray.executor import shutdown_ray
+            from engine import shutdown_ray
 
             shutdown_ray()
 

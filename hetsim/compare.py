@@ -119,7 +119,7 @@ def _trial_label(row: pd.Series, columns: list[str]) -> str:
 
 def load_entries(paths: list[str | Path]) -> list[Entry]:
     """Run folders as they are; sweep folders expanded into their trials that ran."""
-    from engine.results.tables import load_run
+    from engine.results import load_run
 
     from hetsim.report import is_sweep_folder
 

@@ -73,7 +73,7 @@ def build_report(path: str | Path, out: str | Path | None = None) -> Path:
 
 
 def run_page(path: Path) -> Page:
-    from engine.results.tables import load_run
+    from engine.results import load_run
 
     from hetsim.compare import run_summary
 

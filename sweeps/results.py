@@ -8,7 +8,7 @@ Layout of a sweep folder (``storage``)::
     <storage>/runs/<trial_id>/      each trial's own run folder (engine.results.load_run reads it)
     <storage>/tune/                 Ray Tune's experiment state and trial checkpoints (--resume)
 
-``storage`` is a local path or a URI (``s3://bucket/prefix``; see :mod:`engine.storage`): every
+``storage`` is a local path or a URI (``s3://bucket/prefix``; see :mod:`engine.results.storage`): every
 read here goes through its pyarrow filesystem.
 
 Hyperparameter columns are named by the last component of their dotted key (``train.lr`` ->
@@ -27,8 +27,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from engine.results.tables import ROUND_COLUMNS, read_table
-from engine.results.storage import Storage, open_storage
+from engine.results import ROUND_COLUMNS, read_table
+from engine.results import Storage, open_storage
 
 SWEEP_FILE = "sweep.yaml"
 TRIALS_FILE = "trials.parquet"
@@ -90,8 +90,8 @@ class Sweep:
         return ok.sort_values(col, ascending=self.mode == "min", na_position="last").head(n)
 
     def run(self, trial_id: str):
-        """One trial's run folder as :class:`engine.results.Run`."""
-        from engine.results.tables import load_run
+        """One trial's run folder as :class:`engine.results.tables.Run`."""
+        from engine.results import load_run
 
         store = self.storage or open_storage(self.path)
         return load_run(store.child(RUNS_DIR, trial_id))
@@ -139,7 +139,7 @@ def _trial_status(tune_status: str | None, info_status: str | None, rounds_done:
 
 
 def _planned_rounds(spec: dict[str, Any], params: dict[str, Any]) -> int:
-    from engine.config.schema import apply_overrides, load_config
+    from engine import apply_overrides, load_config
     from sweeps.spec import expand_params
 
     try:
@@ -261,8 +261,8 @@ def write(storage: Storage, trials: pd.DataFrame, rounds: pd.DataFrame) -> None:
 
 
 def read_sweep_file(path: str | Path | Storage, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    from engine.errors import ConfigError
-    from engine.config.yamlio import parse_yaml
+    from engine import ConfigError
+    from engine import parse_yaml
 
     store = open_storage(path, storage_options)
     if not store.exists(SWEEP_FILE):
@@ -292,7 +292,7 @@ def load_sweep(path: str | Path | Storage, refresh: bool = False,
     ``trials.parquet``/``rounds.parquet`` are written when a sweep (or a resume) ends. For a
     folder without them (a sweep still running, or killed) or with ``refresh=True`` the frames
     are rebuilt from the trials' run folders, with the status each trial recorded itself.
-    ``storage_options``: options of the URI's filesystem (see :mod:`engine.storage`).
+    ``storage_options``: options of the URI's filesystem (see :mod:`engine.results.storage`).
     """
     if isinstance(path, (str, Path)) and not isinstance(path, Storage) and "://" not in str(path):
         p = Path(path)

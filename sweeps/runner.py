@@ -9,8 +9,8 @@ their last checkpoint (from round 0 without one), errored ones are kept as error
 ``retry_errored`` (then they continue the same way, keeping their trial id).
 
 Storage is Tune's: ``RunConfig(storage_path, storage_filesystem)`` with the pyarrow filesystem
-of :func:`engine.storage.open_storage`. A local path on a cluster that the driver joined gets a
-:func:`engine.storage.node_disk_filesystem`: nodes that do not share the folder send their
+of :func:`engine.results.storage.open_storage`. A local path on a cluster that the driver joined gets a
+:func:`engine.ray.node_disk.node_disk_filesystem`: nodes that do not share the folder send their
 results to this node through Ray.
 
 Quiet by default: Tune runs with ``verbose=0`` and ``RAY_AIR_NEW_OUTPUT=0`` (no tables), its
@@ -36,11 +36,11 @@ for _key, _value in QUIET_TUNE_ENV.items():  # before ray.tune is imported
 from ray.tune import Callback  # noqa: E402
 from ray.tune.logger import TBXLoggerCallback  # noqa: E402
 
-from engine.results.storage import Storage, check_writable  # noqa: E402
+from engine.results import Storage, check_writable  # noqa: E402
 from sweeps.results import (SWEEP_FILE, TUNE_DIR, Sweep, TrialState, collect,  # noqa: E402
                             load_sweep, read_sweep_file, tune_rounds_frame, write)
 from sweeps.spec import ResolvedSweep, SweepSpecError, resolve  # noqa: E402
-from engine.trace import mark  # noqa: E402
+from engine import mark  # noqa: E402
 # Never set TUNE_DISABLE_AUTO_CALLBACK_LOGGERS: without the default loggers
 # ResultGrid.get_dataframe() breaks (measured with ray 2.60).
 # Tune's per-trial error tracebacks, "Trials did not complete" and the like: the errors land in
@@ -220,7 +220,7 @@ def _alive_nodes(ray) -> list[dict]:
 def _init_ray(resolved: ResolvedSweep):
     for key, value in QUIET_TUNE_ENV.items():
         os.environ.setdefault(key, value)
-    from engine.ray.executor import init_ray
+    from engine import init_ray
 
     ray = init_ray(resolved.spec.ray.address, resolved.spec.ray.num_cpus,
                    num_gpus=resolved.spec.ray.num_gpus, connect_timeout_s=resolved.spec.ray.connect_timeout_s)
@@ -260,7 +260,7 @@ def _check_fits(ray, resolved: ResolvedSweep) -> None:
 
 def _check_gpus_fit(ray, bundles: list[dict]) -> None:
     """GPUs as for CPUs: the trial's total, and each bundle's share from one node."""
-    from engine.ray.executor import gpu_capacity
+    from engine import gpu_capacity
 
     need = sum(b.get("GPU", 0.0) for b in bundles)
     if need <= 0:
@@ -281,7 +281,7 @@ def _check_gpus_fit(ray, bundles: list[dict]) -> None:
 
 def _tune_storage(ray, resolved: ResolvedSweep, store: Storage | None = None) -> Storage:
     """The sweep's storage as Tune will use it (see the module docstring)."""
-    from engine.results.storage import node_disk_filesystem, nodes_sharing
+    from engine import node_disk_filesystem, nodes_sharing
 
     store = store or resolved.open_storage()
     if store.is_remote or not resolved.spec.ray.address:
@@ -455,7 +455,7 @@ def run_sweep(
     ``storage``: a local path or a URI (``s3://bucket/prefix``); ``callbacks`` are extra Ray Tune
     callbacks (objects with ``on_trial_result`` etc.).
     """
-    from engine.ray.executor import check_while_ray_starts
+    from engine import check_while_ray_starts
 
     data_checks: list = []
     resolved = resolve(source, storage=storage, address=address,

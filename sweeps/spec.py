@@ -40,17 +40,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from engine.config.schema import (
-    DEFAULT_CONFIG,
-    ConfigError,
-    ExperimentConfig,
-    apply_overrides,
-    expand_path,
-    load_config,
-)
-from engine.config.yamlio import read_yaml_file
-from engine.results.tables import ROUND_COLUMNS
-from engine.results.storage import is_uri, redact
+from engine import DEFAULT_CONFIG, ExperimentConfig, apply_overrides, expand_path, load_config
+from engine import ConfigError
+from engine import read_yaml_file
+from engine.results import ROUND_COLUMNS
+from engine.results import is_uri, redact
 
 DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "randint", "named")
 # Grid-like kinds: every value is a trial (x num_samples). `named` is a grid over named values
@@ -188,8 +182,8 @@ class ResolvedSweep:
         return self.base_cfg.rounds
 
     def open_storage(self):
-        """The sweep folder as :class:`engine.storage.Storage`."""
-        from engine.results.storage import open_storage
+        """The sweep folder as :class:`engine.results.storage.Storage`."""
+        from engine.results import open_storage
 
         return open_storage(self.storage, self.spec.storage_options)
 
@@ -270,7 +264,7 @@ def _config_problem(err: ConfigError) -> str:
 def _check_experiment(raw: dict[str, Any], storage: Path | None = None,
                       ray_running: bool | None = None) -> ExperimentConfig:
     """Schema check; with ``storage`` also the whole validation pass a run makes (data too)."""
-    from engine.run.validate import validate_experiment
+    from engine import validate_experiment
 
     cfg = load_config(raw)
     if storage is not None:
@@ -445,7 +439,7 @@ def _resources_check(spec: SweepSpec, cfg: ExperimentConfig) -> None:
 
 def storage_location(location: str | Path) -> str:
     """An absolute local path, or the URI unchanged."""
-    from engine.results.storage import is_uri
+    from engine.results import is_uri
 
     text = str(location)
     return text.rstrip("/") if is_uri(text) else str(Path(expand_path(text)).resolve())
@@ -537,7 +531,7 @@ def resolve(
     storage_path = storage_location(storage if storage is not None else (spec.storage or Path("sweeps_out") / spec.name))
     local_storage = None if is_uri(storage_path) else Path(storage_path)  # run folders' checks
     checks_now = local_storage if data_checks is None else None
-    from engine.ray.executor import ray_is_up
+    from engine import ray_is_up
 
     ray_running = ray_is_up()  # pinned: the deferred checks may run while Ray starts
     base_cfg = _validate_experiment(base_raw, "base", checks_now)
@@ -598,7 +592,7 @@ def resolve(
     _check_schedule(spec, base_cfg, dims)
     spec.storage = storage_path
     try:
-        from engine.results.storage import open_storage
+        from engine.results import open_storage
 
         open_storage(storage_path, spec.storage_options)
     except ValueError as err:

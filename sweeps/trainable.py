@@ -1,7 +1,7 @@
 """The Tune function trainable: one trial = one simulation = one run folder.
 
 ``hetsim_trial(params, sweep)`` applies the trial's ``{dotted key: value}`` to the base
-experiment, runs it with :mod:`engine.run` and reports every round's ``rounds.parquet`` row to
+experiment, runs it with :func:`engine.run_in_folder` and reports every round's ``rounds.parquet`` row to
 Tune with :func:`ray.tune.report` (Ray 2.x's Tune API for function trainables; ``ray.train.report``
 is Train's). The last round is reported after the run folder is complete, so a scheduler
 decision on it cannot cut the run's finalisation short. Schedulers read ``last_<metric>``: the
@@ -12,7 +12,7 @@ Tune storage context (``RunConfig(storage_path, storage_filesystem)``). When tha
 this node's own disk (a local path, a shared mount) the run is written there directly;
 otherwise (object storage, or a local path of another node) it is written to the trial's local
 working directory and mirrored to storage after every round and when the trial ends, also when
-it fails or is stopped (:class:`engine.storage.DirectoryMirror`).
+it fails or is stopped (:class:`engine.results.storage.DirectoryMirror`).
 
 Checkpoints: at the rounds where the engine writes a checkpoint (``checkpoint.every`` of the
 experiment, or the sweep's ``checkpoint_every``; every ``perturbation_interval`` under PBT) the
@@ -20,7 +20,7 @@ round is reported with ``checkpoint=tune.Checkpoint.from_directory(<that checkpo
 Tune copies to ``<storage>/tune/<trial_id>/checkpoint_*``. A trial that Tune starts with a
 checkpoint (a retry after a failure or a lost node, ``--resume`` of the sweep, or a PBT exploit
 step, whose checkpoint is another trial's) puts it into its run folder and continues from it
-with :func:`engine.run.execute_run` ``(resume=True)``: rounds after it are recomputed and every
+with :func:`engine.run.body.execute_run` ``(resume=True)``: rounds after it are recomputed and every
 table holds each round once. ``trial.json`` keeps one ``history`` entry per start (attempt,
 node, first round, the trial whose checkpoint it continued, the hyperparameters).
 
@@ -48,11 +48,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from engine.loop.callbacks import RunCallback
-from engine.config.schema import load_config
-from engine.ray.executor import RayExecutor
-from engine.results.storage import DirectoryMirror, Storage, StorageError
-from engine.trace import mark
+from engine import RunCallback
+from engine import load_config
+from engine import RayExecutor
+from engine.results import DirectoryMirror, Storage, StorageError
+from engine import mark
 from sweeps.space import plain
 from sweeps.spec import ResolvedSweep
 
@@ -216,12 +216,8 @@ class TrialFolder:
     def continue_from(self, checkpoint) -> int | None:
         """Make Tune's ``checkpoint`` the newest of the run folder (fetched from storage if it
         is staged here); returns the round it continues from, None if the run folder is gone."""
-        from engine.checkpoint.snapshot import (
-            CHECKPOINTS,
-            checkpoint_name,
-            list_checkpoints,
-            read_meta,
-        )
+        from engine import CHECKPOINTS, checkpoint_name, list_checkpoints
+        from engine import read_meta
 
         if self.mirror is not None:  # a fresh node, or a stale staging copy: storage has the truth
             if self.run_dir.exists():
@@ -259,8 +255,9 @@ def hetsim_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
     import ray
     from ray import tune
 
-    from engine.run.api import execute_run, run_in_folder
-    from engine.run.validate import validate_experiment
+    from engine import execute_run
+    from engine import run_in_folder
+    from engine import validate_experiment
 
     mark("trial: begins")
     resolved = ResolvedSweep.from_dict(sweep)

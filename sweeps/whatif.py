@@ -31,7 +31,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from engine.config.schema import ConfigError, apply_overrides, load_config
+from engine import ConfigError
+from engine import apply_overrides, load_config
 from sweeps.spec import (RaySpec, ResourcesSpec, SweepSpecError, _config_problem, _format_spec_errors,
                          load_base, read_mapping_file)
 

@@ -396,7 +396,7 @@ def test_unexpected_error_before_a_run_folder_goes_to_a_temp_log(tmp_path, monke
 
 def test_degenerate_but_runnable_experiments_warn_loudly_and_record_it(tmp_path, monkeypatch, capsys):
     from engine.config.schema import load_config
-    from engine.loop.simulation import select_clients
+    from engine.loop.selection import select_clients
 
     monkeypatch.chdir(tmp_path)
     few = sets("partition.public_fraction=0.9", "partition.min_samples=1", "clients.num_clients=30",

@@ -14,15 +14,15 @@ import pytest
 
 from algorithms import ALGORITHMS
 from engine.loop.callbacks import RunCallback, Stop
-from engine.checkpoint.snapshot import (
-    CheckpointError,
-    list_checkpoints,
-    restore_checkpoint,
-    write_checkpoint,
-)
-from engine.config.schema import ConfigError, load_config
+from engine.checkpoint.format import CheckpointError
+from engine.checkpoint.folder import list_checkpoints
+from engine.checkpoint.snapshot import restore_checkpoint, write_checkpoint
+from engine.errors import ConfigError
+from engine.config.schema import load_config
 from engine.results.tables import WALL_COLUMNS, RunWriter, load_run, read_table
-from engine.run.api import RunStateError, make_executor, resume_run, run_experiment
+from engine.run.folders import RunStateError
+from engine.run.body import make_executor
+from engine.run.api import resume_run, run_experiment
 from engine.loop.simulation import Simulation
 from hetsim.cli import main
 

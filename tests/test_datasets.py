@@ -1,4 +1,4 @@
-"""Tests of engine.datasets: offline loaders, the synthetic generator and missing-file errors."""
+"""Tests of engine.data.datasets: offline loaders, the synthetic generator and missing-file errors."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def test_digits_flat_and_images():
 
 def test_digits_are_scikit_learns_values_without_importing_scikit_learn(tmp_path, monkeypatch):
     monkeypatch.setenv("HETSIM_CACHE_DIR", str(tmp_path / "cache"))
-    code = ("import sys; from engine.datasets import load_dataset; load_dataset('digits'); "
+    code = ("import sys; from engine.data.datasets import load_dataset; load_dataset('digits'); "
             "load_dataset('digits'); print('sklearn' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})

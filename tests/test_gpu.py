@@ -7,9 +7,11 @@ import json
 import pytest
 import torch
 
-from engine.config.schema import ConfigError, load_config
+from engine.errors import ConfigError
+from engine.config.schema import load_config
 from engine.clients.device import DeviceError, resolve_device
-from engine.ray.executor import ExecutorError, gpu_capacity, plan_pool
+from engine.ray.cluster import ExecutorError
+from engine.ray.pool import gpu_capacity, plan_pool
 from engine.results.tables import load_run
 from engine.run.api import run_experiment
 from hetsim.cli import main
@@ -117,7 +119,7 @@ def test_gpu_shares_bound_the_pool_like_cpus():
 def fake_gpu_ray():
     import ray as ray_module
 
-    from engine.ray.executor import init_ray
+    from engine.ray.cluster import init_ray
 
     ray_module.shutdown()  # a Ray left by another module has no GPUs declared
     ray = init_ray(num_cpus=2, num_gpus=2)

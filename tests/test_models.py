@@ -11,11 +11,11 @@ from engine.models.zoo import (
     MODELS,
     build_model,
     count_parameters,
-    get_flat_params,
-    num_flat_params,
-    set_flat_params,
     training_flops_per_sample,
 )
+from algorithms.training import flat_params as get_flat_params
+from algorithms.training import load_flat_params as set_flat_params
+from algorithms.training import num_params as num_flat_params
 
 # (name, input_shape, params) combos every model must accept
 ACCEPTED = [

@@ -1,4 +1,4 @@
-"""Tests of engine.partition: partitioners, FederatedData construction and label skew."""
+"""Tests of engine.data.partition: partitioners, FederatedData construction and label skew."""
 
 from __future__ import annotations
 

@@ -5,9 +5,10 @@ import pandas as pd
 import pytest
 
 from engine.config.schema import load_config
-from engine.ray.executor import ExecutorError, plan_pool
+from engine.ray.cluster import ExecutorError
+from engine.ray.pool import plan_pool
 from engine.results.tables import WALL_COLUMNS, load_run
-from engine.config.schema import ConfigError
+from engine.errors import ConfigError
 from engine.run.api import run_experiment, run_in_folder
 
 pytestmark = pytest.mark.ray
@@ -27,7 +28,7 @@ PACED = ["clock.mode=realtime", "clock.max_sleep_s=0.1", "clock.time_scale=10000
 
 @pytest.fixture(scope="module")
 def local_ray():
-    from engine.ray.executor import init_ray
+    from engine.ray.cluster import init_ray
 
     ray = init_ray(num_cpus=2)
     yield ray

@@ -5,16 +5,18 @@ import signal
 import time
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from engine.loop.callbacks import RunCallback, Stop
-from engine.checkpoint.snapshot import list_checkpoints, restore_checkpoint
+from engine.checkpoint.folder import list_checkpoints
+from engine.checkpoint.snapshot import restore_checkpoint
 from engine.ray.driver import DriverDiedError
-from engine.execution.base import InProcessExecutor
-from engine.ray.executor import ExecutorError, RayExecutor
+from engine.execution.inprocess import InProcessExecutor
+from engine.ray.cluster import ExecutorError
+from engine.ray.executor import RayExecutor
 from engine.results.tables import load_run
-from engine.run.api import execute_run, resume_run, run_experiment
+from engine.run.body import execute_run
+from engine.run.api import resume_run, run_experiment
 from engine.loop.simulation import Simulation
 from hetsim.cli import main
 from test_checkpoint import (
@@ -31,7 +33,7 @@ ALL_RUN = ["clients.participation=1.0", "clock.over_selection=1.0",
 
 @pytest.fixture(scope="module")
 def local_ray():
-    from engine.ray.executor import init_ray
+    from engine.ray.cluster import init_ray
 
     ray = init_ray(num_cpus=2)
     yield ray

@@ -266,7 +266,7 @@ def test_compare_cli_errors(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def local_ray():
-    from engine.ray.executor import init_ray
+    from engine.ray.cluster import init_ray
 
     ray = init_ray(num_cpus=2)
     yield ray

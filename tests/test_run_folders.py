@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from engine.config.schema import load_config
-from engine.results.tables import load_run, read_table, run_status
-from engine.run.api import make_run_dir
+from engine.results.tables import load_run, read_table
+from engine.results.manifest import run_status
+from engine.run.folders import make_run_dir
 from hetsim.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -67,7 +67,7 @@ def test_hetsim_run_on_ray_listens_on_loopback_only_and_ignores_stray_clusters(t
 
 
 def test_local_ray_refuses_a_client_without_the_token():
-    from engine.ray.executor import init_ray
+    from engine.ray.cluster import init_ray
 
     ray = init_ray(num_cpus=1)
     try:
@@ -95,7 +95,7 @@ def test_local_ray_refuses_a_client_without_the_token():
 
 
 def test_unreachable_or_silent_address_fails_fast_with_the_field_named():
-    from engine.ray.executor import RayConnectError, check_reachable, resolve_address
+    from engine.ray.cluster import RayConnectError, check_reachable
 
     closed = socket.socket()
     closed.bind(("127.0.0.1", 0))
@@ -118,7 +118,7 @@ def test_unreachable_or_silent_address_fails_fast_with_the_field_named():
 
 
 def test_auto_names_its_source_and_refuses_when_nothing_is_running(monkeypatch, tmp_path):
-    from engine.ray.executor import RayConnectError, resolve_address
+    from engine.ray.cluster import RayConnectError, resolve_address
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.delenv("RAY_TMPDIR", raising=False)

@@ -27,7 +27,7 @@ def test_help_imports_nothing_heavy():
 
 def test_validating_every_algorithm_imports_nothing_heavy():
     code = """
-from engine.config import load_config
+from engine import load_config
 from algorithms.params import ALGORITHM_PARAMS
 for name in ALGORITHM_PARAMS:
     load_config(None, {"algorithm": {"name": name}, "model.name": "resnet18"})
@@ -37,8 +37,7 @@ for name in ALGORITHM_PARAMS:
 
 def test_a_fedavg_run_imports_neither_the_other_methods_nor_torchvision_nor_dynamo():
     code = """
-from engine.config import load_config
-from engine.simulation import Simulation
+from engine import Simulation, load_config
 sim = Simulation(load_config(None, ["dataset.name=digits", "model.name=mlp", "clients.num_clients=4",
                                     "rounds=1", "clients.profiles={}"]))
 sim.run()
@@ -76,7 +75,8 @@ def test_resnet18_built_on_first_use_pickles():
 
 
 def test_unknown_names_still_list_the_allowed_ones():
-    from engine.config.schema import ConfigError, load_config
+    from engine.errors import ConfigError
+    from engine.config.schema import load_config
 
     with pytest.raises(ConfigError, match="unknown model 'nope'; allowed: cifar_cnn, cnn, lenet5"):
         load_config(None, {"model.name": "nope"})
@@ -157,7 +157,7 @@ def test_the_check_runs_in_another_thread_while_ray_starts_and_its_error_wins():
     import threading
 
     from engine.errors import ConfigError
-    from engine.ray.executor import check_while_ray_starts
+    from engine.ray.cluster import check_while_ray_starts
 
     started = threading.Event()
     threads = {}
@@ -191,7 +191,7 @@ def test_the_check_runs_in_another_thread_while_ray_starts_and_its_error_wins():
 def test_a_ray_run_whose_data_checks_fail_says_so_and_leaves_no_folder_and_no_ray(tmp_path):
     from engine.config.schema import load_config
     from engine.errors import ConfigError
-    from engine.ray.executor import ray_is_up
+    from engine.ray.cluster import ray_is_up
     from engine.run.api import run_experiment
     from engine.run.validate import validate_experiment
 
@@ -238,7 +238,7 @@ def test_with_ray_up_the_driver_starts_during_the_validation_and_is_stopped_if_i
 
     from engine.config.schema import load_config
     from engine.errors import ConfigError
-    from engine.ray.executor import init_ray, shutdown_ray
+    from engine.ray.cluster import init_ray, shutdown_ray
     from engine.run.api import run_experiment
 
     def actors(state=None, kind=("DriverActor", "ClientActor")):

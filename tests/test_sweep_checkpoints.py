@@ -21,7 +21,7 @@ BASE = {**SWEEP_BASE, "rounds": 6, "algorithm": {"name": "fedavg"}}
 
 @pytest.fixture(scope="module")
 def local_ray():
-    from engine.ray.executor import init_ray
+    from engine.ray.cluster import init_ray
 
     ray = init_ray(num_cpus=2)
     yield ray

@@ -191,7 +191,7 @@ def test_tables_are_rebuilt_from_run_folders_with_errors_and_mixed_value_types(t
 
 @pytest.fixture(scope="module")
 def local_ray():
-    from engine.ray.executor import init_ray
+    from engine.ray.cluster import init_ray
 
     ray = init_ray(num_cpus=2)
     yield ray

@@ -1,4 +1,4 @@
-"""Checkpoints of a running :class:`~engine.simulation.Simulation`: write, find, restore.
+"""A checkpoint of a running :class:`~engine.loop.simulation.Simulation`: write it, read it, restore it.
 
 A checkpoint is a folder, complete or absent (written under a temporary name, then renamed)::
 
@@ -7,49 +7,37 @@ A checkpoint is a folder, complete or absent (written under a temporary name, th
     <dir>/clients-0000.pt   client states, one shard per client host (in-process: one;
     <dir>/clients-0001.pt   Ray: one per actor, written by the actor itself)
 
-``.pt`` files hold ``{"format", "meta" (a JSON string), "tensors"}`` written with
-``torch.save`` and read with ``weights_only=True``: values are encoded by the one codec of
-:mod:`algorithms.state`, so nothing is ever unpickled. Shards are read memory-mapped, so a host
-that needs a few clients of a large shard reads only those.
-
-In a run folder, :class:`CheckpointCallback` writes ``checkpoints/round-000040/`` (the number
-is the next round to run) every ``checkpoint.every`` rounds and when a run is interrupted or
-stopped, keeps the newest ``checkpoint.keep`` and lists them in ``checkpoints/index.json``.
-
-For other callers (e.g. Ray Tune trials): :func:`write_checkpoint` (a Simulation between
-rounds -> a folder) and :func:`restore_checkpoint` (a folder -> a started Simulation built
-from the same config).
+The files are in the format of :mod:`engine.checkpoint.format`. Also here: which config
+changes a resumed run may make (:func:`check_resumable`). For other callers than a run folder
+(e.g. Ray Tune trials): :func:`write_checkpoint` (a Simulation between rounds -> a folder) and
+:func:`restore_checkpoint` (a folder -> a started Simulation built from the same config). Run
+folders keep theirs with :mod:`engine.checkpoint.folder`.
 """
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import io
 import json
 import os
 import random
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 import torch
 
-from algorithms.state import decode, encode
-from engine.loop.callbacks import RunCallback, RunContext
-
-if TYPE_CHECKING:
-    from engine.config.schema import ExperimentConfig
-    from engine.results.tables import RunWriter
-    from engine.loop.simulation import RoundRecord, Simulation
+from engine.atomic import write_json_atomic
+from engine.checkpoint.format import CheckpointError, load_blob, save_blob
+from engine.errors import ConfigError
+from engine.config.schema import ExperimentConfig
+from engine.loop.simulation import Simulation
 
 FORMAT = "hetsim-checkpoint/1"
-BLOB_FORMAT = "hetsim-state/1"
 META = "checkpoint.json"
 SERVER_FILE = "server.pt"
-CHECKPOINTS = "checkpoints"
-INDEX = "index.json"
+
 
 # Config fields that cannot change results: a resumed run may change them (docs/checkpoints.md).
 # The torch thread count per client host is checked separately (it changes float rounding).
@@ -71,90 +59,9 @@ RESULT_NEUTRAL_FIELDS = (
 )
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be written, found or restored."""
-
-
-def shard_name(host: int) -> str:
-    return f"clients-{host:04d}.pt"
-
-
-def checkpoint_name(next_round: int) -> str:
-    return f"round-{next_round:06d}"
-
-
-# ------------------------------------------------------------------------------ blobs
-def _write(obj: dict, dest: str | Path | io.BufferedIOBase) -> int:
-    """``torch.save`` to a path or a binary file object; returns the bytes written.
-
-    Not fsynced: a checkpoint survives a crash of the process at any moment (the folder is
-    renamed into place when complete), and fsync would cost most of the write time. After a
-    power loss the newest checkpoint may be incomplete; its file sizes then do not match its
-    ``checkpoint.json`` and resuming falls back to the one before (see ``checkpoint.keep``).
-    """
-    if isinstance(dest, (str, Path)):
-        with open(dest, "wb") as f:
-            torch.save(obj, f)
-        return os.path.getsize(dest)
-    start = dest.tell()
-    torch.save(obj, dest)
-    return dest.tell() - start
-
-
-def save_blob(value: Any, dest: str | Path | io.BufferedIOBase, path: str = "state") -> int:
-    """Encode ``value`` into ``dest`` (a path or a binary file object); returns its bytes."""
-    tensors: list[torch.Tensor] = []
-    tree = encode(value, tensors, path)
-    return _write({"format": BLOB_FORMAT, "meta": json.dumps(tree, separators=(",", ":")), "tensors": tensors}, dest)
-
-
-def _load_raw(src: str | Path | bytes) -> dict:
-    if isinstance(src, (bytes, bytearray, memoryview)):
-        obj = torch.load(io.BytesIO(src), weights_only=True)
-    else:
-        obj = torch.load(src, weights_only=True, mmap=True)
-    if not isinstance(obj, dict) or obj.get("format") != BLOB_FORMAT:
-        raise CheckpointError(f"{src if not isinstance(src, (bytes, bytearray, memoryview)) else 'shard'} "
-                              f"is not a {BLOB_FORMAT} file")
-    return obj
-
-
-def load_blob(src: str | Path | bytes) -> Any:
-    obj = _load_raw(src)
-    return decode(json.loads(obj["meta"]), obj["tensors"], copy=not isinstance(src, (bytes, bytearray)))
-
-
-# ------------------------------------------------------------------------------ client shards
-def save_client_states(states: dict[int, dict[str, Any]], dest: str | Path | io.BufferedIOBase) -> dict:
-    """One shard: every client's state, each encoded on its own (so a host can load a subset,
-    and an error names the client)."""
-    tensors: list[torch.Tensor] = []
-    trees = [[int(cid), encode(state, tensors, f"client {cid} state")] for cid, state in states.items()]
-    meta = json.dumps({"clients": trees}, separators=(",", ":"))
-    nbytes = _write({"format": BLOB_FORMAT, "meta": meta, "tensors": tensors}, dest)
-    return {"clients": len(trees), "bytes": nbytes}
-
-
-def load_client_states(sources: Iterable[str | Path | bytes], owns: Callable[[int], bool]) -> dict[int, dict]:
-    """The states of the clients ``owns`` accepts, from every shard in ``sources``."""
-    out: dict[int, dict] = {}
-    for src in sources:
-        obj = _load_raw(src)
-        copy = not isinstance(src, (bytes, bytearray))  # memory-mapped: take our own copy
-        for cid, tree in json.loads(obj["meta"])["clients"]:
-            if owns(cid):
-                out[cid] = decode(tree, obj["tensors"], copy=copy)
-    return dict(sorted(out.items()))
-
-
-def shards_for(shards: list[dict], num_hosts: int, host: int) -> list[dict]:
-    """Shards host ``host`` of ``num_hosts`` must read: its own if the layout is unchanged."""
-    same = [s for s in shards if s["num_hosts"] == num_hosts and s["host"] == host]
-    return same if same and all(s["num_hosts"] == num_hosts for s in shards) else list(shards)
-
 
 # ------------------------------------------------------------------------------ config checks
-def host_threads(cfg: "ExperimentConfig") -> int:
+def host_threads(cfg: ExperimentConfig) -> int:
     """Torch threads per client host, as the executors set them."""
     ex = cfg.executor
     if ex.threads_per_actor:
@@ -183,10 +90,8 @@ def config_changes(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
             if a.get(k, missing) != b.get(k, missing)]
 
 
-def check_resumable(saved: "ExperimentConfig", new: "ExperimentConfig") -> None:
+def check_resumable(saved: ExperimentConfig, new: ExperimentConfig) -> None:
     """Refuse a config change that could change results (ConfigError naming the fields)."""
-    from engine.config.schema import ConfigError
-
     bad = [(k, o, n) for k, o, n in config_changes(saved.to_dict(), new.to_dict()) if not _neutral(k)]
     lines = [f"  {k}: {o!r} -> {n!r}" for k, o, n in bad]
     if host_threads(saved) != host_threads(new):
@@ -202,7 +107,7 @@ def check_resumable(saved: "ExperimentConfig", new: "ExperimentConfig") -> None:
         )
 
 
-def results_fingerprint(cfg: "ExperimentConfig") -> str:
+def results_fingerprint(cfg: ExperimentConfig) -> str:
     """A hash of every config field that can change results."""
     flat = {k: v for k, v in _flatten(cfg.to_dict()).items() if not _neutral(k)}
     flat["<host_threads>"] = host_threads(cfg)
@@ -220,12 +125,8 @@ def _set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    path.write_text(json.dumps(obj, indent=2))
-
-
 def write_checkpoint(
-    sim: "Simulation",
+    sim: Simulation,
     directory: str | Path,
     *,
     tables: dict[str, int] | None = None,
@@ -269,7 +170,7 @@ def write_checkpoint(
             "write_s": None,
         }
         meta["write_s"] = time.perf_counter() - t0
-        _write_json(tmp / META, meta)
+        write_json_atomic(tmp / META, meta)
         _replace_dir(tmp, directory)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -308,7 +209,7 @@ def read_meta(directory: str | Path, verify: bool = False) -> dict:
     return meta
 
 
-def restore_checkpoint(sim: "Simulation", directory: str | Path, *, allow_config_change: bool = False) -> dict:
+def restore_checkpoint(sim: Simulation, directory: str | Path, *, allow_config_change: bool = False) -> dict:
     """Put ``sim`` (built from the same config; started here if it is not) in the state the
     checkpoint in ``directory`` holds: its next round is the checkpoint's. Returns the metadata.
 
@@ -331,113 +232,3 @@ def restore_checkpoint(sim: "Simulation", directory: str | Path, *, allow_config
     sim.next_round = int(meta["next_round"])
     sim.executor.load_client_states(directory, meta["client_states"])
     return meta
-
-
-# ------------------------------------------------------------------------------ run folders
-def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
-    """(next round, folder) of every complete checkpoint of a run, oldest first."""
-    root = Path(run_dir) / CHECKPOINTS
-    out = []
-    for d in root.glob("round-*"):
-        if d.is_dir() and d.name[len("round-"):].isdigit() and (d / META).is_file():
-            out.append((int(d.name[len("round-"):]), d))
-    return sorted(out)
-
-
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint of a run folder, or None."""
-    for _, d in reversed(list_checkpoints(run_dir)):
-        try:
-            read_meta(d, verify=True)
-        except CheckpointError:
-            continue
-        return d
-    return None
-
-
-def write_index(run_dir: str | Path) -> None:
-    root = Path(run_dir) / CHECKPOINTS
-    entries = []
-    for n, d in list_checkpoints(run_dir):
-        try:
-            m = read_meta(d)
-        except CheckpointError:
-            continue
-        entries.append({"next_round": n, "path": d.name, "written": m["written"], "reason": m["reason"],
-                        "bytes": m["bytes"], "write_s": m["write_s"]})
-    tmp = root / f"{INDEX}.tmp"
-    tmp.write_text(json.dumps({"format": FORMAT, "checkpoints": entries}, indent=2))
-    os.replace(tmp, root / INDEX)
-
-
-def prune_checkpoints(run_dir: str | Path, keep: int, newer_than: int | None = None) -> None:
-    """Keep the newest ``keep`` checkpoints; with ``newer_than``, first drop those past that
-    round (a resumed run's discarded future); remove leftovers of interrupted writes."""
-    root = Path(run_dir) / CHECKPOINTS
-    for d in root.glob("round-*.tmp-*"):
-        shutil.rmtree(d, ignore_errors=True)
-    for d in root.glob("round-*.old-*"):
-        shutil.rmtree(d, ignore_errors=True)
-    found = list_checkpoints(run_dir)
-    if newer_than is not None:
-        for n, d in found:
-            if n > newer_than:
-                shutil.rmtree(d, ignore_errors=True)
-        found = [(n, d) for n, d in found if n <= newer_than]
-    for _, d in found[: max(0, len(found) - keep)]:
-        shutil.rmtree(d, ignore_errors=True)
-
-
-class CheckpointCallback(RunCallback):
-    """Writes the run's checkpoints (placed after the Parquet recorder: what it saves is on disk).
-
-    Every ``checkpoint.every`` rounds (not after the last round), and when the run ends early
-    between rounds (interrupted, stopped, diverged; not after a round that raised, whose state
-    is incomplete). Tells the executor where replacement client hosts restore from.
-    """
-
-    def __init__(self, cfg: "ExperimentConfig", writer: "RunWriter | None" = None):
-        self.cfg = cfg
-        self.writer = writer
-        self.last: int | None = None  # next_round of the newest checkpoint on disk
-        self.sim: "Simulation | None" = None
-        self.path: Path | None = None
-
-    def on_run_begin(self, run: RunContext) -> None:
-        self.sim, self.path = run.simulation, run.path
-        if self.sim is None or self.path is None:
-            return
-        latest = latest_checkpoint(self.path)
-        if latest is not None and read_meta(latest)["next_round"] == self.sim.next_round:
-            self.last = self.sim.next_round
-            self.sim.executor.recovery_checkpoint = latest
-        self.sim.executor.run_dir = self.path
-
-    def on_round_end(self, run: RunContext, record: "RoundRecord") -> None:
-        every = self.cfg.checkpoint.every
-        done = record.round + 1
-        if self.sim is not None and every and done % every == 0 and done < self.cfg.rounds:
-            self.save(run, f"every {every} rounds")
-
-    def on_run_end(self, run: RunContext, status: str) -> None:
-        sim = self.sim
-        if (status == "finished" or sim is None or sim.in_round or not sim.started
-                or sim.next_round >= self.cfg.rounds or sim.next_round == self.last):
-            return
-        try:
-            self.save(run, f"run {status}")
-        except Exception as err:  # noqa: BLE001 - never hide why the run ended
-            run.info["checkpoint_error"] = f"{type(err).__name__}: {err}"
-
-    def save(self, run: RunContext, reason: str) -> dict:
-        sim = self.sim
-        assert sim is not None and self.path is not None
-        dest = self.path / CHECKPOINTS / checkpoint_name(sim.next_round)
-        tables = self.writer.sequence() if self.writer is not None else {}
-        meta = write_checkpoint(sim, dest, tables=tables, reason=reason)
-        self.last = sim.next_round
-        sim.executor.recovery_checkpoint = dest
-        prune_checkpoints(self.path, self.cfg.checkpoint.keep)
-        write_index(self.path)
-        run.info["checkpoint"] = {"latest": f"{CHECKPOINTS}/{dest.name}", "next_round": sim.next_round}
-        return meta

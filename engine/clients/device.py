@@ -19,13 +19,12 @@ This module has no Ray import at module level; it only asks Ray when the process
 from __future__ import annotations
 
 import os
-import sys
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # torch is imported where used: check_device_request runs in torch-free processes
     import torch
 
-from engine.config.schema import ConfigError
+from engine.errors import ConfigError
 
 DeviceName = Literal["auto", "cpu", "cuda"]
 FIELD = "executor.device"
@@ -44,16 +43,20 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+_ray_gpu_ids: list[str] | None = None  # set in a Ray worker by the Ray layer: its GPU share
+
+
+def set_ray_gpu_ids(gpu_ids: list[str] | None) -> None:
+    """Record the GPU ids Ray assigned to this process (a client actor, a driver actor, a
+    Tune trial). Called by :mod:`engine.ray` and :mod:`sweeps`, which own Ray, so that device
+    resolution here needs no Ray."""
+    global _ray_gpu_ids
+    _ray_gpu_ids = None if gpu_ids is None else [str(g) for g in gpu_ids]
+
+
 def ray_gpu_ids() -> list | None:
     """GPU ids Ray assigned to this process if it is a Ray worker (actor or task), else None."""
-    ray = sys.modules.get("ray")
-    if ray is None:  # a Ray worker has imported ray; anything else need not pay for the import
-        return None
-    from ray._private.worker import WORKER_MODE, global_worker
-
-    if not ray.is_initialized() or global_worker.mode != WORKER_MODE:
-        return None
-    return [str(g) for g in ray.get_gpu_ids()]
+    return _ray_gpu_ids
 
 
 def resolve_device(

@@ -23,7 +23,9 @@ from algorithms import ALGORITHMS
 from algorithms.base import Broadcast, ClientContext, ClientResult, TrainSettings
 from algorithms.training import evaluate
 from engine.config.schema import ExperimentConfig
+from engine.clients.device import prepare_device, resolve_device
 from engine.data.partition import FederatedData
+from engine.models.arch import arch_flops, build_arch_model
 
 
 @dataclass
@@ -35,36 +37,6 @@ class HostSetup:
     profiles: Any  # hardware_profiles.ProfileTable
     arch_names: list[str]  # architecture name per code; "" when all clients share one model
     client_arch: np.ndarray  # int code per client (into arch_names)
-
-
-def build_arch_model(cfg: ExperimentConfig, arch: str, input_shape, num_classes) -> torch.nn.Module:
-    """The initial model of one architecture: identical on the server and on every host."""
-    from engine.models.zoo import build_model
-
-    name, params = arch_spec(cfg, arch)
-    with torch.random.fork_rng():
-        torch.manual_seed(cfg.seed)
-        return build_model(name, input_shape, num_classes, **params)
-
-
-def arch_flops(cfg: ExperimentConfig, arch: str, input_shape, num_classes) -> float:
-    """Training FLOPs of one sample of an architecture (counted once per process).
-
-    Counted by the hosts, which need it, not by the driver, which would count it for them:
-    the count runs a forward and backward pass of the model under torch's FLOP counter.
-    """
-    from engine.models.zoo import training_flops_per_sample
-
-    name, params = arch_spec(cfg, arch)
-    return float(training_flops_per_sample(name, input_shape, num_classes, **params))
-
-
-def arch_spec(cfg: ExperimentConfig, arch: str) -> tuple[str, dict]:
-    """Model name and params of an architecture ("" = the one shared ``model.name``)."""
-    if arch == "":
-        return cfg.model.name, cfg.model.params
-    default = cfg.model.params if arch == cfg.model.name else {}
-    return arch, cfg.model.arch_params.get(arch, default)
 
 
 class ClientFailure(RuntimeError):
@@ -115,9 +87,7 @@ class _Started:
 class ClientHost:
     def __init__(self, setup: HostSetup, threads: int | None = None, device: torch.device | None = None):
         """``device``: where the clients train; default: ``executor.device`` resolved in this
-        process (:func:`engine.device.resolve_device`)."""
-        from engine.clients.device import prepare_device, resolve_device
-
+        process (:func:`engine.clients.device.resolve_device`)."""
         if threads:
             torch.set_num_threads(threads)
         self.setup = setup
@@ -308,7 +278,7 @@ class ClientHost:
 
     def save_states(self, dest) -> dict:
         """Write every hosted client's state as one checkpoint shard (a path or a file object)."""
-        from engine.checkpoint.snapshot import save_client_states
+        from engine.checkpoint.format import save_client_states
 
         return save_client_states(self.states, dest)
 
@@ -316,7 +286,7 @@ class ClientHost:
         """Replace the hosted clients' states by those in the shards ``sources`` (paths or
         bytes) of the clients this host serves (``client % num_hosts == host``); clients
         without a saved state start from their initial (empty) state. Returns how many."""
-        from engine.checkpoint.snapshot import load_client_states
+        from engine.checkpoint.format import load_client_states
 
         self.states = load_client_states(sources, lambda cid: cid % num_hosts == host)
         return len(self.states)

@@ -155,7 +155,7 @@ class EvaluationConfig(Section):
 
 
 class OutputConfig(Section):
-    dir: str = Field("runs", description="a local folder or a URI such as s3://bucket/runs (engine.storage)")
+    dir: str = Field("runs", description="a local folder or a URI such as s3://bucket/runs (engine.results.storage)")
     name: str | None = Field(None, description="run folder name; default <algorithm>-<dataset>-<time>")
     overwrite: bool = False
     storage_options: dict[str, Any] = Field(
@@ -390,7 +390,7 @@ def load_config(
     """Load, override and validate an experiment (schema level: each field on its own).
 
     ``None`` loads the built-in default. Cross-field and data-dependent checks (does the model
-    fit the data, can the partition be made, ...) are :func:`engine.validate.validate_experiment`.
+    fit the data, can the partition be made, ...) are :func:`engine.run.validate.validate_experiment`.
     """
     if source is None:
         source = DEFAULT_CONFIG

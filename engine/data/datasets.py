@@ -4,7 +4,7 @@ Every loader returns an :class:`ArrayDataset`: plain numpy arrays (float32
 inputs, already normalised; int64 labels), plus the official test split when
 the source has one and, for datasets that are federated by construction
 (``synthetic``), the per-client index arrays.  Partitioning into clients lives
-in :mod:`engine.partition`.
+in :mod:`engine.data.partition`.
 
 Public API
 ----------

@@ -2,7 +2,7 @@
 
 :func:`partition_labels` assigns every sample to exactly one client (IID,
 Dirichlet label skew, or pathological label shards);
-:func:`build_federated_data` turns an :class:`~engine.datasets.ArrayDataset`
+:func:`build_federated_data` turns an :class:`~engine.data.datasets.ArrayDataset`
 into a :class:`FederatedData`: one sample pool plus per-client train/test
 index sets in CSR layout (two flat int64 arrays per split, compact for 10,000
 clients and cheap to ship through Ray's object store), a held-out global test

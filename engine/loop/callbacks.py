@@ -1,6 +1,6 @@
 """Round-loop callbacks: the one seam for everything that is not the round itself.
 
-The round loop (:class:`engine.simulation.Simulation`) only selects, runs, times, aggregates and
+The round loop (:class:`engine.loop.simulation.Simulation`) only selects, runs, times, aggregates and
 evaluates. Writing Parquet, the progress bar, Tune reporting and checkpoints are callbacks with
 three hooks, modelled on pfl-research's ``TrainingProcessCallback``:
 
@@ -8,7 +8,7 @@ three hooks, modelled on pfl-research's ``TrainingProcessCallback``:
   is 0, or the round a resumed run continues from);
 * ``on_round_end(run, record)``: after every round, in list order. A callback whose class
   sets ``adds_metrics = True`` may add columns to the round's row with
-  ``record.add_metrics``; :func:`engine.run.execute_run` runs such callbacks *before* the
+  ``record.add_metrics``; :func:`engine.run.body.execute_run` runs such callbacks *before* the
   Parquet recorder (so the columns are written) and every other callback *after* it (so what
   it observes, reports to Tune or checkpoints is already on disk). Any callback may ask the
   loop to stop after this round by returning ``True`` or a :class:`Stop`;
@@ -21,7 +21,7 @@ the caller run in the caller's process on relayed records, with ``run.simulation
 (the round is already written there, so metrics they add are not recorded; a stop request is
 forwarded to the driver actor and takes effect after the round in flight).
 
-Not here: the Parquet writer itself (:mod:`engine.results`) and checkpoint files
+Not here: the Parquet writer itself (:mod:`engine.results.tables`) and checkpoint files
 (:mod:`engine.checkpoint`); this module only defines the hooks and the dispatch.
 """
 from __future__ import annotations

@@ -32,14 +32,11 @@ __all__ = [
     "build_model",
     "training_flops_per_sample",
     "count_parameters",
-    "get_flat_params",
-    "set_flat_params",
-    "num_flat_params",
     "CNN",
     "LeNet5",
     "LeNet5Half",
     "CifarCNN",
-    "CifarResNet18",
+    "CifarResNet18",  # noqa: F822 - built on first use (module __getattr__: torchvision is slow to import)
     "MLP",
 ]
 
@@ -347,7 +344,7 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
 }
 _BUILTIN_MODELS = dict(MODELS)
 if tuple(MODELS) != MODEL_NAMES:  # config validation checks names against MODEL_NAMES
-    raise ImportError(f"engine/model_names.py lists {MODEL_NAMES}, MODELS has {tuple(MODELS)}")
+    raise ImportError(f"engine/models/names.py lists {MODEL_NAMES}, MODELS has {tuple(MODELS)}")
 
 DEFAULT_INPUT_SHAPES: dict[str, tuple[int, ...]] = {
     "cnn": (1, 28, 28),
@@ -482,12 +479,3 @@ def training_flops_per_sample(name: str, input_shape: tuple[int, ...], num_class
 
 training_flops_per_sample.cache_info = _training_flops_cached.cache_info  # type: ignore[attr-defined]
 training_flops_per_sample.cache_clear = _training_flops_cached.cache_clear  # type: ignore[attr-defined]
-
-
-# --------------------------------------------------------------------------- #
-# flat parameter helpers
-# --------------------------------------------------------------------------- #
-# One implementation of the flat-vector layout, shared with the algorithms.
-from algorithms.training import flat_params as get_flat_params  # noqa: E402
-from algorithms.training import load_flat_params as set_flat_params  # noqa: E402
-from algorithms.training import num_params as num_flat_params  # noqa: E402

@@ -1,24 +1,31 @@
-"""The driver actor: runs the round loop of a Ray-executed experiment.
+"""The driver actor: hosts the round loop of a Ray-executed experiment.
 
 The caller's process only starts it and relays finished rounds to its callbacks (progress
 bar, Tune reporting), polling every half second; the loop, the client actors and the run
-folder's writer all live in the driver actor, which is pinned to the caller's node.
+folder's writer all live in the driver actor, which is pinned to the caller's node. What the
+actor runs is the run body the caller hands it (:func:`engine.run.body.execute_run`), so this
+module knows nothing of run folders beyond closing one whose loop died.
+
+This module imports Ray but not torch: the caller of a Ray run never hosts the loop.
 """
 from __future__ import annotations
 
-import json
+import functools
 from pathlib import Path
+from typing import Callable
 
-from engine.loop.callbacks import (
-    CallbackLike,
-    CallbackList,
-    RoundRecord,
-    RunCallback,
-    RunContext,
-    Stop,
-)
-from engine.config.schema import ConfigError, ExperimentConfig
-from engine.ray.executor import init_ray
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from engine.checkpoint.folder import latest_checkpoint
+from engine.checkpoint.snapshot import read_meta
+from engine.clients.device import set_ray_gpu_ids
+from engine.errors import ConfigError
+from engine.config.schema import ExperimentConfig
+from engine.loop.callbacks import CallbackLike, CallbackList, RoundRecord, RunCallback, RunContext, Stop
+from engine.ray.cluster import ExecutorError, init_ray
+from engine.results.manifest import read_manifest, update_manifest, utc_now
+from engine.results.tables import RunWriter
 from engine.trace import mark
 
 POLL_S = 0.5
@@ -39,45 +46,49 @@ class _Relay(RunCallback):
         return self.stop_request
 
 
-def _driver_actor_class():
-    import ray
+class DriverActor:
+    """The round loop's process (a plain class; :func:`driver_actor_class` makes it an actor)."""
 
-    @ray.remote(num_cpus=0, max_concurrency=2, max_restarts=0)
-    class DriverActor:
-        def __init__(self, cfg: ExperimentConfig | None = None):
-            mark("driver actor: up")
-            self._relay = _Relay()
-            self._executor = None
-            if cfg is not None:  # started early: the client actors start now
-                from engine.ray.executor import RayExecutor
+    def __init__(self, cfg: ExperimentConfig | None = None):
+        mark("driver actor: up")
+        set_ray_gpu_ids([str(g) for g in ray.get_gpu_ids()])
+        self._relay = _Relay()
+        self._executor = None
+        if cfg is not None:  # started early: the client actors start now
+            self._executor = _new_executor(cfg)
 
-                self._executor = RayExecutor(cfg)
-                self._executor.prelaunch()
+    def run(self, body: Callable, cfg: ExperimentConfig, path: str, command: list[str],
+            resume: bool = False, warnings=None) -> str:
+        """``body(cfg, path, callbacks, command, executor=, resume=, warnings=)``: the run."""
+        executor, self._executor = self._executor, None
+        if executor is None:
+            executor = _new_executor(cfg)  # the client actors start while the body loads the data
+        try:
+            return str(body(cfg, Path(path), [self._relay], command, executor=executor,
+                            resume=resume, warnings=warnings))
+        finally:
+            executor.close()  # also when the run failed before its loop (which closes it)
 
-        def run(self, cfg: ExperimentConfig, path: str, command: list[str], resume: bool = False,
-                warnings=None) -> str:
-            from engine.ray.executor import RayExecutor
+    def stop(self, message: str, status: str) -> None:
+        self._relay.stop_request = Stop(message, status)
 
-            executor, self._executor = self._executor, None
-            if executor is None:
-                executor = RayExecutor(cfg)
-                executor.prelaunch()  # the client actors start while execute_run loads the data
-            from engine.run.api import execute_run
+    def poll(self) -> list[RoundRecord]:
+        records, self._relay.records = self._relay.records, []
+        return records
 
-            try:
-                return str(execute_run(cfg, Path(path), [self._relay], command, executor=executor,
-                                       resume=resume, warnings=warnings))
-            finally:
-                executor.close()  # also when the run failed before its loop (which closes it)
 
-        def stop(self, message: str, status: str) -> None:
-            self._relay.stop_request = Stop(message, status)
+def _new_executor(cfg: ExperimentConfig):
+    """A Ray executor whose client actors are being started."""
+    from engine.ray.executor import RayExecutor  # torch: only the driver actor's process needs it
 
-        def poll(self) -> list[RoundRecord]:
-            records, self._relay.records = self._relay.records, []
-            return records
+    executor = RayExecutor(cfg)
+    executor.prelaunch()
+    return executor
 
-    return DriverActor
+
+@functools.cache
+def driver_actor_class():
+    return ray.remote(num_cpus=0, max_concurrency=2, max_restarts=0)(DriverActor)
 
 
 class DriverDiedError(RuntimeError):
@@ -87,12 +98,10 @@ class DriverDiedError(RuntimeError):
 def _request_driver(ray, cfg: ExperimentConfig, early: bool = False):
     """A driver actor pinned to this node (its run folder is written here); ``early``: it starts
     the client actors for ``cfg`` at once."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     node_id = ray.get_runtime_context().get_node_id()
     _check_driver_gpus(ray, node_id, cfg.executor.driver_gpus)
     # no GPU unless asked for (executor.driver_gpus): the server aggregates on the CPU
-    driver = _driver_actor_class().options(
+    driver = driver_actor_class().options(
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
         num_gpus=cfg.executor.driver_gpus).remote(cfg if early else None)
     mark("cli: driver actor requested")
@@ -109,10 +118,6 @@ def start_driver_early(cfg: ExperimentConfig) -> None:
     over, :func:`discard_early_driver` stops it (and its client actors) if ``cfg`` fails. What
     repeated runs attached to a running Ray gain: their actors start during the validation."""
     global _early
-    import ray
-
-    from engine.ray.executor import ExecutorError
-
     discard_early_driver()
     try:
         _early = (cfg, _request_driver(ray, cfg, early=True))
@@ -124,8 +129,6 @@ def discard_early_driver() -> None:
     global _early
     early, _early = _early, None
     if early is not None:
-        import ray
-
         if ray.is_initialized():  # (a Ray started for a config that failed is already down)
             ray.kill(early[1])  # the client actors it owns die with it
 
@@ -137,22 +140,21 @@ def _take_early_driver(cfg: ExperimentConfig):
         return None
     if early[0] is cfg:
         return early[1]
-    import ray
-
     ray.kill(early[1])  # started for another config
     return None
 
 
 def run_on_driver_actor(
-    cfg: ExperimentConfig, path: Path, callbacks: list[CallbackLike], command, resume: bool = False,
-    warnings=None,
+    body: Callable, cfg: ExperimentConfig, path: Path, callbacks: list[CallbackLike], command,
+    resume: bool = False, warnings=None,
 ) -> Path:
-    ray = init_ray(cfg.ray.address, cfg.ray.num_cpus, num_gpus=cfg.ray.num_gpus,
+    """Run ``body`` (the run body) in a driver actor for ``cfg``; relay its rounds to ``callbacks``."""
+    init_ray(cfg.ray.address, cfg.ray.num_cpus, num_gpus=cfg.ray.num_gpus,
                    connect_timeout_s=cfg.ray.connect_timeout_s)
     cbs = CallbackList(callbacks)
     run = RunContext(cfg, Path(path), first_round=_resume_round(path) if resume else 0, simulation=None)
     driver = _take_early_driver(cfg) or _request_driver(ray, cfg)
-    done = driver.run.remote(cfg, str(Path(path).resolve()), command, resume, list(warnings or []))
+    done = driver.run.remote(body, cfg, str(Path(path).resolve()), command, resume, list(warnings or []))
     stop_sent = False
 
     def relay() -> None:
@@ -201,8 +203,6 @@ def _check_driver_gpus(ray, node_id: str, driver_gpus: float) -> None:
     (Ray would wait forever)."""
     if driver_gpus <= 0:
         return
-    from engine.ray.executor import ExecutorError
-
     here = next((n for n in ray.nodes() if n["NodeID"] == node_id), {"Resources": {}})
     have = here["Resources"].get("GPU", 0.0)
     if have + 1e-9 < driver_gpus:
@@ -212,25 +212,17 @@ def _check_driver_gpus(ray, node_id: str, driver_gpus: float) -> None:
 
 
 def _resume_round(path: Path) -> int:
-    from engine.checkpoint.snapshot import latest_checkpoint, read_meta
-
     latest = latest_checkpoint(path)
     return int(read_meta(latest)["next_round"]) if latest is not None else 0
 
 
 def _driver_died(path: Path, err: BaseException) -> str:
     """Mark the run failed (the driver could not) and say how to continue it."""
-    from engine.checkpoint.snapshot import latest_checkpoint
-
     cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     message = f"the driver actor running the round loop died ({cause})"
     try:
-        manifest = json.loads((path / "manifest.json").read_text())
-        manifest.update(status="failed", error=message)
-        tmp = path / "manifest.json.tmp"
-        tmp.write_text(json.dumps(manifest, indent=2, default=str))
-        tmp.replace(path / "manifest.json")
-    except (OSError, ValueError):
+        update_manifest(path, status="failed", error=message)
+    except OSError:
         pass
     latest = latest_checkpoint(path)
     where = f"checkpoint {latest.name}" if latest is not None else "round 0 (no checkpoint yet)"
@@ -239,20 +231,12 @@ def _driver_died(path: Path, err: BaseException) -> str:
 
 def close_abandoned_run(path: Path, status: str, message: str) -> None:
     """Compact the parts of a run whose loop process was killed and record why it ended."""
-    from engine.results.tables import RunWriter, utc_now
-
-    writer = RunWriter(path)
-    writer.finalize()
-    try:
-        manifest = json.loads((path / "manifest.json").read_text())
-    except (OSError, ValueError):
-        manifest = {}
-    manifest.update(status=status, error=message, finished=utc_now())
-    writer.write_json("manifest.json", manifest)
+    RunWriter(path).finalize()
+    update_manifest(path, status=status, error=message, finished=utc_now())
 
 
 def _manifest_status(path: Path) -> str:
     try:
-        return json.loads((path / "manifest.json").read_text()).get("status", "finished")
+        return read_manifest(path).get("status", "finished")
     except (OSError, ValueError):
         return "finished"

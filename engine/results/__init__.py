@@ -1,0 +1,40 @@
+"""A run's results: its folder's tables (Parquet, pandas-first), its manifest, and where
+folders live (a local path or object storage). The schema is in docs/results.md."""
+from engine.results.manifest import (
+    HEARTBEAT_S,
+    SCHEMA_VERSION,
+    read_manifest,
+    run_status,
+    update_manifest,
+    utc_now,
+    write_manifest,
+)
+from engine.results.storage import (
+    DirectoryMirror,
+    MirrorCallback,
+    Storage,
+    StorageError,
+    check_writable,
+    is_uri,
+    open_storage,
+    redact,
+)
+from engine.results.tables import (
+    CLIENT_COLUMNS,
+    FAULT_COLUMNS,
+    PROFILE_COLUMNS,
+    ROUND_COLUMNS,
+    WALL_COLUMNS,
+    Run,
+    RunFolderError,
+    RunWriter,
+    load_run,
+    read_table,
+)
+
+__all__ = [
+    "CLIENT_COLUMNS", "FAULT_COLUMNS", "HEARTBEAT_S", "PROFILE_COLUMNS", "ROUND_COLUMNS", "SCHEMA_VERSION",
+    "WALL_COLUMNS", "DirectoryMirror", "MirrorCallback", "Run", "RunFolderError", "RunWriter", "Storage",
+    "StorageError", "check_writable", "is_uri", "load_run", "open_storage", "read_manifest", "read_table",
+    "redact", "run_status", "update_manifest", "utc_now", "write_manifest",
+]

@@ -9,7 +9,7 @@ Layout of one run (schema in ``docs/results.md``)::
     <run>/clients.parquet    one row per round x selected client
     <run>/<extra>.parquet    optional method traces (e.g. FedCSPACK's shared packs)
     <run>/faults.parquet     client hosts that died and were replaced (Ray executor)
-    <run>/checkpoints/       checkpoints for resuming (engine.checkpoint)
+    <run>/checkpoints/       checkpoints for resuming (engine.checkpoint.folder)
 
 Each round is first written as its own small Parquet part under ``_parts/<table>/``
 (atomically: temp file + rename), so a crash loses at most the round in flight. When the run
@@ -17,23 +17,22 @@ ends the parts are compacted into one file per table. :func:`load_run` reads eit
 """
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
-import platform
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
 
+from engine.atomic import write_atomic
 from engine.errors import UserError
+from engine.results.storage import Storage, open_storage
 
-if TYPE_CHECKING:
-    from engine.results.storage import Storage
-
-SCHEMA_VERSION = 1
 PARTS = "_parts"
 
 # Columns every run has (methods add their own trace columns; see docs/results.md).
@@ -60,16 +59,12 @@ FAULT_COLUMNS = (
     "round", "actor", "pid", "clients", "clients_restored", "cause", "recovery", "checkpoint",
     "state_rounds_lost", "seconds_lost",
 )
-HEARTBEAT_S = 30.0  # a running run rewrites manifest.json's heartbeat at least this often
-STALE_AFTER_S = 5 * HEARTBEAT_S  # ... so a run silent for longer is reported as crashed
 # Host wall-clock columns: the only ones that differ between two runs with the same seed.
 WALL_COLUMNS = ("wall_s", "wall_fit_s")
 
 
 def _write_parquet_atomic(df: pd.DataFrame, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    df.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
+    write_atomic(path, lambda f: df.to_parquet(f, index=False))
 
 
 def _rows_as_arrow(rows: list[dict[str, Any]]):
@@ -77,8 +72,6 @@ def _rows_as_arrow(rows: list[dict[str, Any]]):
     (every key of every row, in order of appearance; a missing value is null), or None where
     Arrow cannot type a column on its own (pandas then decides, as before). 3x faster than
     going through pandas for a round's rows: the driver writes two such parts per round."""
-    import pyarrow as pa
-
     keys = list(dict.fromkeys(k for row in rows for k in row))
     if not keys:  # rows without columns: pandas' empty frame, which is not written
         return None
@@ -93,11 +86,6 @@ class RunWriter:
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self._seq: dict[str, int] = {}
-
-    def write_json(self, name: str, obj: dict[str, Any]) -> None:
-        tmp = self.dir / f"{name}.tmp"
-        tmp.write_text(json.dumps(obj, indent=2, default=str))
-        os.replace(tmp, self.dir / name)
 
     def write_table(self, name: str, df: pd.DataFrame) -> None:
         _write_parquet_atomic(df, self.dir / f"{name}.parquet")
@@ -118,11 +106,7 @@ class RunWriter:
         if df is not None:
             _write_parquet_atomic(df, path)
             return
-        import pyarrow.parquet as pq
-
-        tmp = path.with_name(path.name + ".tmp")
-        pq.write_table(arrow, tmp)
-        os.replace(tmp, path)
+        write_atomic(path, lambda f: pq.write_table(arrow, f))
 
     def sequence(self) -> dict[str, int]:
         """Parts written so far per table (checkpoints record it)."""
@@ -212,16 +196,14 @@ def _read_parts(table_dir: Path) -> pd.DataFrame | None:
     return pd.concat(frames, ignore_index=True) if frames else None
 
 
-def _as_storage(run_dir) -> "Storage":
-    from engine.results.storage import Storage, open_storage
-
+def _as_storage(run_dir) -> Storage:
     return run_dir if isinstance(run_dir, Storage) else open_storage(run_dir)
 
 
 def read_table(run_dir, table: str) -> pd.DataFrame | None:
     """One table of a run, finished (compacted) or still in progress / crashed (parts).
 
-    ``run_dir``: a local path, a URI (``s3://...``) or an :class:`engine.storage.Storage`.
+    ``run_dir``: a local path, a URI (``s3://...``) or an :class:`engine.results.storage.Storage`.
     A run that compacts its parts while they are read (it finished meanwhile) is read again.
     """
     for _ in range(2):
@@ -249,52 +231,6 @@ def _read_table_once(run_dir, table: str) -> pd.DataFrame | None:
     return _read_parts(table_dir) if table_dir.exists() else None
 
 
-def _start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (Linux), to tell a reused pid apart."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def process_identity(pid: int | None = None) -> dict[str, Any]:
-    """What manifest.json records of the process writing a run: pid, its start, the host."""
-    pid = os.getpid() if pid is None else pid
-    return {"pid": pid, "pid_start": _start_ticks(pid), "host": platform.node()}
-
-
-def utc_now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat()
-
-
-def _alive(pid: int, start: int | None) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: it exists
-        return True
-    return start is None or _start_ticks(pid) in (None, start)
-
-
-def run_status(manifest: dict[str, Any]) -> str:
-    """The manifest's status, or ``crashed`` for a run that says ``running`` (or ``starting``)
-    but whose process is gone (same host) or whose heartbeat stopped (any host)."""
-    status = manifest.get("status", "?")
-    if status not in ("running", "starting"):
-        return status
-    pid = manifest.get("pid")
-    if manifest.get("host") == platform.node() and isinstance(pid, int):
-        return status if _alive(pid, manifest.get("pid_start")) else "crashed"
-    beat = manifest.get("heartbeat")
-    if beat:
-        age = (dt.datetime.now(dt.timezone.utc) - dt.datetime.fromisoformat(beat)).total_seconds()
-        if age > STALE_AFTER_S:
-            return "crashed"
-    return status
-
-
 @dataclass
 class Run:
     """A run folder loaded into pandas."""
@@ -313,12 +249,10 @@ class Run:
 def load_run(run_dir) -> Run:
     """Load a run folder (finished, running or crashed) into DataFrames.
 
-    ``run_dir``: a local path, a URI (``s3://bucket/runs/x``; see :mod:`engine.storage`) or an
-    :class:`engine.storage.Storage`; ``Run.path`` is a ``Path`` for local folders, else the URI.
+    ``run_dir``: a local path, a URI (``s3://bucket/runs/x``; see :mod:`engine.results.storage`) or an
+    :class:`engine.results.storage.Storage`; ``Run.path`` is a ``Path`` for local folders, else the URI.
     A missing folder or manifest, or an unreadable file, is a :class:`RunFolderError` naming it.
     """
-    import yaml
-
     if isinstance(run_dir, (str, Path)) and "://" not in str(run_dir):
         source = path = Path(run_dir)
         if not path.is_dir():

@@ -1,11 +1,11 @@
 """One validation pass: everything a run would later trip on, checked before any folder is written.
 
-:func:`engine.config.load_config` checks each field on its own (types, ranges, unknown keys,
+:func:`engine.config.schema.load_config` checks each field on its own (types, ranges, unknown keys,
 YAML pitfalls). :func:`validate_experiment` checks what needs several fields or the data: it
 loads the dataset (sizes, shapes, classes; cached for the run that follows), partitions it,
 assigns profiles and architectures, builds every model and the method's server, exactly as the
 run will, but trains nothing. ``hetsim validate``, ``hetsim run`` (through
-:func:`engine.run.run_experiment`) and the sweep spec check (:mod:`sweeps.spec`) all call it.
+:func:`engine.run.api.run_experiment`) and the sweep spec check (:mod:`sweeps.spec`) all call it.
 
 Every problem is one line ``<yaml field> = <value>: <what is wrong>; <what is allowed>``; all the
 problems of a stage are reported together in one :class:`~engine.errors.ConfigError`.
@@ -13,8 +13,8 @@ Experiments that can run but hardly mean anything (a few samples per client, a f
 into a client that is never selected, ...) give warnings, which the run prints and records in
 ``manifest.json``. The rule families are listed in ``docs/validation.md``.
 
-Not here: per-field rules (:mod:`engine.config`), divergence during a run (``train.on_nonfinite``
-in :mod:`engine.simulation`).
+Not here: per-field rules (:mod:`engine.config.schema`), divergence during a run (``train.on_nonfinite``
+in :mod:`engine.loop.guards`).
 """
 from __future__ import annotations
 
@@ -22,18 +22,30 @@ import inspect
 import math
 import os
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from algorithms.params import k_allowed
+from algorithms.training import num_params
 from engine.config.schema import ExperimentConfig
+from engine.data.build import build_data
+from engine.data.datasets import _COMMON_ARGS, DATASETS, DatasetNotFoundError
 from engine.errors import ConfigError
+from engine.execution.inprocess import InProcessExecutor
+from engine.loop.selection import select_clients, target_arrivals
+from engine.loop.simulation import Simulation
+from engine.models.arch import arch_spec, assign_architectures, build_arch_model
+from engine.models.zoo import MODELS, training_flops_per_sample
+from engine.ray.cluster import RayConnectError, check_reachable, cluster_cpus, ray_is_up, resolve_address
+from engine.ray.pool import PoolSizeError, plan_pool
+from hardware_profiles.profile import RANGE_HINT
+from hardware_profiles.sampler import assign_profiles
 
 HEADER = "invalid experiment config:\n"
 FEW_SAMPLES = 10  # mean local training samples per client below which a run is mostly noise
 
 
-def _fail(problems: list[str]) -> None:
+def fail(problems: list[str]) -> None:
     if problems:
         raise ConfigError(HEADER + "\n".join(problems))
 
@@ -45,38 +57,15 @@ def validate_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None
 
     ``ray_running``: whether the Ray pool check may ask a Ray this process is connected to for
     its CPUs (default: whether one is connected now); pinned by callers that start Ray while
-    this runs (:func:`validate_while_ray_starts`)."""
-    _fail(_static_problems(cfg, run_dir))
+    this runs (:func:`engine.run.startup.validate_while_ray_starts`)."""
+    fail(static_problems(cfg, run_dir))
     return validate_with_data(cfg, ray_running=ray_running)
-
-
-def validate_while_ray_starts(cfg: ExperimentConfig, run_dir: str | Path | None = None) -> list[str]:
-    """:func:`validate_experiment` for a run with ``executor.kind: ray``: after the checks that
-    need no data, the ones that load it run while this thread starts (or joins) the Ray the
-    run needs next, instead of before it. A Ray started for a config that fails is stopped."""
-    from engine.ray.driver import discard_early_driver, start_driver_early
-    from engine.ray.executor import check_while_ray_starts, init_ray, ray_is_up
-
-    _fail(_static_problems(cfg, run_dir))
-    running = ray_is_up()
-
-    def start():
-        init_ray(cfg.ray.address, cfg.ray.num_cpus, num_gpus=cfg.ray.num_gpus,
-                 connect_timeout_s=cfg.ray.connect_timeout_s)
-        start_driver_early(cfg)  # its actors start while the check still runs
-
-    try:
-        warnings, _ = check_while_ray_starts(lambda: validate_with_data(cfg, ray_running=running), start)
-    except BaseException:
-        discard_early_driver()
-        raise
-    return warnings
 
 
 def validate_with_data(cfg: ExperimentConfig, *, ray_running: bool | None = None) -> list[str]:
     """The checks of :func:`validate_experiment` that load the data (after the static ones)."""
     warnings: list[str] = []
-    _fail(_params_problems(cfg))  # imports the model and dataset code (torch)
+    fail(_params_problems(cfg))  # imports the model and dataset code (torch)
     data = _build_data(cfg)
     profiles = _build_profiles(cfg, data.num_clients)
     arch_names, client_arch, flops, sizes = _build_models(cfg, data, profiles)
@@ -88,7 +77,7 @@ def validate_with_data(cfg: ExperimentConfig, *, ray_running: bool | None = None
     if cfg.evaluation.global_model and len(data.global_test_idx) == 0:
         problems.append(f"  partition.global_test_fraction = {cfg.partition.global_test_fraction!r}: "
                         "leaves no global test samples; raise it, or set evaluation.global_model: false")
-    _fail(problems)
+    fail(problems)
     _build_server(cfg, data)
     train = data.client_num_train()
     if train.mean() < FEW_SAMPLES:
@@ -103,11 +92,9 @@ def validate_with_data(cfg: ExperimentConfig, *, ray_running: bool | None = None
 # ---------------------------------------------------------------- without data
 
 
-def _static_problems(cfg: ExperimentConfig, run_dir) -> list[str]:
+def static_problems(cfg: ExperimentConfig, run_dir) -> list[str]:
     problems = []
     if cfg.executor.kind == "ray" and cfg.ray.address is not None:
-        from engine.ray.executor import RayConnectError, check_reachable, resolve_address
-
         try:  # at most ray.connect_timeout_s; a run would otherwise fail after creating its folder
             check_reachable(resolve_address(cfg.ray.address), cfg.ray.connect_timeout_s,
                             cfg.ray.address)
@@ -160,9 +147,6 @@ def _unknown_keys(given: dict, allowed: list[str] | None, field: str, owner: str
 
 
 def _params_problems(cfg: ExperimentConfig) -> list[str]:
-    from engine.data.datasets import _COMMON_ARGS, DATASETS
-    from engine.models.zoo import MODELS
-
     m = cfg.model
     problems = _unknown_keys(
         cfg.dataset.params, _signature_params(DATASETS[cfg.dataset.name], _COMMON_ARGS),
@@ -185,9 +169,6 @@ def _params_problems(cfg: ExperimentConfig) -> list[str]:
 
 
 def _build_data(cfg: ExperimentConfig):
-    from engine.data.datasets import DatasetNotFoundError
-    from engine.loop.simulation import build_data
-
     p = cfg.partition
     try:
         return build_data(cfg)
@@ -204,9 +185,6 @@ def _build_data(cfg: ExperimentConfig):
 
 
 def _build_profiles(cfg: ExperimentConfig, n: int):
-    from hardware_profiles.profile import RANGE_HINT
-    from hardware_profiles.sampler import assign_profiles
-
     try:
         return assign_profiles(cfg.clients.profiles, n, seed=cfg.seed)
     except (ValueError, KeyError, OSError) as err:
@@ -218,11 +196,6 @@ def _build_profiles(cfg: ExperimentConfig, n: int):
 def _build_models(cfg: ExperimentConfig, data, profiles):
     """Architectures per client, then every model built and its training FLOPs counted (which
     runs one forward and backward pass: a model that does not fit the data fails here)."""
-    from algorithms.training import num_params
-    from engine.models.zoo import training_flops_per_sample
-    from engine.clients.host import arch_spec, build_arch_model
-    from engine.loop.simulation import assign_architectures
-
     try:
         arch_names, client_arch = assign_architectures(cfg, profiles)
     except ValueError as err:
@@ -244,15 +217,12 @@ def _build_models(cfg: ExperimentConfig, data, profiles):
                 f"  {field} = {name!r} (params {params!r}): cannot be built for dataset "
                 f"{cfg.dataset.name!r} (input shape {data.input_shape}, {data.num_classes} "
                 f"classes): {first}")
-    _fail(problems)
+    fail(problems)
     return arch_names, client_arch, flops, sizes
 
 
 def _build_server(cfg: ExperimentConfig, data) -> None:
     """The method's server, built as the run builds it (ASCEND needs a public split, ...)."""
-    from engine.execution.base import InProcessExecutor
-    from engine.loop.simulation import Simulation
-
     try:
         Simulation(cfg, InProcessExecutor(), data=data)
     except (ValueError, RuntimeError, TypeError) as err:
@@ -264,7 +234,6 @@ def _build_server(cfg: ExperimentConfig, data) -> None:
 
 def _method_problems(cfg: ExperimentConfig, sizes: dict[str, int]) -> list[str]:
     """Sizes a method's options refer to: K coordinates, packs of the model."""
-    from algorithms.params import k_allowed  # the words of check_k, which validated k's type and range
 
     a = cfg.algorithm
     smallest_arch = min(sizes, key=sizes.get)
@@ -292,14 +261,10 @@ def _pool_problems(cfg: ExperimentConfig, n: int, ray_running: bool | None) -> l
     ex = cfg.executor
     if ex.kind != "ray" or cfg.ray.address is not None:
         return []
-    from engine.ray.executor import PoolSizeError, plan_pool, ray_is_up
-
     if ray_running is None:
         ray_running = ray_is_up()
     if ray_running:  # the run will use this Ray (init_ray)
-        import ray
-
-        cpus, source = ray.cluster_resources().get("CPU", 0.0), "the running Ray"
+        cpus, source = cluster_cpus(), "the running Ray"
     else:
         cpus = cfg.ray.num_cpus or os.cpu_count() or 1
         source = "ray.num_cpus" if cfg.ray.num_cpus else "this machine's CPU count"
@@ -353,7 +318,7 @@ def _fleet_problems(cfg, data, profiles, arch_names, client_arch, flops, warning
         return [f"  clock.deadline_s = {policy.deadline_s!r}: no client can finish a round in time; "
                 f"the fastest (client {best}) needs at least {fastest[best]:.3g} s; give "
                 f"deadline_s >= {fastest[best]:.3g} or null"]
-    target = max(1, int(round(cfg.clients.participation * n)))
+    target = target_arrivals(cfg, n)
     if meets.sum() < target:
         warnings.append(
             f"clock.deadline_s = {policy.deadline_s!r}: only {int(meets.sum())} of {n} clients can "
@@ -368,8 +333,6 @@ def _failure_injection_problems(cfg, n: int, profiles, warnings) -> list[str]:
     if fault.client >= n:
         return [f"  executor.inject_failure.client = {fault.client}: no such client; client ids "
                 f"are 0..{n - 1} (clients.num_clients = {n})"]
-    from engine.loop.simulation import select_clients
-
     selected, _ = select_clients(cfg, n, fault.round)
     if fault.client not in set(selected.tolist()):
         warnings.append(

@@ -1,0 +1,130 @@
+"""Checkpoints in a run folder: ``checkpoints/round-000040/`` (the number is the next round to
+run), the newest ``checkpoint.keep`` kept, all listed in ``checkpoints/index.json``, and the
+round-loop callback that writes them (:class:`CheckpointCallback`).
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from engine.atomic import write_json_atomic
+from engine.checkpoint.format import CheckpointError
+from engine.checkpoint.snapshot import FORMAT, META, read_meta, write_checkpoint
+from engine.config.schema import ExperimentConfig
+from engine.loop.callbacks import RoundRecord, RunCallback, RunContext
+from engine.loop.simulation import Simulation
+from engine.results.tables import RunWriter
+
+CHECKPOINTS = "checkpoints"
+INDEX = "index.json"
+
+
+def checkpoint_name(next_round: int) -> str:
+    return f"round-{next_round:06d}"
+
+
+def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """(next round, folder) of every complete checkpoint of a run, oldest first."""
+    root = Path(run_dir) / CHECKPOINTS
+    out = []
+    for d in root.glob("round-*"):
+        if d.is_dir() and d.name[len("round-"):].isdigit() and (d / META).is_file():
+            out.append((int(d.name[len("round-"):]), d))
+    return sorted(out)
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint of a run folder, or None."""
+    for _, d in reversed(list_checkpoints(run_dir)):
+        try:
+            read_meta(d, verify=True)
+        except CheckpointError:
+            continue
+        return d
+    return None
+
+
+def write_index(run_dir: str | Path) -> None:
+    root = Path(run_dir) / CHECKPOINTS
+    entries = []
+    for n, d in list_checkpoints(run_dir):
+        try:
+            m = read_meta(d)
+        except CheckpointError:
+            continue
+        entries.append({"next_round": n, "path": d.name, "written": m["written"], "reason": m["reason"],
+                        "bytes": m["bytes"], "write_s": m["write_s"]})
+    write_json_atomic(root / INDEX, {"format": FORMAT, "checkpoints": entries})
+
+
+def prune_checkpoints(run_dir: str | Path, keep: int, newer_than: int | None = None) -> None:
+    """Keep the newest ``keep`` checkpoints; with ``newer_than``, first drop those past that
+    round (a resumed run's discarded future); remove leftovers of interrupted writes."""
+    root = Path(run_dir) / CHECKPOINTS
+    for d in root.glob("round-*.tmp-*"):
+        shutil.rmtree(d, ignore_errors=True)
+    for d in root.glob("round-*.old-*"):
+        shutil.rmtree(d, ignore_errors=True)
+    found = list_checkpoints(run_dir)
+    if newer_than is not None:
+        for n, d in found:
+            if n > newer_than:
+                shutil.rmtree(d, ignore_errors=True)
+        found = [(n, d) for n, d in found if n <= newer_than]
+    for _, d in found[: max(0, len(found) - keep)]:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+class CheckpointCallback(RunCallback):
+    """Writes the run's checkpoints (placed after the Parquet recorder: what it saves is on disk).
+
+    Every ``checkpoint.every`` rounds (not after the last round), and when the run ends early
+    between rounds (interrupted, stopped, diverged; not after a round that raised, whose state
+    is incomplete). Tells the executor where replacement client hosts restore from.
+    """
+
+    def __init__(self, cfg: ExperimentConfig, writer: RunWriter | None = None):
+        self.cfg = cfg
+        self.writer = writer
+        self.last: int | None = None  # next_round of the newest checkpoint on disk
+        self.sim: Simulation | None = None
+        self.path: Path | None = None
+
+    def on_run_begin(self, run: RunContext) -> None:
+        self.sim, self.path = run.simulation, run.path
+        if self.sim is None or self.path is None:
+            return
+        latest = latest_checkpoint(self.path)
+        if latest is not None and read_meta(latest)["next_round"] == self.sim.next_round:
+            self.last = self.sim.next_round
+            self.sim.executor.recovery_checkpoint = latest
+        self.sim.executor.run_dir = self.path
+
+    def on_round_end(self, run: RunContext, record: RoundRecord) -> None:
+        every = self.cfg.checkpoint.every
+        done = record.round + 1
+        if self.sim is not None and every and done % every == 0 and done < self.cfg.rounds:
+            self.save(run, f"every {every} rounds")
+
+    def on_run_end(self, run: RunContext, status: str) -> None:
+        sim = self.sim
+        if (status == "finished" or sim is None or sim.in_round or not sim.started
+                or sim.next_round >= self.cfg.rounds or sim.next_round == self.last):
+            return
+        try:
+            self.save(run, f"run {status}")
+        except Exception as err:  # noqa: BLE001 - never hide why the run ended
+            run.info["checkpoint_error"] = f"{type(err).__name__}: {err}"
+
+    def save(self, run: RunContext, reason: str) -> dict:
+        sim = self.sim
+        assert sim is not None and self.path is not None
+        dest = self.path / CHECKPOINTS / checkpoint_name(sim.next_round)
+        tables = self.writer.sequence() if self.writer is not None else {}
+        meta = write_checkpoint(sim, dest, tables=tables, reason=reason)
+        self.last = sim.next_round
+        sim.executor.recovery_checkpoint = dest
+        prune_checkpoints(self.path, self.cfg.checkpoint.keep)
+        write_index(self.path)
+        run.info["checkpoint"] = {"latest": f"{CHECKPOINTS}/{dest.name}", "next_round": sim.next_round}
+        return meta

@@ -1,0 +1,116 @@
+"""The rows a round writes: its rounds.parquet row and its clients.parquet rows.
+
+Column layout lives here (documented in docs/results.md); the loop hands over what happened.
+Global evaluation (:mod:`engine.loop.evaluation`) fills the ``global_*`` columns this module
+reserves, so their place in the table does not depend on when they are computed.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from algorithms.base import Broadcast, ClientResult
+
+PERSONALIZED_COLUMNS = ("pers_acc", "pers_acc_weighted", "pers_acc_worst", "pers_acc_std", "pers_loss")
+
+
+def payloads(broadcast: Broadcast, results: list[ClientResult]) -> dict[str, np.ndarray]:
+    """Per result: bytes down and up, training FLOPs and compression ops (float64)."""
+    return {
+        "bytes_down": np.array([broadcast[res.arch].nbytes for res in results], dtype=np.float64),
+        "bytes_up": np.array([res.upload.nbytes for res in results], dtype=np.float64),
+        "train_flops": np.array([res.train_flops for res in results], dtype=np.float64),
+        "compress_ops": np.array([res.compress_ops for res in results], dtype=np.float64),
+    }
+
+
+def round_row(r: int, *, selected, runnable, arrived: list[ClientResult], available, dropped,
+              round_s: float, sim_time_s: float, bytes_down, nonfinite, personalized: list[ClientResult],
+              global_columns: list[str], server_metrics: dict[str, Any]) -> dict[str, Any]:
+    """The rounds.parquet row, without ``wall_s`` (the loop adds it last). ``personalized``: the
+    results whose personalized metrics count this round ([] when it is no evaluation round);
+    ``global_columns``: the ``global_*`` columns reserved for global evaluation (NaN until set)."""
+    row: dict[str, Any] = {
+        "round": r,
+        "num_selected": len(selected),
+        "num_run": len(runnable),
+        "num_arrived": len(arrived),
+        "num_unavailable": int((~available).sum()),
+        "num_dropout": int((available & dropped).sum()),
+        "sim_round_s": round_s,
+        "sim_time_s": sim_time_s,
+        "bytes_up": int(sum(res.upload.nbytes for res in arrived)),
+        "bytes_down": int(bytes_down.sum()),
+        "train_loss": _mean([res.metrics.get("train_loss") for res in arrived]),
+        "num_nonfinite": int(nonfinite.sum()),
+    }
+    row.update(personalized_summary(personalized))
+    row.update({name: float("nan") for name in global_columns})
+    row.update({f"server_{k}": v for k, v in server_metrics.items()})
+    return row
+
+
+def client_rows(r: int, profiles, selected, available, results: list[ClientResult], times,
+                bytes_down, outcome) -> list[dict[str, Any]]:
+    """The clients.parquet rows of a round: one per selected client, in id order."""
+    by_id = {res.client_id: i for i, res in enumerate(results)}
+    prof = profiles
+    rows = []
+    for sel_pos, cid in enumerate(selected.tolist()):
+        row: dict[str, Any] = {
+            "round": r,
+            "client_id": cid,
+            "tier": prof.tier[cid],
+            "net_tier": prof.net_tier[cid],
+        }
+        i = by_id.get(cid)
+        if i is None:
+            row["made_deadline"] = False
+            row["drop_reason"] = "unavailable" if not available[sel_pos] else "dropout"
+            rows.append(row)
+            continue
+        res: ClientResult = results[i]
+        row.update(
+            {
+                "arch": res.arch,
+                "num_samples": res.num_samples,
+                "bytes_up": res.upload.nbytes,
+                "bytes_down": int(bytes_down[i]),
+                "train_flops": res.train_flops,
+                "compress_ops": res.compress_ops,
+                "sim_download_s": times["download_s"][i],
+                "sim_compute_s": times["compute_s"][i],
+                "sim_compress_s": times["compress_s"][i],
+                "sim_upload_s": times["upload_s"][i],
+                "sim_total_s": times["total_s"][i],
+                "made_deadline": bool(outcome.made_deadline[i]),
+                "drop_reason": outcome.drop_reason[i],
+            }
+        )
+        row.update(res.metrics)
+        rows.append(row)
+    return rows
+
+
+def _mean(values) -> float:
+    vals = [v for v in values if v is not None]
+    return float(np.mean(vals)) if vals else float("nan")
+
+
+def personalized_summary(results: list[ClientResult]) -> dict[str, float]:
+    """Personalized accuracy over the clients that evaluated (unweighted, sample-weighted,
+    worst, spread) and their mean loss; NaN when none did."""
+    accs = np.array([r.metrics["pers_acc"] for r in results if "pers_acc" in r.metrics], dtype=float)
+    ns = np.array([r.metrics["test_samples"] for r in results if "pers_acc" in r.metrics], dtype=float)
+    losses = [r.metrics["pers_loss"] for r in results if "pers_loss" in r.metrics]
+    if len(accs) == 0 or ns.sum() == 0:
+        nan = float("nan")
+        return {k: nan for k in PERSONALIZED_COLUMNS}
+    return {
+        "pers_acc": float(np.nanmean(accs)),
+        "pers_acc_weighted": float(np.nansum(accs * ns) / ns.sum()),
+        "pers_acc_worst": float(np.nanmin(accs)),
+        "pers_acc_std": float(np.nanstd(accs)),
+        "pers_loss": float(np.mean(losses)),
+    }

@@ -1,0 +1,67 @@
+"""Which model each client trains, and the initial models: the same on the server and every host.
+
+Clients share one model (``model.name``) unless ``model.zoo`` / ``model.per_client`` give
+architectures by device (heterogeneous models, as ASCEND's distillation uses). An
+architecture's initial weights come from the run's seed, so every process builds the same.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from engine.config.schema import ExperimentConfig
+from engine.models.zoo import build_model, training_flops_per_sample
+
+
+def assign_architectures(cfg: ExperimentConfig, profiles) -> tuple[list[str], np.ndarray]:
+    """Architecture per client: ``[""]`` (one shared model) unless ``model.zoo``/``per_client``.
+
+    Each client gets the first zoo rule whose bounds its profile satisfies, else
+    ``model.name``; ``per_client`` entries win. Vectorised over clients.
+    """
+    m = cfg.model
+    n = len(profiles)
+    if not m.heterogeneous:
+        return [""], np.zeros(n, dtype=np.int16)
+    choice = np.full(n, m.name, dtype=object)
+    unassigned = np.ones(n, dtype=bool)
+    for rule in m.zoo:
+        fits = unassigned.copy()
+        if rule.max_gflops is not None:
+            fits &= profiles.gflops <= rule.max_gflops
+        if rule.max_memory_gb is not None:
+            fits &= profiles.memory_gb <= rule.max_memory_gb
+        choice[fits] = rule.arch
+        unassigned &= ~fits
+    for cid, arch in m.per_client.items():
+        if not 0 <= cid < n:
+            raise ValueError(f"model.per_client: client id {cid} out of range [0, {n})")
+        choice[cid] = arch
+    names, codes = np.unique(choice.astype(str), return_inverse=True)
+    return names.tolist(), codes.astype(np.int16)
+
+
+def build_arch_model(cfg: ExperimentConfig, arch: str, input_shape, num_classes) -> torch.nn.Module:
+    """The initial model of one architecture: identical on the server and on every host."""
+    name, params = arch_spec(cfg, arch)
+    with torch.random.fork_rng():
+        torch.manual_seed(cfg.seed)
+        return build_model(name, input_shape, num_classes, **params)
+
+
+def arch_flops(cfg: ExperimentConfig, arch: str, input_shape, num_classes) -> float:
+    """Training FLOPs of one sample of an architecture (counted once per process).
+
+    Counted by the hosts, which need it, not by the driver, which would count it for them:
+    the count runs a forward and backward pass of the model under torch's FLOP counter.
+    """
+    name, params = arch_spec(cfg, arch)
+    return float(training_flops_per_sample(name, input_shape, num_classes, **params))
+
+
+def arch_spec(cfg: ExperimentConfig, arch: str) -> tuple[str, dict]:
+    """Model name and params of an architecture ("" = the one shared ``model.name``)."""
+    if arch == "":
+        return cfg.model.name, cfg.model.params
+    default = cfg.model.params if arch == cfg.model.name else {}
+    return arch, cfg.model.arch_params.get(arch, default)

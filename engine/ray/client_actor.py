@@ -1,0 +1,99 @@
+"""The client actor: a thin Ray shell around one :class:`engine.clients.host.ClientHost`.
+
+Each actor hosts many virtual clients (the executor assigns them, sticky), so 10,000 clients
+do not mean 10,000 processes; per-client state stays on its actor. The shell adds only what
+crossing processes needs: where it runs, and checkpoint shards written in place or shipped
+in chunks to a loop on another node. :func:`client_actor_class` registers it with Ray once per
+process (as Ray Tune's class cache does), not once per executor.
+"""
+from __future__ import annotations
+
+import functools
+import io
+import os
+
+import ray
+
+from engine.clients.device import set_ray_gpu_ids
+from engine.config.schema import ExperimentConfig
+from engine.trace import mark
+
+
+
+class ClientActor:
+    def __init__(self, cfg: ExperimentConfig, threads: int):
+        mark("client actor: up")
+        # Everything a host needs is imported now, while the driver loads the data: torch,
+        # the method and the models.
+        import torch
+
+        from algorithms import ALGORITHMS
+        from engine.clients.host import ClientHost
+
+        torch.set_num_threads(threads)
+        ALGORITHMS[cfg.algorithm.name]
+        set_ray_gpu_ids([str(g) for g in ray.get_gpu_ids()])
+        self._host_class = ClientHost
+        self.threads = threads
+        self.host = None
+        self._outbox = None
+        self._inbox: dict[str, bytearray] = {}
+        mark("client actor: imports done")
+
+    def setup(self, setup) -> int:
+        """Build the host from the shipped data (a device error keeps its type for the caller)."""
+        self.host = self._host_class(setup, threads=self.threads)
+        mark("client actor: host ready")
+        return os.getpid()
+
+    def placement(self) -> dict:
+        """Where this actor's clients train: the resolved device and Ray's GPU ids."""
+        return {"device": self.host.device.type, "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+
+    def where(self) -> tuple[int, str]:
+        return os.getpid(), ray.get_runtime_context().get_node_id()
+
+    # --- checkpoint shards: written / read in place, or shipped in chunks across nodes
+    def save_states(self, path: str) -> dict:
+        return self.host.save_states(path)
+
+    def save_states_to_buffer(self) -> dict:
+        buf = io.BytesIO()
+        info = self.host.save_states(buf)
+        self._outbox = buf.getbuffer()
+        return info
+
+    def read_outbox(self, offset: int, size: int) -> bytes:
+        return bytes(self._outbox[offset:offset + size])
+
+    def clear_outbox(self) -> None:
+        self._outbox = None
+
+    def receive_chunk(self, key: str, data: bytes) -> None:
+        self._inbox.setdefault(key, bytearray()).extend(data)
+
+    def load_states(self, paths: list[str], num_hosts: int, host: int) -> int:
+        return self.host.load_states(paths, num_hosts, host)
+
+    def load_received(self, num_hosts: int, host: int) -> int:
+        sources, self._inbox = list(self._inbox.values()), {}
+        return self.host.load_states(sources, num_hosts, host)
+
+    def run_round(self, round, client_ids, broadcast, evaluate):
+        return self.host.run_round(round, client_ids, broadcast, evaluate)
+
+    def notify_dropped(self, round, client_ids) -> None:
+        self.host.notify_dropped(round, client_ids)
+
+    def state_nbytes(self) -> int:
+        return self.host.state_nbytes()
+
+    def rss_bytes(self) -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@functools.cache
+def client_actor_class():
+    """:class:`ClientActor` as a Ray actor class (``max_restarts=0``: see engine.ray.executor)."""
+    return ray.remote(max_restarts=0)(ClientActor)

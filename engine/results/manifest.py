@@ -1,0 +1,155 @@
+"""``manifest.json``: the one API that reads and writes a run's manifest.
+
+The manifest says what a run is (seed, method, versions, command) and where it stands
+(``status``, rounds done, errors, resumes). Every writer goes through this module: a run's
+loop process keeps it with a :class:`ManifestKeeper` (all writes under one lock, with a
+heartbeat); whoever must close a run whose loop process died (the CLI after a driver-actor
+death or Ctrl+C, a sweep trial) changes fields with :func:`update_manifest`. Each write
+replaces the file atomically (:mod:`engine.atomic`), so a reader never sees half of one.
+:func:`run_status` tells a crashed run (process gone, heartbeat stale) from a live one.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import threading
+from pathlib import Path
+from typing import Any
+
+from engine.atomic import write_json_atomic
+from engine.loop.callbacks import RoundRecord, RunCallback, RunContext
+
+MANIFEST = "manifest.json"
+SCHEMA_VERSION = 1
+HEARTBEAT_S = 30.0  # a running run rewrites manifest.json's heartbeat at least this often
+STALE_AFTER_S = 5 * HEARTBEAT_S  # ... so a run silent for longer is reported as crashed
+
+_locks: dict[str, threading.Lock] = {}  # one per manifest path: writers in one process take turns
+_locks_guard = threading.Lock()
+
+
+def _lock(path: Path) -> threading.Lock:
+    with _locks_guard:
+        return _locks.setdefault(str(path.resolve()), threading.Lock())
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat()
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux), to tell a reused pid apart."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_identity(pid: int | None = None) -> dict[str, Any]:
+    """What manifest.json records of the process writing a run: pid, its start, the host."""
+    pid = os.getpid() if pid is None else pid
+    return {"pid": pid, "pid_start": _start_ticks(pid), "host": platform.node()}
+
+
+def read_manifest(run_dir: str | Path) -> dict[str, Any]:
+    """The manifest of ``run_dir`` (OSError / ValueError if it is missing or unreadable)."""
+    manifest = json.loads((Path(run_dir) / MANIFEST).read_text())
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{Path(run_dir) / MANIFEST} does not hold a JSON object")
+    return manifest
+
+
+def write_manifest(run_dir: str | Path, manifest: dict[str, Any]) -> None:
+    """Replace the manifest of ``run_dir`` with ``manifest``, atomically."""
+    path = Path(run_dir) / MANIFEST
+    with _lock(path):
+        write_json_atomic(path, manifest)
+
+
+def update_manifest(run_dir: str | Path, **fields: Any) -> dict[str, Any]:
+    """Set ``fields`` in the manifest of ``run_dir`` (an unreadable one starts empty); returns it."""
+    path = Path(run_dir) / MANIFEST
+    with _lock(path):
+        try:
+            manifest = read_manifest(run_dir)
+        except (OSError, ValueError):
+            manifest = {}
+        manifest.update(fields)
+        write_json_atomic(path, manifest)
+    return manifest
+
+
+def claim_manifest(run_dir: str | Path) -> bool:
+    """Create the ``starting`` manifest of a new run folder, exclusively: False if another
+    process created one first (two runs never share a folder)."""
+    try:
+        fd = os.open(Path(run_dir) / MANIFEST, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        json.dump({"schema_version": SCHEMA_VERSION, "status": "starting", **process_identity()}, f)
+    return True
+
+
+def _alive(pid: int, start: int | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        return True
+    return start is None or _start_ticks(pid) in (None, start)
+
+
+def run_status(manifest: dict[str, Any]) -> str:
+    """The manifest's status, or ``crashed`` for a run that says ``running`` (or ``starting``)
+    but whose process is gone (same host) or whose heartbeat stopped (any host)."""
+    status = manifest.get("status", "?")
+    if status not in ("running", "starting"):
+        return status
+    pid = manifest.get("pid")
+    if manifest.get("host") == platform.node() and isinstance(pid, int):
+        return status if _alive(pid, manifest.get("pid_start")) else "crashed"
+    beat = manifest.get("heartbeat")
+    if beat:
+        age = (dt.datetime.now(dt.timezone.utc) - dt.datetime.fromisoformat(beat)).total_seconds()
+        if age > STALE_AFTER_S:
+            return "crashed"
+    return status
+
+
+class ManifestKeeper(RunCallback):
+    """Owns ``manifest.json`` while the run lives: every write stamps a heartbeat, after every
+    round and every ``interval`` seconds from a thread, so that ``hetsim show`` can tell a
+    crashed run (process gone, heartbeat stale) from a live one."""
+
+    def __init__(self, run_dir: str | Path, manifest: dict, interval: float = HEARTBEAT_S):
+        self.run_dir, self.manifest, self.interval = Path(run_dir), manifest, interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def write(self) -> None:
+        with _lock(self.run_dir / MANIFEST):
+            self.manifest["heartbeat"] = utc_now()
+            write_json_atomic(self.run_dir / MANIFEST, self.manifest)
+
+    def start(self) -> None:
+        self.write()
+        self._thread = threading.Thread(target=self._beat, name="hetsim-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.write()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def on_round_end(self, run: RunContext, record: RoundRecord) -> None:
+        self.manifest["rounds_done"] = record.round + 1
+        self.write()
