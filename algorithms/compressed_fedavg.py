@@ -78,7 +78,7 @@ def compressed_payload(c: Compressed, extra: dict[str, np.ndarray] | None = None
             raise ValueError(f"extra arrays clash with the payload keys {sorted(clash)}")
         arrays.update(extra)
     nbytes = int(sum(a.nbytes for a in arrays.values()))
-    return Payload(arrays=arrays, nbytes=nbytes, meta={"compressor": c.strategy, "numel": c.numel, "k": c.k, **meta})
+    return Payload(arrays=arrays, nbytes=nbytes, meta={"compressor": c.compressor, "numel": c.numel, "k": c.k, **meta})
 
 
 def decode_upload(payload: Payload) -> Compressed:
@@ -114,14 +114,14 @@ class CompressedFedAvgClient(Client):
         if self.params.buffers == "local" and "buffers" in ctx.state:
             load_flat_buffers(ctx.model, ctx.state["buffers"])
 
-    def compress_delta(self, ctx: ClientContext, delta: torch.Tensor, strategy: str) -> tuple[Compressed, float]:
+    def compress_delta(self, ctx: ClientContext, delta: torch.Tensor, name: str) -> tuple[Compressed, float]:
         """Error feedback + compression of ``delta``; updates ``ctx.state["residual"]`` and
         records what was sent in ``ctx.state["sent"]`` (for :meth:`on_dropped`).
 
         Returns the compressed payload and the norm of the new residual.
         """
         p = self.params
-        compressor = get_compressor(strategy, self.costs)
+        compressor = get_compressor(name, self.costs)
         seed = int(ctx.rng.integers(0, 2**63)) if compressor.needs_seed else None
         kwargs = dict(seed=seed, round=ctx.round, clamp=p.clamp_k)
         if not p.error_feedback:
@@ -132,7 +132,7 @@ class CompressedFedAvgClient(Client):
             None if residual is None else torch.from_numpy(residual), delta, p.k, **kwargs)
         ctx.state["residual"] = e.cpu().numpy().astype(np.float32, copy=False)  # host memory
         # what was sent, for on_dropped; overwritten every round (the payload's arrays)
-        ctx.state["sent"] = {"round": ctx.round, "compressor": c.strategy, "numel": c.numel,
+        ctx.state["sent"] = {"round": ctx.round, "compressor": c.compressor, "numel": c.numel,
                              "arrays": c.to_arrays()}
         return c, float(torch.linalg.vector_norm(e))
 
@@ -154,7 +154,7 @@ class CompressedFedAvgClient(Client):
         if residual is None:
             return
         c = decode(sent["compressor"], sent["arrays"], sent["numel"])
-        state["residual"] = ErrorFeedback(get_compressor(c.strategy, self.costs)).restore(residual, c)
+        state["residual"] = ErrorFeedback(get_compressor(c.compressor, self.costs)).restore(residual, c)
 
     def fit(self, ctx: ClientContext, broadcast: Payload) -> ClientResult:
         p = self.params
@@ -170,7 +170,7 @@ class CompressedFedAvgClient(Client):
             num_samples=len(ctx.train_y),
             train_flops=ctx.flops_per_sample * seen,
             compress_ops=c.ops,
-            metrics={"train_loss": loss, "compressor": c.strategy, "k": c.k, "residual_norm": res_norm},
+            metrics={"train_loss": loss, "compressor": c.compressor, "k": c.k, "residual_norm": res_norm},
         )
 
 

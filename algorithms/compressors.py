@@ -52,7 +52,7 @@ from algorithms.params import BUILTIN_COMPRESSOR_COSTS, check_k, validate_op_cos
 # "training-FLOP equivalents": (host time of the operation) x (host training throughput).
 #
 # Calibration on the development host (x86, torch 2.x CPU, ONE thread, median of repeats;
-# re-measure with :func:`measure_selection_costs`):
+# re-measured with a median-of-repeats timing of each compressor at one thread):
 #   * training throughput, LeNet5 batch 16/64 fwd+bwd+SGD step:   ~14 GFLOP/s
 #     (REFERENCE_TRAIN_GFLOPS; the catalog's "effective GFLOP/s" are for such small CNNs)
 #   * torch.topk(|a|, K, sorted=False), K << d:
@@ -138,9 +138,9 @@ class Compressed:
     _index_cache: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
     @property
-    def strategy(self) -> str:
+    def compressor(self) -> str:
         """The compressor's registered name."""
-        return self.meta["strategy"]
+        return self.meta["compressor"]
 
     @property
     def k(self) -> int:
@@ -152,17 +152,17 @@ class Compressed:
         if self.indices is not None:
             return self.indices
         if self._index_cache is None:
-            self._index_cache = compressor_class(self.strategy).positions(self)
+            self._index_cache = compressor_class(self.compressor).positions(self)
         return self._index_cache
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         """The numpy arrays that travel; their total size is ``nbytes``."""
-        return compressor_class(self.strategy).to_arrays(self)
+        return compressor_class(self.compressor).to_arrays(self)
 
     @classmethod
-    def from_arrays(cls, strategy: str, arrays: dict[str, np.ndarray], numel: int) -> "Compressed":
+    def from_arrays(cls, compressor: str, arrays: dict[str, np.ndarray], numel: int) -> "Compressed":
         """Rebuild a received payload (server side; ``ops`` is 0, the client paid it)."""
-        return decode(strategy, arrays, numel)
+        return decode(compressor, arrays, numel)
 
     def dense(self) -> torch.Tensor:
         """The dense float32 vector this payload stands for (on the values' device)."""
@@ -253,7 +253,7 @@ class Compressor:
     def _payload(self, a: torch.Tensor, idx: torch.Tensor | None, values: torch.Tensor, nbytes: int,
                  k: int, meta: dict[str, Any], cache: torch.Tensor | None = None) -> Compressed:
         c = Compressed(indices=idx, values=values, nbytes=int(nbytes), ops=self.ops(a.numel(), k),
-                       meta={"strategy": self.name, **meta}, numel=a.numel())
+                       meta={"compressor": self.name, **meta}, numel=a.numel())
         c._index_cache = cache
         return c
 
@@ -472,7 +472,7 @@ class QSGD8(Compressor):
         values = _dequantise(q, scale, cls.BUCKET, cls.LEVELS)
         nbytes = int(sum(np.asarray(x).nbytes for x in arrays.values()))
         return Compressed(indices=None, values=values, nbytes=nbytes, ops=0.0,
-                          meta={"strategy": cls.name, "q": q, "scale": scale}, numel=numel)
+                          meta={"compressor": cls.name, "q": q, "scale": scale}, numel=numel)
 
     @classmethod
     def restore(cls, residual, c):
@@ -501,7 +501,7 @@ def _values(arrays: dict[str, np.ndarray]) -> torch.Tensor:
 def _received(name, arrays, numel, idx, values, meta) -> Compressed:
     nbytes = int(sum(np.asarray(a).nbytes for a in arrays.values()))
     return Compressed(indices=idx, values=values, nbytes=nbytes, ops=0.0,
-                      meta={"strategy": name, **meta}, numel=int(numel))
+                      meta={"compressor": name, **meta}, numel=int(numel))
 
 
 # --------------------------------------------------------------------------------------------
@@ -611,45 +611,10 @@ def decode(name: str, arrays: dict[str, np.ndarray], numel: int) -> Compressed:
     return cls.from_arrays({k: arrays[k] for k in cls.ARRAYS}, int(numel))
 
 
-def decompress(c: Compressed, d: int | None = None) -> torch.Tensor:
-    """Dense float32 vector of length d (default ``c.numel``) with ``values`` scattered in."""
-    if d is not None and int(d) != c.numel:
-        raise ValueError(f"payload is for a vector of length {c.numel}, not d={d}")
-    return c.dense()
-
-
 def scatter_add_(out: torch.Tensor, c: Compressed, weight: float = 1.0) -> torch.Tensor:
-    """``out += weight * decompress(c)`` without building the dense vector (in place)."""
+    """``out += weight * c.dense()`` without building the dense vector (in place)."""
     if out.numel() != c.numel:
         raise ValueError(f"payload is for a vector of length {c.numel}, not {out.numel()}")
     v = c.values.to(out.device, out.dtype)
     out.index_add_(0, c.index_tensor().to(out.device), v if weight == 1.0 else v * weight)
     return out
-
-
-# --------------------------------------------------------------------------------------------
-# Calibration helper (not used at run time)
-# --------------------------------------------------------------------------------------------
-def measure_selection_costs(d: int = 1_000_000, k: int = 10_000, repeats: int = 5) -> dict[str, float]:
-    """Median host seconds of each compressor on a random vector (one thread), plus the bare
-    ``randint + gather`` of Random-K. Multiply by the host's training throughput (FLOP/s) to
-    re-derive the op constants."""
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        a = torch.randn(d, generator=torch.Generator().manual_seed(0))
-        fns = {name: (lambda c=get_compressor(name): c.compress(a, k, seed=12345, round=3))
-               for name in COMPRESSORS}
-        fns["randint_gather"] = lambda: a[torch.randint(d, (k,), generator=torch.Generator().manual_seed(1))]
-        out = {}
-        for name, fn in fns.items():
-            fn()
-            ts = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                fn()
-                ts.append(time.perf_counter() - t0)
-            out[name] = float(np.median(ts))
-        return out
-    finally:
-        torch.set_num_threads(prev)

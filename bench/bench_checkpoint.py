@@ -76,8 +76,8 @@ def case_scale(clients: int, executor: str) -> dict:
 
     from engine.checkpoint.snapshot import restore_checkpoint, write_checkpoint
     from engine.config.schema import load_config
-    from engine.run.body import make_executor
     from engine.loop.simulation import Simulation
+    from engine.run.body import make_executor
 
     cfg = load_config(None, [
         "dataset.name=synthetic", "partition.scheme=natural", "model.name=mlp",

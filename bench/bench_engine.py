@@ -47,8 +47,8 @@ def case_engine(rounds: int) -> dict:
     import tempfile
 
     from engine.execution.inprocess import InProcessExecutor
-    from engine.results.tables import RunWriter
     from engine.loop.simulation import Simulation
+    from engine.results.tables import RunWriter
 
     cfg = _cfg([f"rounds={rounds + 1}"])
     writer = RunWriter(tempfile.mkdtemp())
@@ -73,8 +73,8 @@ class BareLoop:
     def __init__(self, cfg, data=None):
         import torch
 
-        from engine.models.arch import build_arch_model
         from engine.data.build import build_data
+        from engine.models.arch import build_arch_model
 
         self.cfg = cfg
         self.data = data if data is not None else build_data(cfg)
@@ -200,8 +200,8 @@ def case_bare(rounds: int) -> dict:
 
 
 def case_ray(rounds: int) -> dict:
-    from engine.ray.executor import RayExecutor
     from engine.loop.simulation import Simulation
+    from engine.ray.executor import RayExecutor
 
     cfg = _cfg([f"rounds={rounds + 1}", "executor.kind=ray", "ray.num_cpus=2"])
     ex = RayExecutor(cfg)

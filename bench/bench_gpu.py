@@ -212,8 +212,8 @@ def cpu_vs_gpu(rounds: int, data, has_cuda: bool) -> dict:
 
 
 def ray_fractional(rounds: int, data) -> dict:
-    from engine.ray.executor import RayExecutor
     from engine.ray.cluster import init_ray
+    from engine.ray.executor import RayExecutor
 
     ray = init_ray()
     try:

@@ -26,9 +26,9 @@ from .clock import (
     compute_seconds,
     draw_availability,
     draw_dropout,
-    draw_dropout_fraction,
-    dropout_elapsed_s,
+    draw_participation,
     resolve_round,
+    round_seconds,
     transfer_seconds,
 )
 from .profile import BANDWIDTH_MAX_MBPS, BANDWIDTH_MIN_MBPS, HardwareProfile
@@ -72,8 +72,8 @@ __all__ = [
     "default_catalog",
     "draw_availability",
     "draw_dropout",
-    "draw_dropout_fraction",
-    "dropout_elapsed_s",
+    "draw_participation",
+    "round_seconds",
     "exact_counts",
     "load_catalog",
     "resolve_round",

@@ -34,10 +34,9 @@ OPS_TO_FLOPS = 1.0  # one reported compression op costs one training flop
 
 DROP_REASONS = ("", "unavailable", "dropout", "deadline", "over_selected", "nonfinite")
 
-# Salts keep the availability / dropout / failure-point streams independent.
+# Salts keep the availability and dropout streams independent.
 SALT_AVAILABILITY = 0xA7A1
 SALT_DROPOUT = 0xD209
-SALT_DROPOUT_FRACTION = 0xD2F2
 
 TimeDict = dict[str, np.ndarray]
 
@@ -214,21 +213,6 @@ def draw_dropout(profiles: ProfileTable, client_ids, seed: int, round: int) -> n
     return client_uniforms(ids, seed, round, SALT_DROPOUT) < profiles.dropout[ids]
 
 
-def draw_dropout_fraction(client_ids, seed: int, round: int) -> np.ndarray:
-    """Fraction in [0, 1) of its compute at which a dropped-out client fails.
-
-    The failed work is wasted: a dropped client never counts toward round
-    time or aggregation. This is only for logging wasted device time; see
-    :func:`dropout_elapsed_s`.
-    """
-    return client_uniforms(client_ids, seed, round, SALT_DROPOUT_FRACTION)
-
-
-def dropout_elapsed_s(times: TimeDict, fraction) -> np.ndarray:
-    """Device seconds spent before failing: full download + fraction of compute."""
-    return times["download_s"] + np.asarray(fraction, dtype=np.float64) * times["compute_s"]
-
-
 def draw_participation(profiles: ProfileTable, client_ids, seed: int, round: int,
                        policy: RoundPolicy) -> tuple[np.ndarray, np.ndarray]:
     """(available, dropped) per selected client of this round: the seeded draws, with the
@@ -253,12 +237,6 @@ class RoundOutcome:
     drop_reason: np.ndarray  # str per client, one of DROP_REASONS
     round_time_s: float
 
-    @property
-    def completed_ids(self) -> np.ndarray:
-        return self.client_ids[self.made_deadline]
-
-    def reason_counts(self) -> dict[str, int]:
-        return {r: int(np.count_nonzero(self.drop_reason == r)) for r in DROP_REASONS}
 
 
 def resolve_round(

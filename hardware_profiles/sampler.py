@@ -33,13 +33,13 @@ from .catalog import Catalog, default_catalog
 if TYPE_CHECKING:  # pandas is imported where a table is read or built (config validation needs none)
     import pandas as pd
 from .profile import (
+    BANDWIDTH_MAX_MBPS,
+    BANDWIDTH_MIN_MBPS,
     FIELD_RULES,
     LABEL_FIELDS,
     NUMERIC_FIELDS,
     HardwareProfile,
     rule_violation,
-    BANDWIDTH_MAX_MBPS,
-    BANDWIDTH_MIN_MBPS,
 )
 
 DEFAULT_DEVICE = "laptop_cpu"

@@ -17,9 +17,9 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from engine import RunCallback  # light: no torch, no Ray
-from engine import mark
-from hetsim import results_cli  # report / compare / whatif: argparse only at import
+from engine import RunCallback, mark  # light: no torch, no Ray
+from hetsim import results_cli
+from hetsim.common import human_bytes  # report / compare / whatif: argparse only at import
 
 EPILOG = """examples:
   hetsim run                                   # the built-in default experiment
@@ -105,8 +105,7 @@ def _load(args):
 def cmd_validate(args) -> int:
     import yaml
 
-    from engine import check_device_request
-    from engine import validate_experiment
+    from engine import check_device_request, validate_experiment
 
     cfg = _load(args)
     check_device_request(cfg)  # e.g. device: cuda on a machine without CUDA
@@ -146,13 +145,17 @@ class ProgressBar(RunCallback):
 
 
 def cmd_run(args) -> int:
-    from engine import DriverDiedError
-    from engine import UserError
-    from engine import ExecutorError
-    from engine.results import load_run
-    from engine.results import run_status
-    from engine import RunStateError
-    from engine import prepare_run, resume_config, resume_run, run_in_folder
+    from engine import (
+        DriverDiedError,
+        ExecutorError,
+        RunStateError,
+        UserError,
+        prepare_run,
+        resume_config,
+        resume_run,
+        run_in_folder,
+    )
+    from engine.results import load_run, run_status
 
     if args.resume:
         if args.out:
@@ -194,9 +197,8 @@ def cmd_run(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from sweeps import runner
-
     from engine import UserError
+    from sweeps import runner
 
     mark("cli: sweep modules imported")
     if bool(args.spec) == bool(args.resume):
@@ -223,8 +225,7 @@ def cmd_show(args) -> int:
 
 
 def summary_table(path: Path | str) -> str:
-    from engine.results import load_run
-    from engine.results import run_status
+    from engine.results import load_run, run_status
 
     run = load_run(path)
     m = run.manifest
@@ -251,8 +252,8 @@ def summary_table(path: Path | str) -> str:
         ("personalized acc (mean)", pct(last.get("pers_acc"))),
         ("personalized acc (weighted)", pct(last.get("pers_acc_weighted"))),
         ("personalized acc (worst client)", pct(last.get("pers_acc_worst"))),
-        ("upload total", _human_bytes(r["bytes_up"].sum())),
-        ("download total", _human_bytes(r["bytes_down"].sum())),
+        ("upload total", human_bytes(r["bytes_up"].sum())),
+        ("download total", human_bytes(r["bytes_down"].sum())),
         ("simulated time", f"{last['sim_time_s']:.1f} s"),
         ("wall time", f"{wall:.1f} s"),
     ]
@@ -267,14 +268,6 @@ def summary_table(path: Path | str) -> str:
         lines.append(("warning", text[:200]))
     width = max(len(k) for k, _ in lines)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
-
-
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1000
-    return str(n)
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -359,11 +352,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _ray_initialized() -> bool:
-    if "ray" not in sys.modules:  # never imported here: not initialised (and not worth importing)
-        return False
-    import ray
+    from engine import ray_is_up  # only stdlib behind it: Ray itself is not imported to ask
 
-    return ray.is_initialized()
+    return ray_is_up()
 
 
 def console_main() -> None:

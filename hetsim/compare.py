@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from hetsim.common import human_bytes, is_sweep_folder
+
 COMPARE_FIGURES = (
     "table-compare",
     "fig-compare-accuracy-round",
@@ -121,7 +123,6 @@ def load_entries(paths: list[str | Path]) -> list[Entry]:
     """Run folders as they are; sweep folders expanded into their trials that ran."""
     from engine.results import load_run
 
-    from hetsim.report import is_sweep_folder
 
     entries: list[Entry] = []
     for p in map(Path, paths):
@@ -172,8 +173,6 @@ def _fmt_int(v) -> str:
 
 
 def formats(table: pd.DataFrame) -> dict[str, Any]:
-    from hetsim.report import human_bytes
-
     out: dict[str, Any] = {}
     for c in table.columns:
         if c.startswith(("final_", "best_")) and "loss" not in c:

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from hetsim import plots
+from hetsim.common import human_bytes, is_sweep_folder
 from hetsim.page import Page
 
 RUN_FIGURES = (
@@ -44,12 +45,6 @@ SWEEP_FIGURES = (
 REPORT_FILE = "report.html"
 
 
-def is_sweep_folder(path: Path) -> bool:
-    from sweeps.results import SWEEP_FILE
-
-    return (Path(path) / SWEEP_FILE).is_file()
-
-
 def build_report(path: str | Path, out: str | Path | None = None) -> Path:
     """Write the report of a run or sweep folder; returns the HTML file's path.
 
@@ -74,7 +69,6 @@ def build_report(path: str | Path, out: str | Path | None = None) -> Path:
 
 def run_page(path: Path) -> Page:
     from engine.results import load_run
-
     from hetsim.compare import run_summary
 
     run = load_run(path)
@@ -124,15 +118,6 @@ def run_page(path: Path) -> Page:
 
 def _pct(v: float) -> str:
     return "–" if v is None or not np.isfinite(v) else f"{100 * v:.2f}%"
-
-
-def human_bytes(n: float) -> str:
-    n = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
 
 
 # ---------------------------------------------------------------- accuracy

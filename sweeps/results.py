@@ -27,8 +27,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from engine.results import ROUND_COLUMNS, read_table
-from engine.results import Storage, open_storage
+from engine.results import ROUND_COLUMNS, Storage, open_storage, read_table
 
 SWEEP_FILE = "sweep.yaml"
 TRIALS_FILE = "trials.parquet"
@@ -261,8 +260,7 @@ def write(storage: Storage, trials: pd.DataFrame, rounds: pd.DataFrame) -> None:
 
 
 def read_sweep_file(path: str | Path | Storage, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    from engine import ConfigError
-    from engine import parse_yaml
+    from engine import ConfigError, parse_yaml
 
     store = open_storage(path, storage_options)
     if not store.exists(SWEEP_FILE):

@@ -36,11 +36,21 @@ for _key, _value in QUIET_TUNE_ENV.items():  # before ray.tune is imported
 from ray.tune import Callback  # noqa: E402
 from ray.tune.logger import TBXLoggerCallback  # noqa: E402
 
-from engine.results import Storage, check_writable  # noqa: E402
-from sweeps.results import (SWEEP_FILE, TUNE_DIR, Sweep, TrialState, collect,  # noqa: E402
-                            load_sweep, read_sweep_file, tune_rounds_frame, write)
-from sweeps.spec import ResolvedSweep, SweepSpecError, resolve  # noqa: E402
 from engine import mark  # noqa: E402
+from engine.results import Storage, check_writable  # noqa: E402
+from sweeps.results import (  # noqa: E402
+    SWEEP_FILE,
+    TUNE_DIR,
+    Sweep,
+    TrialState,
+    collect,
+    load_sweep,
+    read_sweep_file,
+    tune_rounds_frame,
+    write,
+)
+from sweeps.spec import ResolvedSweep, SweepSpecError, resolve  # noqa: E402
+
 # Never set TUNE_DISABLE_AUTO_CALLBACK_LOGGERS: without the default loggers
 # ResultGrid.get_dataframe() breaks (measured with ray 2.60).
 # Tune's per-trial error tracebacks, "Trials did not complete" and the like: the errors land in

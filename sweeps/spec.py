@@ -40,11 +40,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from engine import DEFAULT_CONFIG, ExperimentConfig, apply_overrides, expand_path, load_config
-from engine import ConfigError
-from engine import read_yaml_file
-from engine.results import ROUND_COLUMNS
-from engine.results import is_uri, redact
+from engine import (
+    DEFAULT_CONFIG,
+    ConfigError,
+    ExperimentConfig,
+    apply_overrides,
+    expand_path,
+    load_config,
+    read_yaml_file,
+)
+from engine.results import ROUND_COLUMNS, is_uri, redact
 
 DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "randint", "named")
 # Grid-like kinds: every value is a trial (x num_samples). `named` is a grid over named values

@@ -48,11 +48,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from engine import RunCallback
-from engine import load_config
-from engine import RayExecutor
+from engine import RayExecutor, RunCallback, load_config, mark, set_ray_gpu_ids
 from engine.results import DirectoryMirror, Storage, StorageError
-from engine import mark
 from sweeps.space import plain
 from sweeps.spec import ResolvedSweep
 
@@ -216,8 +213,7 @@ class TrialFolder:
     def continue_from(self, checkpoint) -> int | None:
         """Make Tune's ``checkpoint`` the newest of the run folder (fetched from storage if it
         is staged here); returns the round it continues from, None if the run folder is gone."""
-        from engine import CHECKPOINTS, checkpoint_name, list_checkpoints
-        from engine import read_meta
+        from engine import CHECKPOINTS, checkpoint_name, list_checkpoints, read_meta
 
         if self.mirror is not None:  # a fresh node, or a stale staging copy: storage has the truth
             if self.run_dir.exists():
@@ -255,9 +251,7 @@ def hetsim_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
     import ray
     from ray import tune
 
-    from engine import execute_run
-    from engine import run_in_folder
-    from engine import validate_experiment
+    from engine import execute_run, run_in_folder, validate_experiment
 
     mark("trial: begins")
     resolved = ResolvedSweep.from_dict(sweep)
@@ -275,6 +269,7 @@ def hetsim_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
     history.append({"attempt": attempt, "node_id": folder.node_id, "first_round": first_round or 0,
                     "params": params, "restored_from": origin,
                     "started": dt.datetime.now(dt.timezone.utc).isoformat()})
+    set_ray_gpu_ids(ray.get_gpu_ids())  # this trial's GPU share, for the device its clients train on
     info: dict[str, Any] = {
         "trial_id": trial_id,
         "params": params,

@@ -31,10 +31,16 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from engine import ConfigError
-from engine import apply_overrides, load_config
-from sweeps.spec import (RaySpec, ResourcesSpec, SweepSpecError, _config_problem, _format_spec_errors,
-                         load_base, read_mapping_file)
+from engine import ConfigError, apply_overrides, load_config
+from sweeps.spec import (
+    RaySpec,
+    ResourcesSpec,
+    SweepSpecError,
+    _config_problem,
+    _format_spec_errors,
+    load_base,
+    read_mapping_file,
+)
 
 FLEET_COLUMN = "fleet"
 PROFILES_KEY = "clients.profiles"

@@ -9,8 +9,10 @@ import torch.nn as nn
 
 from algorithms import ALGORITHMS
 from algorithms.ascend import (
-    SPEC,
     DEFAULT_ARMS as STRATEGIES,
+)
+from algorithms.ascend import (
+    SPEC,
     AscendClient,
     AscendParams,
     AscendServer,
@@ -206,8 +208,8 @@ def test_clients_teacher_uses_every_reconstructed_model():
     results = run_clients(client, server.broadcast(0), 0, {}, [0, 1, 2])
     bases = {a: flat_params(m) for a, m in server.models.items()}
     t = server.build_teacher(results, bases)
-    from algorithms.training import load_flat_params
     from algorithms.compressed_fedavg import decode_upload
+    from algorithms.training import load_flat_params
 
     want = []
     for r in results:

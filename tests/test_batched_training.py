@@ -13,10 +13,10 @@ import torch.nn as nn
 from algorithms.base import ClientContext, TrainSettings
 from algorithms.batched_training import BatchJob, draw_batches, has_randomness, train_batched
 from algorithms.training import flat_params, local_sgd
+from engine.clients.host import ClientFailure
 from engine.config.schema import load_config
 from engine.results.tables import WALL_COLUMNS, load_run
 from engine.run.api import run_experiment
-from engine.clients.host import ClientFailure
 
 SIZES = [7, 16, 23, 40, 3]  # batch 8: 1, 2, 3, 5 and 1 steps per epoch; partial last batches
 

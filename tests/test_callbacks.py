@@ -1,8 +1,8 @@
 """Round-loop callbacks: hooks in order, metrics that reach Parquet, stop requests, end status."""
 import pytest
 
-from engine.loop.callbacks import CallbackList, RunCallback, Stop
 from engine.config.schema import load_config
+from engine.loop.callbacks import CallbackList, RunCallback, Stop
 from engine.results.tables import load_run
 from engine.run.api import run_experiment
 

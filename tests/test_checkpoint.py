@@ -13,17 +13,17 @@ import pandas as pd
 import pytest
 
 from algorithms import ALGORITHMS
-from engine.loop.callbacks import RunCallback, Stop
-from engine.checkpoint.format import CheckpointError
 from engine.checkpoint.folder import list_checkpoints
+from engine.checkpoint.format import CheckpointError
 from engine.checkpoint.snapshot import restore_checkpoint, write_checkpoint
-from engine.errors import ConfigError
 from engine.config.schema import load_config
-from engine.results.tables import WALL_COLUMNS, RunWriter, load_run, read_table
-from engine.run.folders import RunStateError
-from engine.run.body import make_executor
-from engine.run.api import resume_run, run_experiment
+from engine.errors import ConfigError
+from engine.loop.callbacks import RunCallback, Stop
 from engine.loop.simulation import Simulation
+from engine.results.tables import WALL_COLUMNS, RunWriter, load_run, read_table
+from engine.run.api import resume_run, run_experiment
+from engine.run.body import make_executor
+from engine.run.folders import RunStateError
 from hetsim.cli import main
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,15 +10,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-
 from cluster_util import PrivateDiskCluster, S3Server, can_unshare_mounts, kill_worker_node, mount_namespace
-from engine.config.schema import load_config
+from test_sweeps import BASE, GRID  # noqa: E402 - the same tiny experiment
+
+from engine.config.schema import load_config, redact
+from engine.results.storage import DirectoryMirror, StorageError, open_storage
 from engine.results.tables import WALL_COLUMNS, load_run
 from engine.run.api import run_experiment
-from engine.results.storage import DirectoryMirror, StorageError, open_storage, redact
 from sweeps import SweepSpecError, load_sweep, resolve
-
-from test_sweeps import BASE, GRID  # noqa: E402 - the same tiny experiment
 
 RUN_FILES = {"config.yaml", "manifest.json", "rounds.parquet", "clients.parquet", "profiles.parquet", "trial.json"}
 

@@ -13,7 +13,7 @@ from algorithms.compressed_fedavg import (
     CompressedFedAvgServer,
     decode_upload,
 )
-from algorithms.compressors import decompress, randomk_indices, selection_ops
+from algorithms.compressors import randomk_indices, selection_ops
 from algorithms.training import flat_params, load_flat_params
 
 NAMES = ["topk", "randomk", "periodick"]
@@ -89,7 +89,7 @@ def test_server_reconstructs_exactly_the_sent_coordinates(name):
         assert torch.equal(c.index_tensor(), randomk_indices(before.numel(), c.k, seed))
     metrics = server.aggregate(3, [res])
     after = flat_params(server.models[""])
-    sent = decompress(c)
+    sent = c.dense()
     assert torch.equal(after, before + sent)
     changed = (after != before).nonzero().flatten()
     assert set(changed.tolist()) <= set(c.index_tensor().tolist())
@@ -320,17 +320,17 @@ def test_engine_run_keeps_the_mass_of_uploads_that_miss_the_deadline(tmp_path, m
     upload makes the client's residual its whole accumulated vector, which for a client never
     heard is the sum of all its local deltas; the trace's ``residual_norm`` of its next round is
     the norm of that sum minus its Top-K (without the hook it would be a different number)."""
+    from engine.clients.host import ClientHost
     from engine.config.schema import load_config
     from engine.results.tables import load_run
     from engine.run.api import run_experiment
-    from engine.clients.host import ClientHost
 
     deltas, restored = {}, {}
     compress_delta = CompressedFedAvgClient.compress_delta
 
-    def spy_compress(self, ctx, delta, strategy):
+    def spy_compress(self, ctx, delta, compressor):
         deltas[(ctx.client_id, ctx.round)] = delta.clone()
-        return compress_delta(self, ctx, delta, strategy)
+        return compress_delta(self, ctx, delta, compressor)
 
     notify = ClientHost.notify_dropped
 

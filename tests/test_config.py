@@ -1,8 +1,8 @@
 """Config validation: every error names the field, the value and what is allowed."""
 import pytest
 
-from engine.errors import ConfigError
 from engine.config.schema import ExperimentConfig, apply_overrides, load_config
+from engine.errors import ConfigError
 
 
 def test_default_config_loads():

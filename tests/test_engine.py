@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hetsim.cli import main
+from engine.clients.host import ClientFailure
 from engine.config.schema import load_config
 from engine.results.tables import (
     CLIENT_COLUMNS,
@@ -15,7 +15,7 @@ from engine.results.tables import (
     load_run,
 )
 from engine.run.api import run_experiment
-from engine.clients.host import ClientFailure
+from hetsim.cli import main
 
 DIGITS = [
     "dataset.name=digits",

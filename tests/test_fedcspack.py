@@ -731,8 +731,8 @@ def test_lost_uploads_in_an_engine_run_leave_their_packs_personal(tmp_path):
         arrived = [c for c, r in rows.items() if r["made_deadline"]]
         assert lost and arrived, rows  # the test is about something
         for cid in lost:
-            assert sim.executor.host.client_state(cid)[fcs._SHARED].numel() == 0
+            assert sim.executor.host.states[cid][fcs._SHARED].numel() == 0
         for cid in arrived:
-            assert sim.executor.host.client_state(cid)[fcs._SHARED].numel() == rows[cid]["packs_shared"]
+            assert sim.executor.host.states[cid][fcs._SHARED].numel() == rows[cid]["packs_shared"]
     finally:
         sim.executor.close()

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from engine.errors import ConfigError
-from engine.config.schema import load_config
 from engine.clients.device import DeviceError, resolve_device
+from engine.config.schema import load_config
+from engine.errors import ConfigError
 from engine.ray.cluster import ExecutorError
 from engine.ray.pool import gpu_capacity, plan_pool
 from engine.results.tables import load_run
@@ -160,8 +160,8 @@ def test_four_half_gpu_actors_share_two_declared_gpus_on_the_cpu(tmp_path, fake_
 
 @pytest.mark.ray
 def test_a_fifth_half_gpu_actor_is_refused_up_front(fake_gpu_ray):
-    from engine.ray.executor import RayExecutor
     from engine.loop.simulation import Simulation
+    from engine.ray.executor import RayExecutor
 
     executor = RayExecutor(gpu_actors(5))
     sim = Simulation(executor.cfg, executor)

@@ -6,6 +6,9 @@ import torch.nn as nn
 import torchvision
 from torch.utils.flop_counter import FlopCounterMode
 
+from algorithms.training import flat_params as get_flat_params
+from algorithms.training import load_flat_params as set_flat_params
+from algorithms.training import num_params as num_flat_params
 from engine.models.zoo import (
     DEFAULT_INPUT_SHAPES,
     MODELS,
@@ -13,9 +16,6 @@ from engine.models.zoo import (
     count_parameters,
     training_flops_per_sample,
 )
-from algorithms.training import flat_params as get_flat_params
-from algorithms.training import load_flat_params as set_flat_params
-from algorithms.training import num_params as num_flat_params
 
 # (name, input_shape, params) combos every model must accept
 ACCEPTED = [

@@ -5,10 +5,10 @@ import pandas as pd
 import pytest
 
 from engine.config.schema import load_config
+from engine.errors import ConfigError
 from engine.ray.cluster import ExecutorError
 from engine.ray.pool import plan_pool
 from engine.results.tables import WALL_COLUMNS, load_run
-from engine.errors import ConfigError
 from engine.run.api import run_experiment, run_in_folder
 
 pytestmark = pytest.mark.ray

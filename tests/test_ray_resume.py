@@ -6,23 +6,30 @@ import time
 from pathlib import Path
 
 import pytest
-
-from engine.loop.callbacks import RunCallback, Stop
-from engine.checkpoint.folder import list_checkpoints
-from engine.checkpoint.snapshot import restore_checkpoint
-from engine.ray.driver import DriverDiedError
-from engine.execution.inprocess import InProcessExecutor
-from engine.ray.cluster import ExecutorError
-from engine.ray.executor import RayExecutor
-from engine.results.tables import load_run
-from engine.run.body import execute_run
-from engine.run.api import resume_run, run_experiment
-from engine.loop.simulation import Simulation
-from hetsim.cli import main
 from test_checkpoint import (
-    KILL_METHODS, METHODS, SLOW_ROUNDS, Collect, assert_same_tables, cfg_of, frames, hetsim_process,
+    KILL_METHODS,
+    METHODS,
+    SLOW_ROUNDS,
+    Collect,
+    assert_same_tables,
+    cfg_of,
+    frames,
+    hetsim_process,
     kill_at_round,
 )
+
+from engine.checkpoint.folder import list_checkpoints
+from engine.checkpoint.snapshot import restore_checkpoint
+from engine.execution.inprocess import InProcessExecutor
+from engine.loop.callbacks import RunCallback, Stop
+from engine.loop.simulation import Simulation
+from engine.ray.cluster import ExecutorError
+from engine.ray.driver import DriverDiedError
+from engine.ray.executor import RayExecutor
+from engine.results.tables import load_run
+from engine.run.api import resume_run, run_experiment
+from engine.run.body import execute_run
+from hetsim.cli import main
 
 pytestmark = pytest.mark.ray
 RAY = ["executor.kind=ray", "ray.num_cpus=2"]

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from engine.config.schema import load_config
-from engine.results.tables import load_run, read_table
 from engine.results.manifest import run_status
+from engine.results.tables import load_run, read_table
 from engine.run.folders import make_run_dir
 from hetsim.cli import main
 
@@ -215,8 +215,8 @@ def test_a_table_read_while_its_run_compacts_it_is_read_again(tmp_path, monkeypa
     disappears between listing and reading means the compacted table is there now."""
     import pandas as pd
 
-    import engine.results.tables as results
     import engine.results.storage as storage
+    import engine.results.tables as results
     from engine.results.tables import RunWriter
 
     run = tmp_path / "run"

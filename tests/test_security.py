@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from proc_sockets import cmdline, descendants, is_loopback, listening_sockets
 
 pytestmark = [pytest.mark.ray, pytest.mark.skipif(not sys.platform.startswith("linux"),

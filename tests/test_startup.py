@@ -75,8 +75,8 @@ def test_resnet18_built_on_first_use_pickles():
 
 
 def test_unknown_names_still_list_the_allowed_ones():
-    from engine.errors import ConfigError
     from engine.config.schema import load_config
+    from engine.errors import ConfigError
 
     with pytest.raises(ConfigError, match="unknown model 'nope'; allowed: cifar_cnn, cnn, lenet5"):
         load_config(None, {"model.name": "nope"})

@@ -10,10 +10,10 @@ import pytest
 import yaml
 
 from algorithms import ALGORITHMS
-from hetsim.cli import main
 from engine.config.schema import load_config
 from engine.results.tables import ROUND_COLUMNS, WALL_COLUMNS, load_run
 from engine.run.api import run_experiment
+from hetsim.cli import main
 from sweeps import SweepSpecError, load_sweep, resolve
 from sweeps.spec import param_column_names
 

@@ -30,8 +30,8 @@ import torch
 
 from engine.atomic import write_json_atomic
 from engine.checkpoint.format import CheckpointError, load_blob, save_blob
-from engine.errors import ConfigError
 from engine.config.schema import ExperimentConfig
+from engine.errors import ConfigError
 from engine.loop.simulation import Simulation
 
 FORMAT = "hetsim-checkpoint/1"

@@ -22,8 +22,8 @@ import torch
 from algorithms import ALGORITHMS
 from algorithms.base import Broadcast, ClientContext, ClientResult, TrainSettings
 from algorithms.training import evaluate
-from engine.config.schema import ExperimentConfig
 from engine.clients.device import prepare_device, resolve_device
+from engine.config.schema import ExperimentConfig
 from engine.data.partition import FederatedData
 from engine.models.arch import arch_flops, build_arch_model
 
@@ -290,9 +290,6 @@ class ClientHost:
 
         self.states = load_client_states(sources, lambda cid: cid % num_hosts == host)
         return len(self.states)
-
-    def client_state(self, cid: int) -> dict[str, Any]:
-        return self.states.get(cid, {})
 
     def state_nbytes(self) -> int:
         """Bytes held in per-client state (numpy arrays and tensors only)."""

@@ -19,9 +19,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from algorithms.params import ALGORITHM_PARAMS
+from engine.config.yamlio import check_values, parse_yaml, read_yaml_file
 from engine.errors import ConfigError
 from engine.models.names import MODEL_NAMES
-from engine.config.yamlio import check_values, parse_yaml, read_yaml_file
 from hardware_profiles.clock import RoundPolicy
 from hardware_profiles.sampler import ProfileSpec
 
@@ -413,9 +413,15 @@ def load_config(
         raise ConfigError(_format_errors(err, raw)) from None
 
 
-def dump_config(cfg: ExperimentConfig, path: str | Path) -> None:
-    from engine.results.storage import redact
+SECRET_OPTIONS = ("access_key", "secret_key", "session_token")  # of output.storage_options
 
+
+def redact(options: dict[str, Any] | None) -> dict[str, Any]:
+    """Storage options without credentials (what may be written into a folder)."""
+    return {k: v for k, v in (options or {}).items() if k not in SECRET_OPTIONS}
+
+
+def dump_config(cfg: ExperimentConfig, path: str | Path) -> None:
     raw = cfg.to_dict()
     raw["output"]["storage_options"] = redact(raw["output"]["storage_options"])  # no credentials
     Path(path).write_text(yaml.safe_dump(raw, sort_keys=False))

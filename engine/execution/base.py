@@ -1,12 +1,26 @@
 """Executors run the client side of a round; the driver's round loop is written against
-:class:`Executor` only, so the in-process and the Ray executors are interchangeable."""
+:class:`Executor` only, so the in-process and the Ray executors are interchangeable.
+
+One call a round reaches the hosts: :meth:`Executor.run_round` carries the previous round's
+lost uploads to them (:meth:`Executor.notify_dropped` only records them) and brings back, with
+the results, the incidents of the hosts since the last call.
+"""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from algorithms.base import Broadcast, ClientResult
 from engine.clients.host import HostSetup
+
+
+@dataclass
+class RoundReply:
+    """What one :meth:`Executor.run_round` brings back."""
+
+    results: list[ClientResult]  # in the order of the client ids asked for
+    faults: list[dict] = field(default_factory=list)  # hosts that died and were replaced: faults.parquet rows
 
 
 class Executor(ABC):
@@ -21,12 +35,14 @@ class Executor(ABC):
     @abstractmethod
     def run_round(
         self, round: int, client_ids: list[int], broadcast: Broadcast, evaluate: bool
-    ) -> list[ClientResult]:
-        """Run the given clients; results come back in the order of ``client_ids``."""
+    ) -> RoundReply:
+        """Run the given clients (after delivering the lost uploads recorded since the last
+        call); results come back in the order of ``client_ids``."""
 
     @abstractmethod
     def notify_dropped(self, round: int, client_ids: list[int]) -> None:
-        """Tell the hosts which clients' uploads did not arrive in ``round``."""
+        """Record which clients' uploads did not arrive in ``round``; the hosts hear of it before
+        they next run a client or save their states (with that call, not one of its own)."""
 
     @abstractmethod
     def save_client_states(self, directory: Path) -> list[dict]:
@@ -38,7 +54,7 @@ class Executor(ABC):
         """Give every host the states of its clients from a checkpoint's shards."""
 
     def drain_faults(self) -> list[dict]:
-        """Incidents (a host died and was replaced) since the last call: faults.parquet rows."""
+        """Incidents not yet returned by :meth:`run_round` (e.g. during the last checkpoint)."""
         return []
 
     def close(self) -> None:

@@ -12,7 +12,7 @@ import torch
 from engine.checkpoint.format import shard_name, shards_for
 from engine.clients.device import describe_device
 from engine.clients.host import ClientHost, HostSetup
-from engine.execution.base import Executor
+from engine.execution.base import Executor, RoundReply
 
 
 class InProcessExecutor(Executor):
@@ -41,10 +41,10 @@ class InProcessExecutor(Executor):
 
     def run_round(self, round, client_ids, broadcast, evaluate):
         assert self.host is not None, "start() first"
-        return self.host.run_round(round, client_ids, broadcast, evaluate)
+        return RoundReply(self.host.run_round(round, client_ids, broadcast, evaluate))
 
     def notify_dropped(self, round, client_ids):
-        self.host.notify_dropped(round, client_ids)
+        self.host.notify_dropped(round, client_ids)  # same process: told at once, nothing travels
 
     def save_client_states(self, directory):
         info = self.host.save_states(Path(directory) / shard_name(0))

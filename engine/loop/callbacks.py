@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Union
 
 if TYPE_CHECKING:
     from engine.config.schema import ExperimentConfig
-    from engine.loop.simulation import Simulation
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,9 @@ class RunContext:
     cfg: "ExperimentConfig"
     path: Path | None  # the run folder (None for a bare Simulation without one)
     first_round: int = 0  # 0, or the round a resumed run continues from
-    simulation: "Simulation | None" = None  # None where the callback runs outside the loop's process
+    # the engine.loop.simulation.Simulation running the loop (not imported here: it imports this
+    # module); None where the callback runs outside the loop's process
+    simulation: Any = None
     info: dict[str, Any] = field(default_factory=dict)  # free-form, e.g. the manifest being written
 
 

@@ -150,7 +150,8 @@ class Simulation:
         runnable = selected[available & ~dropped]
         evaluating = is_evaluation_round(cfg, r)
         broadcast = self.server.broadcast(r)
-        results = self.executor.run_round(r, runnable.tolist(), broadcast, evaluating)
+        reply = self.executor.run_round(r, runnable.tolist(), broadcast, evaluating)
+        results = reply.results
 
         sent = rows.payloads(broadcast, results)
         measured = None
@@ -183,9 +184,8 @@ class Simulation:
         self._realtime_sleep(r, round_s)
         row["wall_s"] = time.perf_counter() - wall0
         tables = self.server.drain_tables()
-        faults = self.executor.drain_faults()
-        if faults:
-            tables["faults"] = faults
+        if reply.faults:
+            tables["faults"] = reply.faults
         return RoundRecord(r, row, client_rows, tables, diverged=diverged)
 
     def _realtime_sleep(self, r: int, round_s: float) -> None:

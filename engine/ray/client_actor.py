@@ -19,7 +19,6 @@ from engine.config.schema import ExperimentConfig
 from engine.trace import mark
 
 
-
 class ClientActor:
     def __init__(self, cfg: ExperimentConfig, threads: int):
         mark("client actor: up")
@@ -53,11 +52,18 @@ class ClientActor:
     def where(self) -> tuple[int, str]:
         return os.getpid(), ray.get_runtime_context().get_node_id()
 
+    def _hear_of(self, lost) -> None:
+        """The uploads of this actor's clients that did not arrive, as (round, client ids)."""
+        for round, client_ids in lost:
+            self.host.notify_dropped(round, client_ids)
+
     # --- checkpoint shards: written / read in place, or shipped in chunks across nodes
-    def save_states(self, path: str) -> dict:
+    def save_states(self, path: str, lost=()) -> dict:
+        self._hear_of(lost)
         return self.host.save_states(path)
 
-    def save_states_to_buffer(self) -> dict:
+    def save_states_to_buffer(self, lost=()) -> dict:
+        self._hear_of(lost)
         buf = io.BytesIO()
         info = self.host.save_states(buf)
         self._outbox = buf.getbuffer()
@@ -79,11 +85,9 @@ class ClientActor:
         sources, self._inbox = list(self._inbox.values()), {}
         return self.host.load_states(sources, num_hosts, host)
 
-    def run_round(self, round, client_ids, broadcast, evaluate):
-        return self.host.run_round(round, client_ids, broadcast, evaluate)
-
-    def notify_dropped(self, round, client_ids) -> None:
-        self.host.notify_dropped(round, client_ids)
+    def run_round(self, round, client_ids, broadcast, evaluate, lost=()):
+        self._hear_of(lost)
+        return self.host.run_round(round, client_ids, broadcast, evaluate) if client_ids else []
 
     def state_nbytes(self) -> int:
         return self.host.state_nbytes()

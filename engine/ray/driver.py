@@ -20,8 +20,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from engine.checkpoint.folder import latest_checkpoint
 from engine.checkpoint.snapshot import read_meta
 from engine.clients.device import set_ray_gpu_ids
-from engine.errors import ConfigError
 from engine.config.schema import ExperimentConfig
+from engine.errors import ConfigError
 from engine.loop.callbacks import CallbackLike, CallbackList, RoundRecord, RunCallback, RunContext, Stop
 from engine.ray.cluster import ExecutorError, init_ray
 from engine.results.manifest import read_manifest, update_manifest, utc_now

@@ -35,12 +35,11 @@ from engine.checkpoint.snapshot import read_meta
 from engine.clients.device import DeviceError
 from engine.clients.host import ClientFailure, HostSetup
 from engine.config.schema import ExperimentConfig
-from engine.execution.base import Executor
+from engine.execution.base import Executor, RoundReply
 from engine.ray.client_actor import client_actor_class
 from engine.ray.cluster import ExecutorError, init_ray
 from engine.ray.pool import plan_pool
 from engine.trace import mark
-
 
 CHUNK_BYTES = 64 << 20  # checkpoint shards travel between nodes in pieces of this size
 
@@ -73,6 +72,7 @@ class RayExecutor(Executor):
         self.nodes: list[str] = []
         self.state_transfer = "auto"  # "files" (same node), "chunks" (other node) or "auto"
         self._faults: list[dict] = []
+        self._lost: dict[int, list[tuple[int, list[int]]]] = {}  # per actor: (round, client ids) not yet told
         self._round = -1
         self._planned_clients = 0
         self._launched_at: float | None = None
@@ -172,28 +172,27 @@ class RayExecutor(Executor):
 
     def run_round(self, round, client_ids, broadcast, evaluate):
         self._round = round
-        if not client_ids:
-            return []
         ids = np.asarray(client_ids, dtype=np.int64)
         owners = self.actor_of(ids)
-        broadcast_ref = ray.put(broadcast)
         groups = {int(a): ids[owners == a].tolist() for a in np.unique(owners)}
-        calls = {a: (lambda actor, g=g: actor.run_round.remote(round, g, broadcast_ref, evaluate))
-                 for a, g in groups.items()}
+        if not groups and not self._lost:
+            return RoundReply([], self.drain_faults())
+        broadcast_ref = ray.put(broadcast)
+        # an actor with lost uploads to hear of and no client this round gets an empty call
+        calls = {a: (lambda actor, g=groups.get(a, []), lost=self._lost.get(a, []):
+                     actor.run_round.remote(round, g, broadcast_ref, evaluate, lost))
+                 for a in sorted({*groups, *self._lost})}
         by_id = {}
         for results in self._gather(calls, round, state_round=round, rerun=groups).values():
             by_id.update((r.client_id, r) for r in results)
-        return [by_id[int(c)] for c in ids]
+        self._lost = {}
+        return RoundReply([by_id[int(c)] for c in ids], self.drain_faults())
 
     def notify_dropped(self, round, client_ids) -> None:
-        if not client_ids:
-            return
         ids = np.asarray(client_ids, dtype=np.int64)
         owners = self.actor_of(ids)
-        calls = {int(a): (lambda actor, g=ids[owners == a].tolist(): actor.notify_dropped.remote(round, g))
-                 for a in np.unique(owners)}
-        # a replacement restored from a checkpoint has nothing of this round to give back
-        self._gather(calls, round, state_round=round + 1)
+        for a in np.unique(owners):
+            self._lost.setdefault(int(a), []).append((round, ids[owners == a].tolist()))
 
     # ------------------------------------------------------------------ checkpoints
     def _local(self, a: int) -> bool:
@@ -205,12 +204,14 @@ class RayExecutor(Executor):
         directory = Path(directory).resolve()
 
         def call(a):
+            lost = self._lost.get(a, [])  # heard of first: a checkpoint holds the states after them
             if self._local(a):
-                return lambda actor: actor.save_states.remote(str(directory / shard_name(a)))
-            return lambda actor: actor.save_states_to_buffer.remote()
+                return lambda actor: actor.save_states.remote(str(directory / shard_name(a)), lost)
+            return lambda actor: actor.save_states_to_buffer.remote(lost)
 
         infos = self._gather({a: call(a) for a in range(self.num_actors)}, self._round,
                              state_round=self._round + 1)
+        self._lost = {}
         shards = []
         for a, info in sorted(infos.items()):
             if not self._local(a):  # fetch the serialized shard piece by piece
@@ -227,6 +228,7 @@ class RayExecutor(Executor):
         calls = {a: (lambda actor, a=a: self._start_load(actor, a, directory, shards))
                  for a in range(self.num_actors)}
         self._gather(calls, self._round, state_round=None, restore_from=directory)
+        self._lost = {}  # the states they were about were replaced
 
     def _start_load(self, actor, a: int, directory: Path, shards: list[dict]):
         """Start loading actor ``a``'s clients from a checkpoint; returns the task's ref."""

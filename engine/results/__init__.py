@@ -1,5 +1,6 @@
 """A run's results: its folder's tables (Parquet, pandas-first), its manifest, and where
 folders live (a local path or object storage). The schema is in docs/results.md."""
+from engine.config.schema import redact
 from engine.results.manifest import (
     HEARTBEAT_S,
     SCHEMA_VERSION,
@@ -17,7 +18,6 @@ from engine.results.storage import (
     check_writable,
     is_uri,
     open_storage,
-    redact,
 )
 from engine.results.tables import (
     CLIENT_COLUMNS,

@@ -36,10 +36,9 @@ from urllib.parse import parse_qsl, urlparse
 
 import pyarrow.fs as pafs
 
-from engine.loop.callbacks import RunCallback
 from engine.errors import UserError
+from engine.loop.callbacks import RunCallback
 
-SECRET_OPTIONS = ("access_key", "secret_key", "session_token")
 _BOOL_OPTIONS = ("allow_bucket_creation", "allow_bucket_deletion", "force_virtual_addressing",
                  "background_writes", "anonymous")
 
@@ -51,11 +50,6 @@ class StorageError(UserError, ValueError):
 def is_uri(location: str | os.PathLike) -> bool:
     text = str(location)
     return "://" in text and not text.startswith("file://")
-
-
-def redact(options: dict[str, Any] | None) -> dict[str, Any]:
-    """Options without credentials (what may be written into a folder)."""
-    return {k: v for k, v in (options or {}).items() if k not in SECRET_OPTIONS}
 
 
 @dataclass

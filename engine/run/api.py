@@ -12,14 +12,14 @@ from engine.checkpoint.snapshot import check_resumable
 from engine.clients.device import check_device_request
 from engine.config.schema import ExperimentConfig, load_config
 from engine.loop.callbacks import CallbackLike
+from engine.results.storage import is_uri
+from engine.results.tables import Run, load_run
 from engine.run.body import execute_run
 from engine.run.folders import check_can_resume, make_run_dir
 from engine.run.signals import InterruptRequest, interrupt_signals
 from engine.run.staging import run_to_storage
 from engine.run.startup import validate_while_ray_starts
 from engine.run.validate import validate_experiment
-from engine.results.storage import is_uri
-from engine.results.tables import Run, load_run
 
 log = logging.getLogger("hetsim")
 

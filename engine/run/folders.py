@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import platform
 import shutil
 import time
-import platform
 from pathlib import Path
 
 from engine.config.schema import ExperimentConfig, expand_path
