@@ -44,6 +44,9 @@ rows of the ``rollbacks`` table), trace rows.
 
 Every piece of persistent state is plain data (tensors, numpy arrays, scalars, lists, dicts,
 the bandit dataclasses), so a generic checkpoint codec can save it. No Ray, no file I/O.
+
+Over 400 lines because it is one method, both halves and the reward they share, in the order of
+the spec's sections; its bandits and compressors are modules of their own.
 """
 from __future__ import annotations
 
@@ -589,7 +592,8 @@ class AscendServer(Server):
         model = self.models[arch]
         seed = int(np.random.SeedSequence([self.seed, round, self.arch_order.index(arch), DISTILL_SALT])
                    .generate_state(1)[0])
-        idx = torch.randint(n, (p.distill_steps, min(p.distill_batch, n)), generator=torch.Generator().manual_seed(seed))
+        idx = torch.randint(n, (p.distill_steps, min(p.distill_batch, n)),
+                            generator=torch.Generator().manual_seed(seed))
         t_logp = F.log_softmax(teacher / p.temperature, dim=1)
         opt = torch.optim.Adam(model.parameters(), lr=p.distill_lr)
         model.train()

@@ -33,6 +33,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from algorithms.training import flat_params
+
 
 @dataclass
 class BatchJob:
@@ -59,8 +61,6 @@ class TrainedUpdate:
     def apply(self, ctx, prox_center: torch.Tensor | None, prox_mu: float) -> tuple[float, int]:
         """Load the trained state into ``ctx.model`` in place of training it; checks that the
         method asked for the very training that was batched."""
-        from algorithms.training import flat_params
-
         if self.used:
             raise RuntimeError("batch_clients: local_sgd called twice in one fit; only one local "
                                "training per round can be batched (set executor.batch_clients: false)")
@@ -124,7 +124,7 @@ def train_batched(
     (``prox_mu > 0``) pulls each client towards its own start parameters, as FedAvg's FedProx
     variant asks (``local_sgd(ctx, prox_center=<received model>, prox_mu=mu)``).
     """
-    from torch.func import functional_call, grad_and_value, vmap
+    from torch.func import functional_call, grad_and_value, vmap  # torch.func: only batched training uses it
 
     if not jobs:
         return []
@@ -159,7 +159,7 @@ def train_batched(
         for size, members in groups.items():
             everyone = len(members) == nclients
             sel = None if everyone else torch.tensor(members, device=device)
-            pick = (lambda d: d) if everyone else (lambda d: {n: v[sel] for n, v in d.items()})
+            pick = (lambda d: d) if everyone else (lambda d, sel=sel: {n: v[sel] for n, v in d.items()})
             p, bufs = pick(params), pick(buffers)  # a gathered copy for a subset
             c = pick(centre) if centre is not None else None
             idx = torch.stack([jobs[b].batches[t] for b in members])  # (G, size)

@@ -33,7 +33,8 @@ Design choices (where the spec leaves room)
   relative of a float64 reference). The per-pack sums are one compiled pass over the ``(J, P)``
   view (:func:`~algorithms.pack_kernel.pack_sums`; for tensors on a GPU the same four numbers
   come from torch ops in float64 on that device, :mod:`algorithms.pack_stats_torch`): the dot
-  products accumulated in float64 from exact float64 products, and ``beta`` in a form without cancellation (``ln(1 + sum p_G phi(u))`` with
+  products accumulated in float64 from exact float64 products, and ``beta`` in a form without
+  cancellation (``ln(1 + sum p_G phi(u))`` with
   ``phi(u) = e^-u - 1 + u >= 0``, ``u`` the deviation of ``G - L`` from its ``p_G``-weighted
   mean; see the kernel's docstring), accumulated in float64: about 1e-7 relative error, where
   the earlier float32 partition sums were off by a median 0.1 % and up to 8 % on the kd weights
@@ -62,6 +63,9 @@ Design choices (where the spec leaves room)
   the next ``receive`` overwrites nothing and the client keeps its whole trained model (a
   client whose *first* upload was lost therefore keeps its own model too).
 * Trace columns when a client shares nothing: ``mask_w_mean/min/max`` are ``float('nan')``.
+
+Over 400 lines because it is one method, both halves and the pack statistics they share, in
+the order of the spec; the fused pack kernel is a module of its own.
 """
 from __future__ import annotations
 

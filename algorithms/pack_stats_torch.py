@@ -101,7 +101,7 @@ def pack_sums_on_device(local: torch.Tensor, glob: torch.Tensor) -> torch.Tensor
     """The per-pack statistics where the tensors are: the compiled kernel on the CPU, torch
     elsewhere; both a ``(4, R)`` float64 tensor (rows of :data:`~algorithms.pack_kernel.SUMS`)."""
     if local.device.type == "cpu":
-        from algorithms.pack_kernel import pack_sums
+        from algorithms.pack_kernel import pack_sums  # numba (~0.5 s to import): the CPU path only
 
         return pack_sums(local, glob)
     return pack_sums_torch(local, glob)

@@ -60,7 +60,7 @@ def cached_arrays(name: str, source: str, keys: tuple[str, ...],
         with np.load(path, allow_pickle=False) as npz:
             if sorted(npz.files) == sorted(keys):  # else not ours: parse
                 return {k: npz[k] for k in keys}
-    except Exception:  # absent, truncated, not ours (zipfile.BadZipFile, ValueError, ...): parse
+    except Exception:  # noqa: BLE001 - absent, truncated, not ours (zipfile.BadZipFile, ValueError, ...): parse
         pass
     arrays = parse()
     _write_atomic(path, lambda f: np.savez(f, **arrays))
@@ -75,7 +75,7 @@ def cached_number(table: str, key: str, compute: Callable[[], float]) -> float:
             entries = json.load(f)
         if not isinstance(entries, dict):
             entries = {}
-    except Exception:  # absent or not ours: start over
+    except Exception:  # noqa: BLE001 - absent or not ours: start over
         entries = {}
     value = entries.get(key)
     if isinstance(value, (int, float)) and not isinstance(value, bool):

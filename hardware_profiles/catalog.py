@@ -131,7 +131,8 @@ def _read_extra(extra: ExtraCatalog) -> dict[str, Any]:
         raise ValueError(f"extra catalog must be a mapping with 'devices'/'networks', got {type(data).__name__}")
     unknown = set(data) - {"devices", "networks"}
     if unknown:
-        raise ValueError(f"extra catalog has unknown top-level keys {sorted(unknown)}; allowed: ['devices', 'networks']")
+        raise ValueError(f"extra catalog has unknown top-level keys {sorted(unknown)}; "
+                         "allowed: ['devices', 'networks']")
     return dict(data)
 
 

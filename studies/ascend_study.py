@@ -144,7 +144,7 @@ def _finished(path: Path) -> bool:
 
     try:
         return load_run(path).manifest.get("status") == "finished"
-    except Exception:  # no run folder yet, or an unreadable one
+    except Exception:  # noqa: BLE001 - no run folder yet, or an unreadable one
         return False
 
 
@@ -249,7 +249,8 @@ def spread(df: pd.DataFrame, keys: list[str], cols: list[str], spec: str = ".3f"
             if n == 0:
                 rec[c] = "—"
             else:
-                rec[c] = f"{v.mean():{spec}} [{v.min():{spec}}, {v.max():{spec}}]" + (f" ({n}/{len(v)})" if n < len(v) else "")
+                rec[c] = (f"{v.mean():{spec}} [{v.min():{spec}}, {v.max():{spec}}]"
+                          + (f" ({n}/{len(v)})" if n < len(v) else ""))
         rows.append(rec)
     return pd.DataFrame(rows)
 

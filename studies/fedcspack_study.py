@@ -36,7 +36,8 @@ REFERENCE = [
     "partition.alpha=0.3",
     "clients.num_clients=20",
     "clients.participation=0.3",
-    "clients.profiles={devices: {phone_mid: 0.5, laptop_cpu: 0.5}, network: {5mbps: 0.5, 50mbps: 0.5}, availability: 1.0, dropout: 0.0}",
+    "clients.profiles={devices: {phone_mid: 0.5, laptop_cpu: 0.5}, network: {5mbps: 0.5, 50mbps: 0.5}, "
+    "availability: 1.0, dropout: 0.0}",
     "train.local_epochs=3",
     "train.batch_size=16",
     "train.lr=0.05",
@@ -130,7 +131,7 @@ def main() -> None:
 def _finished(path: Path) -> bool:
     try:
         return load_run(path).manifest.get("status") == "finished"
-    except Exception:  # no run folder yet, or an unreadable one
+    except Exception:  # noqa: BLE001 - no run folder yet, or an unreadable one
         return False
 
 

@@ -27,7 +27,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=None, help="default: the YAML's (20)")
     p.add_argument("--out", default=None, help="results folder (default: whatif_out/whatif_bandwidth)")
-    p.add_argument("--target", type=float, default=None, help="accuracy for time-to-accuracy (default: the YAML's, 0.8)")
+    p.add_argument("--target", type=float, default=None,
+                   help="accuracy for time-to-accuracy (default: the YAML's, 0.8)")
     p.add_argument("--set", dest="overrides", action="append", default=[])
     args = p.parse_args()
 

@@ -92,10 +92,12 @@ def test_registered_and_params_validation():
     assert ALGORITHMS["ascend"] is SPEC and SPEC.client is AscendClient
     p = AscendParams(k="1e-2")  # YAML 1.1 reads 1e-2 as a string
     assert p.k == 0.01 and p.policy == "egreedy" and p.arms == ("topk", "randomk", "periodick")
-    assert (p.warmup, p.eps_c, p.eps_min, p.ema_lambda, p.rho, p.gamma, p.forced_rounds) == (2, 1.0, 0.03, 0.3, 0.5, 0.2, 3)
+    assert ((p.warmup, p.eps_c, p.eps_min, p.ema_lambda, p.rho, p.gamma, p.forced_rounds)
+            == (2, 1.0, 0.03, 0.3, 0.5, 0.2, 3))
     assert p.reward == "v2" and AscendParams(reward="v1").reward == "v1"
     assert AscendParams(arms=["topk", "randomk", "periodick", "qsgd8"]).arms[-1] == "qsgd8"
-    assert (p.distill_steps, p.distill_lr, p.temperature, p.teacher, p.public_probe_size) == (50, 1e-3, 1.0, "aggregates", 512)
+    assert ((p.distill_steps, p.distill_lr, p.temperature, p.teacher, p.public_probe_size)
+            == (50, 1e-3, 1.0, "aggregates", 512))
     assert AscendParams(k=1000).k == 1000
     for bad, field in [({"policy": "greedy"}, "policy"), ({"policy": "fixed"}, "arm"), ({"arm": "topk"}, "arm"),
                        ({"arms": ["topk", "topk"]}, "arms"), ({"gamma": -0.1}, "gamma"), ({"epsilon": 1.5}, "epsilon"),
@@ -471,7 +473,8 @@ def test_reward_v2_parts_with_hand_numbers():
     assert time_factor(-1.0, 0.0, 2.0) == 1.0  # undefined -> 1
     # no teacher yet: dD is NaN, rho_eff = 0 and g = df
     first = reward_v2(df=0.3, dd=float("nan"), T=2.0, T_bar=2.0)
-    assert first["reward_rho"] == 0.0 and first["reward_g"] == pytest.approx(0.3) and first["reward"] == pytest.approx(0.3)
+    assert first["reward_rho"] == 0.0
+    assert first["reward_g"] == pytest.approx(0.3) and first["reward"] == pytest.approx(0.3)
     # clipping to [-1, 1]: the raw value is kept as a part
     big = reward_v2(df=0.8, dd=0.8, T=1.0, T_bar=4.0)
     assert big["reward_raw"] == pytest.approx(3.2) and big["reward"] == 1.0

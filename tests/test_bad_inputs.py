@@ -137,7 +137,8 @@ CASES = [
     ("ascend-eps-min-big", "run", sets("algorithm.name=ascend", "algorithm.eps_min=2"), {}, ["algorithm.eps_min = 2"]),
     ("ascend-fixed-without-arm", "run", sets("algorithm.name=ascend", "algorithm.policy=fixed"), {},
      ["algorithm", "arm is required with policy 'fixed'"]),
-    ("profiles-devices-sum", "run", sets("clients.profiles.devices={rpi4: 0.5}"), {}, ["devices proportions sum to 0.5"]),
+    ("profiles-devices-sum", "run", sets("clients.profiles.devices={rpi4: 0.5}"), {},
+     ["devices proportions sum to 0.5"]),
     ("profiles-network-and-bandwidth", "run",
      sets("clients.profiles.network={50mbps: 1}", "clients.profiles.bandwidth={low: 5, high: 10}"), {},
      ["either 'network'", "not both"]),
@@ -379,12 +380,12 @@ def test_real_process_unexpected_error_exit_1_traceback_in_the_run_folder(tmp_pa
 
 
 def test_unexpected_error_before_a_run_folder_goes_to_a_temp_log(tmp_path, monkeypatch, capsys):
-    import engine.run.validate
+    import engine
 
     def broken(cfg, run_dir=None):
         raise KeyError("internal")
 
-    monkeypatch.setattr(engine.run.validate, "validate_experiment", broken)
+    monkeypatch.setattr(engine, "validate_experiment", broken)  # the CLI takes it from the face
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr("tempfile.tempdir", None)
     assert main(["validate", *BASE]) == 1

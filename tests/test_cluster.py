@@ -82,7 +82,8 @@ def test_storage_locations_options_and_their_errors(tmp_path, monkeypatch):
         open_storage(tmp_path, {"endpoint_override": "x"})
     with pytest.raises(StorageError, match="no bucket"):
         open_storage("s3:///prefix")
-    with pytest.raises(StorageError, match=r"storage options for s3:// \(pyarrow.fs.S3FileSystem\): .*unexpected keyword argument 'colour'"):
+    with pytest.raises(StorageError, match=r"storage options for s3:// \(pyarrow.fs.S3FileSystem\): "
+                                           r".*unexpected keyword argument 'colour'"):
         open_storage("s3://bkt/p", {"colour": "blue"})
     with pytest.raises(SweepSpecError, match=r"storage = 's3://bkt/p': storage options for s3://"):
         resolve(spec(storage="s3://bkt/p", storage_options={"colour": "blue"}))

@@ -187,7 +187,8 @@ def test_synthetic_size_bounds():
 
 @pytest.mark.parametrize(
     "params, pname",
-    [({"num_clients": 0}, "num_clients"), ({"alpha": -1.0}, "alpha"), ({"min_samples": 5, "max_samples": 4}, "max_samples")],
+    [({"num_clients": 0}, "num_clients"), ({"alpha": -1.0}, "alpha"),
+     ({"min_samples": 5, "max_samples": 4}, "max_samples")],
 )
 def test_synthetic_bad_params(params, pname):
     with pytest.raises(ValueError, match=pname):
@@ -272,7 +273,8 @@ def test_fashion_mnist_debian_folder():
             {"split": "letters"},
             ["EMNIST/raw/emnist-letters-train-images-idx3-ubyte", "EMNIST/raw/emnist-letters-test-labels-idx1-ubyte"],
         ),
-        ("cifar10", {}, [f"cifar-10-batches-py/data_batch_{i}" for i in range(1, 6)] + ["cifar-10-batches-py/test_batch"]),
+        ("cifar10", {},
+         [f"cifar-10-batches-py/data_batch_{i}" for i in range(1, 6)] + ["cifar-10-batches-py/test_batch"]),
         ("cifar100", {}, ["cifar-100-python/train", "cifar-100-python/test", "cifar-100-python/meta"]),
     ],
 )

@@ -169,7 +169,8 @@ def test_build_deterministic(digits):
     a = build_federated_data(digits, seed=11, **kw)
     b = build_federated_data(digits, seed=11, **kw)
     c = build_federated_data(digits, seed=12, **kw)
-    for name in ("client_train_idx", "client_train_ptr", "client_test_idx", "client_test_ptr", "global_test_idx", "public_idx"):
+    for name in ("client_train_idx", "client_train_ptr", "client_test_idx", "client_test_ptr", "global_test_idx",
+                 "public_idx"):
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
     assert not np.array_equal(a.client_train_idx, c.client_train_idx)
     assert not np.array_equal(a.global_test_idx, c.global_test_idx)

@@ -301,7 +301,8 @@ def test_table_errors(tmp_path):
     with pytest.raises(ProfileValidationError, match="permutation"):
         assign_profiles({"table": str(path)}, 2, 0)
     # first offending client (lowest id) is reported with column and value
-    pd.DataFrame({"client_id": [1, 0, 2], "gflops": [-1.0, 2.0, 0.0], "dropout": [0.0, 0.0, 2.0]}).to_csv(path, index=False)
+    table = pd.DataFrame({"client_id": [1, 0, 2], "gflops": [-1.0, 2.0, 0.0], "dropout": [0.0, 0.0, 2.0]})
+    table.to_csv(path, index=False)
     with pytest.raises(ProfileValidationError, match=r"client 1: gflops=-1.0 is not allowed: must be > 0"):
         assign_profiles({"table": str(path)}, 3, 0)
     with pytest.raises(ValueError, match="unsupported extension"):

@@ -109,9 +109,9 @@ def on_this_cluster(ray) -> list[str]:
 def join_env() -> dict[str, str]:
     """What a process needs to join this test's private local Ray (docs/security.md): its
     session token, and Ray's local-only mode so that it looks for the cluster on loopback."""
-    from engine.ray import executor as ray_executor
+    from engine.ray import cluster as ray_cluster
 
-    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": ray_executor._local_token,
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": ray_cluster._local_token,
             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 

@@ -81,10 +81,10 @@ def test_local_ray_refuses_a_client_without_the_token():
         assert no_token.returncode != 0 and "JOINED" not in no_token.stdout
         assert "Authentication token is missing or incorrect" in no_token.stderr
         # control: the same client with the session's token gets in, so the token is what matters
-        from engine.ray import executor as ray_executor
+        from engine.ray import cluster as ray_cluster
 
         assert "RAY_AUTH_TOKEN" not in os.environ  # only Ray's own processes hold it
-        token = ray_executor._local_token
+        token = ray_cluster._local_token
         with_token = subprocess.run([sys.executable, "-c", join],
                                     env=_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token, **local),
                                     capture_output=True, text=True, timeout=180)

@@ -92,7 +92,8 @@ def test_the_command_exits_with_its_code_and_a_complete_run_folder(tmp_path):
     out = tmp_path / "run"
     args = ["run", "-q", "-o", str(out), "--set", "dataset.name=digits", "--set", "model.name=mlp",
             "--set", "clients.num_clients=4", "--set", "rounds=2", "--set", "clients.profiles={}"]
-    proc = subprocess.run([sys.executable, "-m", "hetsim", *args], capture_output=True, text=True, env=env, cwd=tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "hetsim", *args], capture_output=True, text=True, env=env,
+                          cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "status                           finished" in proc.stdout and f"results: {out}" in proc.stdout
     manifest = json.loads((out / "manifest.json").read_text())

@@ -148,13 +148,14 @@ def test_pbt_example_runs_and_its_exploit_steps_are_in_the_results(tmp_path, loc
     assert (t["status"] == "finished").all(), t[["status", "error"]]
     assert t["exploits"].sum() >= 1, "PBT made the worse trial exploit the better one"
     r = sweep.rounds
-    for trial_id, rows in r.groupby("trial_id"):
+    for _, rows in r.groupby("trial_id"):
         assert rows["round"].tolist() == list(range(6)), "every round once"
     exploited = r[r["restored_from"] != ""]
     assert len(exploited) and set(exploited["restored_from"]) <= set(t.index)
     for trial_id, rows in exploited.groupby("trial_id"):
         mine = r[r["trial_id"] == trial_id].set_index("round")
-        steps = [int(x) for x in rows["round"] if x == 0 or mine.loc[x - 1, "restored_from"] != mine.loc[x, "restored_from"]
+        steps = [int(x) for x in rows["round"]
+                 if x == 0 or mine.loc[x - 1, "restored_from"] != mine.loc[x, "restored_from"]
                  or mine.loc[x - 1, "lr"] != mine.loc[x, "lr"] or mine.loc[x - 1, "epsilon"] != mine.loc[x, "epsilon"]]
         assert steps, "exploit steps"
         assert set(rows["restored_from"]) <= set(t.index) - {trial_id}

@@ -11,6 +11,7 @@ import yaml
 
 from algorithms import ALGORITHMS
 from engine.config.schema import load_config
+from engine.results.manifest import write_manifest
 from engine.results.tables import ROUND_COLUMNS, WALL_COLUMNS, load_run
 from engine.run.api import run_experiment
 from hetsim.cli import main
@@ -57,7 +58,8 @@ def spec(**kw):
         ({"space": {"train.learning_rate": {"grid": [0.1]}}},
          r"space\.train\.learning_rate.*train\.learning_rate = 0\.1: unknown key; allowed keys: .*\blr\b"),
         ({"space": {"train.lr": {"uniform": [-1, 0.1]}}},
-         r"space\.train\.lr\.uniform = \[-1\.0, 0\.1\]: value -1\.0 .*train\.lr = -1\.0: Input should be greater than 0"),
+         r"space\.train\.lr\.uniform = \[-1\.0, 0\.1\]: value -1\.0 .*"
+         r"train\.lr = -1\.0: Input should be greater than 0"),
         ({"space": {"train.lr": {"loguniform": [0, 0.1]}}}, r"space\.train\.lr\.loguniform.*bounds must be > 0"),
         ({"space": {"clients.participation": {"grid": [0.5, 1.5]}}},
          r"value 1\.5 .*clients\.participation = 1\.5: Input should be less than or equal to 1"),
@@ -72,7 +74,8 @@ def spec(**kw):
         ({"metric": "acc"}, r"metric = 'acc': not a rounds\.parquet column"),
         ({"mode": "maximize"}, r"mode = 'maximize': Input should be 'max' or 'min'"),
         ({"scheduler": "hyperband"}, r"scheduler\.name = 'hyperband': Input should be 'fifo', 'asha' or 'pbt'"),
-        ({"scheduler": {"name": "asha", "max_t": 5}}, r"scheduler\.max_t = 5: must be <= the experiment's rounds \(2\)"),
+        ({"scheduler": {"name": "asha", "max_t": 5}},
+         r"scheduler\.max_t = 5: must be <= the experiment's rounds \(2\)"),
         ({"samples": 3}, r"samples = 3: unknown key; allowed keys: name, base, overrides, space, num_samples"),
         ({"num_samples": 0}, r"num_samples = 0: Input should be greater than or equal to 1"),
         ({"space": {"algorithm.pack_size": {"grid": [256]}}},
@@ -173,7 +176,8 @@ def test_tables_are_rebuilt_from_run_folders_with_errors_and_mixed_value_types(t
     _write_info(ok, {"trial_id": "t_00000", "params": {"train.lr": 0.05, "algorithm.k": 0.5},
                      "node_id": "n1", "status": "finished"})
     bad = storage / "runs" / "t_00001"
-    RunWriter(bad).write_json("manifest.json", {"status": "failed", "error": "ValueError: boom"})
+    RunWriter(bad)  # creates the folder
+    write_manifest(bad, {"status": "failed", "error": "ValueError: boom"})
     _write_info(bad, {"trial_id": "t_00001", "params": {"train.lr": 0.1, "algorithm.k": "all"},
                       "node_id": "n1", "status": "error", "error": "ValueError: boom"})
     s = load_sweep(storage, refresh=True)

@@ -14,7 +14,7 @@ absent (``ray.init(num_gpus=2)`` on a CPU machine, as the tests do), Ray assigns
 ``torch.cuda.is_available()`` is False, so ``auto`` resolves to CPU on purpose: nothing touches
 CUDA. ``cuda`` where there is none is a :class:`DeviceError` naming ``executor.device``.
 
-This module has no Ray import at module level; it only asks Ray when the process is a worker.
+This module imports no Ray: the Ray layer records a worker's GPU share (:func:`set_ray_gpu_ids`).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import os
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # torch is imported where used: check_device_request runs in torch-free processes
-    import torch
+    import torch  # here, not above: see the TYPE_CHECKING import
 
 from engine.errors import ConfigError
 
@@ -38,7 +38,7 @@ class DeviceError(ConfigError):
 
 
 def cuda_available() -> bool:
-    import torch
+    import torch  # here, not above: see the TYPE_CHECKING import
 
     return torch.cuda.is_available()
 
@@ -70,7 +70,7 @@ def resolve_device(
     ``gpu_ids``: the Ray GPU ids of this worker, None outside Ray; ``"ask"`` finds out
     (:func:`ray_gpu_ids`). ``has_cuda``: whether torch can use CUDA (default: ask torch).
     """
-    import torch
+    import torch  # here, not above: see the TYPE_CHECKING import
 
     if requested == "cpu":
         return torch.device("cpu")
@@ -112,7 +112,7 @@ def prepare_device(device: torch.device, deterministic: bool = True) -> None:
     have no deterministic CUDA kernel warn instead of failing) and no cuDNN autotuning."""
     if device.type != "cuda":
         return
-    import torch
+    import torch  # here, not above: see the TYPE_CHECKING import
 
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC)
@@ -125,7 +125,7 @@ def describe_device(device: torch.device) -> dict:
     """Manifest fields: the resolved device and, for CUDA, the GPU's name and memory."""
     out: dict = {"device": device.type}
     if device.type == "cuda":
-        import torch
+        import torch  # here, not above: see the TYPE_CHECKING import
 
         props = torch.cuda.get_device_properties(device)
         out.update(gpu_name=props.name, gpu_memory_gb=round(props.total_memory / 2**30, 1))

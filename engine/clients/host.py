@@ -21,7 +21,8 @@ import torch
 
 from algorithms import ALGORITHMS
 from algorithms.base import Broadcast, ClientContext, ClientResult, TrainSettings
-from algorithms.training import evaluate
+from algorithms.training import evaluate, round_lr
+from engine.checkpoint.format import load_client_states, save_client_states
 from engine.clients.device import prepare_device, resolve_device
 from engine.config.schema import ExperimentConfig
 from engine.data.partition import FederatedData
@@ -214,8 +215,8 @@ class ClientHost:
         share of its group's batched training. A failure in a group's batched training is
         reported on the group's first client.
         """
+        # torch.func: only batched training needs it
         from algorithms.batched_training import BatchJob, draw_batches, has_randomness, train_batched
-        from algorithms.training import round_lr
 
         started: dict[int, _Started] = {}
         snapshots: dict[int, tuple[dict, dict, bool]] = {}
@@ -278,16 +279,12 @@ class ClientHost:
 
     def save_states(self, dest) -> dict:
         """Write every hosted client's state as one checkpoint shard (a path or a file object)."""
-        from engine.checkpoint.format import save_client_states
-
         return save_client_states(self.states, dest)
 
     def load_states(self, sources, num_hosts: int = 1, host: int = 0) -> int:
         """Replace the hosted clients' states by those in the shards ``sources`` (paths or
         bytes) of the clients this host serves (``client % num_hosts == host``); clients
         without a saved state start from their initial (empty) state. Returns how many."""
-        from engine.checkpoint.format import load_client_states
-
         self.states = load_client_states(sources, lambda cid: cid % num_hosts == host)
         return len(self.states)
 

@@ -33,6 +33,9 @@ set, else ``./data``.  Besides what torchvision downloads when ``download=True``
 one thing is kept on disk: the parsed ``mnist5k`` images (raw uint8, 3.9 MB) under
 ``$HETSIM_CACHE_DIR`` (default ``$XDG_CACHE_HOME/hetsim`` or ``~/.cache/hetsim``), so
 that later processes skip parsing its CSV (~0.1 s); see :mod:`engine.cache`.
+
+Over 400 lines because it holds one short loader per built-in dataset beside their registry
+and the readers they share (idx files, package files, the disk cache).
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+
+from engine.cache import cached_arrays
 
 __all__ = [
     "ArrayDataset",
@@ -212,7 +217,8 @@ def read_idx(path: str) -> np.ndarray:
     expected = int(np.prod(dims)) * dtype.itemsize
     offset = 4 + 4 * ndim
     if len(data) - offset != expected:
-        raise ValueError(f"{path}: truncated or corrupted idx file ({len(data) - offset} bytes of data, expected {expected})")
+        raise ValueError(f"{path}: truncated or corrupted idx file ({len(data) - offset} bytes of data, "
+                         f"expected {expected})")
     return np.frombuffer(data, dtype=dtype, offset=offset).reshape(dims)
 
 
@@ -232,8 +238,6 @@ def load_digits(*, root=None, download=False, seed=0, flat: bool = True) -> Arra
     def parse() -> dict[str, np.ndarray]:
         table = np.loadtxt(source, delimiter=",")  # 64 pixels in 0..16, then the label
         return {"pixels": table[:, :-1].astype(np.uint8), "labels": table[:, -1].astype(np.int64)}
-
-    from engine.cache import cached_arrays
 
     arrays = cached_arrays("digits", source, ("pixels", "labels"), parse)
     x = arrays["pixels"].astype(np.float32) / 16.0
@@ -275,8 +279,6 @@ def load_mnist5k(*, root=None, download=False, seed=0) -> ArrayDataset:
         table = np.loadtxt(source, delimiter=",")  # pixels in [0, 255], labels last
         return {"images": table[:, :-1].astype(np.uint8).reshape(-1, 1, 28, 28),
                 "labels": table[:, -1].astype(np.int64)}
-
-    from engine.cache import cached_arrays
 
     arrays = cached_arrays("mnist5k", source, ("images", "labels"), parse)
     x = _normalise_uint8_images(arrays["images"], MNIST_MEAN, MNIST_STD)
@@ -413,7 +415,7 @@ def load_fashion_mnist(*, root=None, download=False, seed=0) -> ArrayDataset:
         if not tv_missing:
             found, missing = tv_found, []
     if missing and download:
-        from torchvision.datasets import FashionMNIST
+        from torchvision.datasets import FashionMNIST  # torchvision (~1 s): only to download
 
         dl_root = root or default_data_root()
         FashionMNIST(dl_root, train=True, download=True)
@@ -484,7 +486,8 @@ def _tv_missing_error(name: str, root: str, missing: list[str], extra: str = "")
     hint = ""
     if name in ("mnist", "fashion_mnist_tv", "emnist") and any(os.path.isfile(m + ".gz") for m in missing):
         # torchvision reuses archives already present, so download=True works offline here
-        hint = " The .gz archives are present: gunzip them, or set `download: true` (torchvision then only extracts them)."
+        hint = (" The .gz archives are present: gunzip them, or set `download: true` (torchvision then only "
+                "extracts them).")
     return DatasetNotFoundError(
         f"dataset {name!r}: missing {len(missing)} file(s) in folder {folder!r}: {names}.{extra} "
         f"Set `download: true` on a machine with internet (torchvision downloads into root={root!r}), "

@@ -57,7 +57,7 @@ class Executor(ABC):
         """Incidents not yet returned by :meth:`run_round` (e.g. during the last checkpoint)."""
         return []
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional: an executor without resources keeps it
         """Release hosts and resources."""
 
     def describe(self) -> dict:

@@ -80,7 +80,7 @@ def _start_local_ray(ray, num_cpus: int | None, num_gpus: int | None = None) -> 
     if stray:
         log.warning("hetsim: ignoring RAY_ADDRESS=%s and starting a private local Ray; "
                     "set ray.address: auto (or the address) to run on that cluster", stray)
-    from ray._private import ray_constants
+    from ray._private import ray_constants  # Ray's: deferred as in import_ray
 
     _local_token = secrets.token_hex(32)
     # Set only while Ray starts its processes (they inherit them), then restored, so neither
@@ -222,7 +222,7 @@ def _without_unused_head_processes():
     Should a Ray version lack a method, it is left alone.
     """
     try:
-        from ray._private.node import Node
+        from ray._private.node import Node  # Ray's: deferred as in import_ray
     except ImportError:  # pragma: no cover - another Ray layout: start it as it comes
         yield
         return
@@ -246,8 +246,7 @@ def shutdown_ray() -> None:
     """
     if not ray_is_up():
         return
-    import ray
-
+    ray = import_ray()
     if ray.is_initialized():
         mark("ray: shutdown begins")
         ray.shutdown()

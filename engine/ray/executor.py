@@ -152,7 +152,7 @@ class RayExecutor(Executor):
                 i = pending.pop(ref)
                 try:
                     ray.get(ref)
-                except Exception as err:
+                except Exception as err:  # noqa: BLE001 - any start-up failure: said below, with the actor
                     self.close()
                     device_error = _device_error(err)
                     if device_error is not None:  # e.g. device: cuda on GPUs Ray only declared
@@ -179,9 +179,9 @@ class RayExecutor(Executor):
             return RoundReply([], self.drain_faults())
         broadcast_ref = ray.put(broadcast)
         # an actor with lost uploads to hear of and no client this round gets an empty call
-        calls = {a: (lambda actor, g=groups.get(a, []), lost=self._lost.get(a, []):
-                     actor.run_round.remote(round, g, broadcast_ref, evaluate, lost))
-                 for a in sorted({*groups, *self._lost})}
+        work = {a: (groups.get(a, []), self._lost.get(a, [])) for a in sorted({*groups, *self._lost})}
+        calls = {a: (lambda actor, g=g, lost=lost: actor.run_round.remote(round, g, broadcast_ref, evaluate, lost))
+                 for a, (g, lost) in work.items()}
         by_id = {}
         for results in self._gather(calls, round, state_round=round, rerun=groups).values():
             by_id.update((r.client_id, r) for r in results)
@@ -328,7 +328,7 @@ class RayExecutor(Executor):
         for a in self.actors:
             try:
                 ray.kill(a)
-            except Exception:
+            except Exception:  # noqa: BLE001 - gone already, or Ray is: nothing left to release
                 pass
         self.actors = []
 

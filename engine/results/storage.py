@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlparse
 
+import pandas as pd
 import pyarrow.fs as pafs
 
 from engine.errors import UserError
@@ -106,8 +107,6 @@ class Storage:
         return json.loads(self.read_text(rel))
 
     def read_parquet(self, rel: str):
-        import pandas as pd
-
         with self.fs.open_input_file(self._join(rel)) as f:
             return pd.read_parquet(f)
 
@@ -249,7 +248,7 @@ def open_storage(location: str | os.PathLike | Storage, options: dict[str, Any] 
         _filesystem_for(scheme, options)  # raises: options unsupported for this scheme
     try:
         fs, path = pafs.FileSystem.from_uri(text)
-    except Exception as err:  # pyarrow raises ArrowInvalid / OSError for unknown schemes
+    except Exception as err:  # noqa: BLE001 - pyarrow raises ArrowInvalid / OSError for unknown schemes
         raise StorageError(f"storage {text!r}: pyarrow cannot open this URI: {err}") from None
     return Storage(fs, path.rstrip("/"), text.rstrip("/"), {})
 
@@ -262,7 +261,7 @@ def check_writable(storage: Storage) -> None:
         storage.write_bytes(probe, b"ok")
         ok = storage.read_bytes(probe) == b"ok"
         storage.delete(probe)
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - whatever the filesystem raises, said with the hint below
         raise StorageError(
             f"storage {storage.uri}: cannot write there ({type(err).__name__}: {err}); check the "
             "path, the bucket, the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) and "

@@ -181,7 +181,7 @@ class RunFolderError(UserError, FileNotFoundError):
 def _read_parquet(path: Path) -> pd.DataFrame:
     try:
         return pd.read_parquet(path)
-    except Exception as err:  # pyarrow raises several types for a truncated or foreign file
+    except Exception as err:  # noqa: BLE001 - pyarrow raises several types for a truncated or foreign file
         raise RunFolderError(
             f"{path} is unreadable ({type(err).__name__}: {str(err).strip()[:200]}); the file is "
             "truncated or not Parquet (was the run killed while writing it?)") from None

@@ -3,6 +3,7 @@ actor's): build the simulation, keep the manifest, record rounds, checkpoint, cl
 """
 from __future__ import annotations
 
+import importlib.metadata as md
 import os
 import platform
 import shutil
@@ -24,8 +25,6 @@ from engine.trace import mark
 
 
 def versions() -> dict[str, str]:
-    import importlib.metadata as md
-
     out = {"python": platform.python_version()}
     for pkg in ("hetsim", "torch", "torchvision", "numpy", "pandas", "pyarrow", "ray", "pydantic"):
         try:
@@ -89,36 +88,11 @@ def execute_run(
     path = Path(path)
     writer = RunWriter(path)
     if resume:
-        manifest = read_manifest(path)
-        resume_entry = {
-            "at": utc_now(),
-            "previous_status": manifest.get("status"),
-            "previous_error": manifest.get("error"),
-            "command": command,
-            "host": platform.node(),
-        }
-        for key in ("error", "finished"):
-            manifest.pop(key, None)
-        manifest.update(status="running", **process_identity(), loop_pid=os.getpid())
-        dump_config(cfg, path / "config.yaml")  # result-neutral fields may have changed
+        manifest, resume_entry = _resumed_manifest(path, command)
     else:
-        from engine.checkpoint.folder import CHECKPOINTS
-
         shutil.rmtree(path / CHECKPOINTS, ignore_errors=True)  # an overwritten run's: not ours
-        dump_config(cfg, path / "config.yaml")
-        manifest = {
-            "schema_version": SCHEMA_VERSION,
-            "status": "running",
-            "seed": cfg.seed,
-            "algorithm": cfg.algorithm.name,
-            "dataset": cfg.dataset.name,
-            "started": utc_now(),
-            "command": command,
-            **process_identity(),  # the round loop's process: the driver actor's under Ray
-            "loop_pid": os.getpid(),  # (= pid; kept for readers of schema 1)
-            "warnings": list(warnings or []),
-            "versions": versions(),
-        }
+        manifest = _new_manifest(cfg, command, warnings)
+    dump_config(cfg, path / "config.yaml")  # on resume: result-neutral fields may have changed
     keeper = ManifestKeeper(path, manifest)
     keeper.start()
     wall0 = time.perf_counter()
@@ -160,6 +134,39 @@ def execute_run(
         keeper.write()
         mark("run: folder complete")
     return path
+
+
+def _new_manifest(cfg: ExperimentConfig, command: list[str], warnings: list[str] | None) -> dict:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "status": "running",
+        "seed": cfg.seed,
+        "algorithm": cfg.algorithm.name,
+        "dataset": cfg.dataset.name,
+        "started": utc_now(),
+        "command": command,
+        **process_identity(),  # the round loop's process: the driver actor's under Ray
+        "loop_pid": os.getpid(),  # (= pid; kept for readers of schema 1)
+        "warnings": list(warnings or []),
+        "versions": versions(),
+    }
+
+
+def _resumed_manifest(path: Path, command: list[str]) -> tuple[dict, dict]:
+    """The manifest of a run being resumed (running again, in this process), and the entry
+    its ``resumes`` list gets once the checkpoint is restored."""
+    manifest = read_manifest(path)
+    entry = {
+        "at": utc_now(),
+        "previous_status": manifest.get("status"),
+        "previous_error": manifest.get("error"),
+        "command": command,
+        "host": platform.node(),
+    }
+    for key in ("error", "finished"):
+        manifest.pop(key, None)
+    manifest.update(status="running", **process_identity(), loop_pid=os.getpid())
+    return manifest, entry
 
 
 def _restore_for_resume(sim: Simulation, path: Path, writer: RunWriter, manifest: dict, entry: dict,

@@ -20,7 +20,8 @@ from engine.results.storage import (
 
 def run_to_storage(run: Callable, cfg: ExperimentConfig, uri: str, callbacks: list[CallbackLike] | None,
                    command: list[str]) -> str:
-    """``run(cfg, folder, callbacks, command)`` into a local staging folder, mirrored to ``uri`` (every ``output.upload_every_s``
+    """``run(cfg, folder, callbacks, command)`` into a local staging folder, mirrored to ``uri``
+    (every ``output.upload_every_s``
     seconds, after checkpoints and when the run ends, also on failure); returns ``uri``.
 
     The staging folder is removed once the finished run is uploaded; if the last upload fails
