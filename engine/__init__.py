@@ -34,6 +34,9 @@ _EXPORTS = {
     "execute_run": "engine.run.body",
     "RunStateError": "engine.run.folders",
     "validate_experiment": "engine.run.validate",
+    # results (also from engine.results)
+    "load_run": "engine.results.tables",
+    "Run": "engine.results.tables",
     # configs
     "ExperimentConfig": "engine.config.schema",
     "load_config": "engine.config.schema",

@@ -1,4 +1,4 @@
-"""Tests for engine/models.py (fast: CPU only, a few seconds)."""
+"""Tests for engine/models/zoo.py (fast: CPU only, a few seconds)."""
 
 import pytest
 import torch
