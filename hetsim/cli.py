@@ -17,7 +17,7 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from engine import RunCallback, mark  # light: no torch, no Ray
+from engine import RunCallback, UserError, mark  # light: no torch, no Ray
 from hetsim import results_cli
 from hetsim.common import human_bytes  # report / compare / whatif: argparse only at import
 
@@ -97,12 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(args):
-    from engine import load_config
+    from engine import load_config  # pydantic, numpy, yaml: not for --help
 
     return load_config(args.config, args.overrides)
 
 
 def cmd_validate(args) -> int:
+    # yaml, and torch behind validate_experiment: only validate needs them
     import yaml
 
     from engine import check_device_request, validate_experiment
@@ -125,7 +126,7 @@ class ProgressBar(RunCallback):
         self.postfix: dict[str, str] = {}
 
     def on_run_begin(self, run) -> None:
-        from tqdm import tqdm
+        from tqdm import tqdm  # ~50 ms: only a run with a progress bar needs it
 
         self.bar = tqdm(total=self.total, initial=run.first_round, unit="round",
                         dynamic_ncols=True, file=sys.stderr)
@@ -145,11 +146,11 @@ class ProgressBar(RunCallback):
 
 
 def cmd_run(args) -> int:
+    # torch, pandas and Ray behind these: only a run needs them
     from engine import (
         DriverDiedError,
         ExecutorError,
         RunStateError,
-        UserError,
         prepare_run,
         resume_config,
         resume_run,
@@ -197,8 +198,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from engine import UserError
-    from sweeps import runner
+    from sweeps import runner  # Ray Tune: ~1 s to import, only for sweeps
 
     mark("cli: sweep modules imported")
     if bool(args.spec) == bool(args.resume):
@@ -225,7 +225,7 @@ def cmd_show(args) -> int:
 
 
 def summary_table(path: Path | str) -> str:
-    from engine.results import load_run, run_status
+    from engine.results import load_run, run_status  # pandas and pyarrow: not for --help
 
     run = load_run(path)
     m = run.manifest
@@ -271,8 +271,6 @@ def summary_table(path: Path | str) -> str:
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    from engine import UserError
-
     return (UserError, FileNotFoundError, FileExistsError, NotADirectoryError,
             IsADirectoryError, PermissionError)
 
@@ -281,7 +279,7 @@ def _interrupted(args) -> str:
     path = getattr(args, "run_path", None)
     if path is None:
         return "hetsim: interrupted; nothing was written"
-    from engine.results import read_table
+    from engine.results import read_table  # pandas and pyarrow: not for --help
 
     try:
         rounds = read_table(path, "rounds")
@@ -366,9 +364,6 @@ def console_main() -> None:
     torch's and Ray's modules and threads (0.5-0.9 s on 2 busy cores). An uncaught exception
     still ends the normal way, with its traceback.
     """
-    import logging
-    import os
-
     code = main()
     logging.shutdown()
     sys.stdout.flush()

@@ -16,6 +16,6 @@ def human_bytes(n: float) -> str:
 
 def is_sweep_folder(path: str | Path) -> bool:
     """A sweep's folder (it holds the sweep spec), not a run's."""
-    from sweeps.results import SWEEP_FILE  # sweeps imports Ray Tune's names: only when asked
+    from sweeps.results import SWEEP_FILE  # pandas and pyarrow: hetsim.cli imports this module
 
     return (Path(path) / SWEEP_FILE).is_file()

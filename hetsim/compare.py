@@ -15,7 +15,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+import sweeps
+from engine.results import load_run
+from hetsim import plots
 from hetsim.common import human_bytes, is_sweep_folder
+from hetsim.page import Page
 
 COMPARE_FIGURES = (
     "table-compare",
@@ -121,14 +125,9 @@ def _trial_label(row: pd.Series, columns: list[str]) -> str:
 
 def load_entries(paths: list[str | Path]) -> list[Entry]:
     """Run folders as they are; sweep folders expanded into their trials that ran."""
-    from engine.results import load_run
-
-
     entries: list[Entry] = []
     for p in map(Path, paths):
         if is_sweep_folder(p):
-            import sweeps
-
             s = sweeps.load_sweep(p)
             cols = [c for c in s.param_columns.values() if c in s.trials.columns]
             ran = s.trials[s.trials["rounds_done"] > 0] if "rounds_done" in s.trials else s.trials
@@ -201,9 +200,6 @@ def text_table(table: pd.DataFrame, metric: str, target: float) -> str:
 
 def compare_page(entries: list[Entry], metric: str = "global_acc", target: float | None = None,
                  title: str = "hetsim compare"):
-    from hetsim import plots
-    from hetsim.page import Page
-
     table, target = compare_table(entries, metric, target)
     page = Page(title, f"{len(entries)} runs; target {metric} ≥ {target:g}" if np.isfinite(target)
                 else f"{len(entries)} runs")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import base64
 import html
 import io
+import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -73,12 +75,10 @@ class Page:
     def guarded(self, fig_ids, draw, *args) -> None:
         """``draw(self, *args)``; if it fails on unexpected data, the figures it did not draw
         become notes naming the error and the rest of the page goes on."""
-        import sys
-
         rows = self.open_rows
         try:
             draw(self, *args)
-        except Exception as err:  # a report shows what it can; the error is named on the page
+        except Exception as err:  # noqa: BLE001 - a report shows what it can; the error is named on the page
             while self.open_rows > rows:
                 self.row(False)
             for fig_id in fig_ids:
@@ -147,8 +147,6 @@ def figures_dir(page: Path) -> Path:
 
 
 def format_value(v: Any) -> str:
-    import math
-
     if v is None:
         return ""
     if isinstance(v, bool):

@@ -1,10 +1,12 @@
 """Shared plotting helpers: figures on the Agg canvas, fixed colours, tier grouping.
 
-matplotlib is imported here only, inside functions, so ``hetsim --help`` never loads it.
+matplotlib is imported here only, inside the drawing functions: :mod:`hetsim.compare` imports
+this module, and its text table (``hetsim compare`` without ``-o``) draws nothing.
 """
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 import numpy as np
 import pandas as pd
@@ -34,7 +36,7 @@ BANDWIDTH_EDGES = (0.0, 10.0, 100.0, 1000.0, math.inf)
 def figure(ncols: int = 1, nrows: int = 1, width: float = 11.0, height: float = 3.6,
            sharey: bool = False, sharex: bool = False, **kw):
     """A matplotlib Figure (Agg, no pyplot) and its axes as a flat list."""
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # matplotlib: only drawing needs it, not compare's text table
 
     fig = Figure(figsize=(width, height * nrows), layout="constrained")
     axes = fig.subplots(nrows, ncols, sharey=sharey, sharex=sharex, squeeze=False, **kw)
@@ -53,7 +55,7 @@ def tidy(ax) -> None:
 
 def round_ticks(ax) -> None:
     """Integer ticks on a round axis."""
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # matplotlib: only drawing needs it (see figure)
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
@@ -95,7 +97,7 @@ def _profile_column(clients: pd.DataFrame, profiles: pd.DataFrame | None, col: s
 def _bandwidth_bin(mbps: float) -> str:
     if not np.isfinite(mbps):
         return "sampled"
-    for lo, hi in zip(BANDWIDTH_EDGES, BANDWIDTH_EDGES[1:]):
+    for lo, hi in pairwise(BANDWIDTH_EDGES):
         if lo <= mbps < hi:
             if lo == 0:
                 return f"<{hi:g} Mbps"

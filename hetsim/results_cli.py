@@ -61,7 +61,7 @@ def add_commands(sub) -> None:
 
 
 def cmd_report(args) -> int:
-    from hetsim.report import build_report
+    from hetsim.report import build_report  # pandas and pyarrow: hetsim.cli imports this module
 
     out = build_report(args.path, args.out)
     print(f"report: {out}")
@@ -69,6 +69,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_compare(args) -> int:
+    # pandas and pyarrow: hetsim.cli imports this module, --help must not load them
     from hetsim.compare import compare_page, compare_table, load_entries, text_table
 
     entries = load_entries(args.paths)
@@ -84,7 +85,7 @@ def cmd_compare(args) -> int:
 
 
 def cmd_whatif(args) -> int:
-    from hetsim.whatif import run_whatif_command
+    from hetsim.whatif import run_whatif_command  # pandas and pyarrow: not for --help
 
     return run_whatif_command(args)
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from hetsim.compare import compare_page, load_entries, text_table
+from sweeps import whatif
+
 COMPARE_FILE = "compare.html"
 
 
 def run_whatif_command(args) -> int:
-    from sweeps import whatif
-
     spec, fleets, spec_dir = None, {}, None
     if args.spec:
         spec, fleets, spec_dir = whatif.load_whatif_file(args.spec)
@@ -46,9 +47,6 @@ def run_whatif_command(args) -> int:
 
 def report_whatif(sweep, metric: str = "global_acc", target: float | None = None) -> int:
     """Print the compare table and the fleets' differences; write compare.html in the folder."""
-    from hetsim.compare import compare_page, load_entries, text_table
-    from sweeps import whatif
-
     errors = sweep.trials[sweep.trials["status"] == "error"]
     for _, row in errors.iterrows():
         print(f"fleet {row[whatif.FLEET_COLUMN]}: error: {row['error']}", file=sys.stderr)
@@ -59,8 +57,10 @@ def report_whatif(sweep, metric: str = "global_acc", target: float | None = None
     page, table, target = compare_page(entries, metric, target, title=f"hetsim whatif: {sweep.path.name}")
     print(text_table(table, metric, target))
     for d in whatif.fleet_differences(sweep):
-        acc = "the same accuracy" if d["same_accuracy"] else f"different accuracy from round {d['first_round_acc']}"
-        arr = "the same arrivals" if d["same_arrivals"] else f"different arrivals from round {d['first_round_arrivals']}"
+        acc = ("the same accuracy" if d["same_accuracy"]
+               else f"different accuracy from round {d['first_round_acc']}")
+        arr = ("the same arrivals" if d["same_arrivals"]
+               else f"different arrivals from round {d['first_round_arrivals']}")
         print(f"{d['fleet']} vs {d['reference']}: {acc}, {arr}")
     out = page.write(Path(sweep.path) / COMPARE_FILE)
     print(f"\nresults: {sweep.path}  (trials.parquet, rounds.parquet with a `fleet` column)")

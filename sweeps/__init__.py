@@ -14,7 +14,7 @@ __all__ = ["Sweep", "SweepSpec", "SweepSpecError", "load_sweep", "resolve", "run
 
 def __getattr__(name):
     if name in ("run_sweep", "resume_sweep"):
-        from sweeps import runner
+        from sweeps import runner  # Ray Tune: importing sweeps does not import Ray
 
         return getattr(runner, name)
     raise AttributeError(f"module 'sweeps' has no attribute {name!r}")

@@ -27,7 +27,9 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from engine.results import ROUND_COLUMNS, Storage, open_storage, read_table
+from engine import ConfigError, apply_overrides, load_config, parse_yaml
+from engine.results import ROUND_COLUMNS, Storage, load_run, open_storage, read_table
+from sweeps.spec import expand_params
 
 SWEEP_FILE = "sweep.yaml"
 TRIALS_FILE = "trials.parquet"
@@ -90,8 +92,6 @@ class Sweep:
 
     def run(self, trial_id: str):
         """One trial's run folder as :class:`engine.results.tables.Run`."""
-        from engine.results import load_run
-
         store = self.storage or open_storage(self.path)
         return load_run(store.child(RUNS_DIR, trial_id))
 
@@ -138,13 +138,10 @@ def _trial_status(tune_status: str | None, info_status: str | None, rounds_done:
 
 
 def _planned_rounds(spec: dict[str, Any], params: dict[str, Any]) -> int:
-    from engine import apply_overrides, load_config
-    from sweeps.spec import expand_params
-
     try:
         return load_config(apply_overrides(spec.get("base") or {},
                                            expand_params(spec.get("space") or {}, params))).rounds
-    except Exception:
+    except Exception:  # noqa: BLE001 - a trial config that no longer loads: the raw rounds, or 20
         return int(params.get("rounds", (spec.get("base") or {}).get("rounds", 20)))
 
 
@@ -201,7 +198,10 @@ def summarize_trial(
     row["total_bytes_up"] = int(rounds["bytes_up"].sum()) if n and "bytes_up" in rounds else 0
     row["total_bytes_down"] = int(rounds["bytes_down"].sum()) if n and "bytes_down" in rounds else 0
     wall = manifest.get("wall_s")
-    row["wall_s"] = float(wall) if wall is not None else (float(rounds["wall_s"].sum()) if n and "wall_s" in rounds else math.nan)
+    if wall is not None:
+        row["wall_s"] = float(wall)
+    else:
+        row["wall_s"] = float(rounds["wall_s"].sum()) if n and "wall_s" in rounds else math.nan
     row["node_id"] = info.get("node_id", "")
     row["attempts"] = int(info.get("attempts", 1 if info else 0))
     resumed = info.get("resumed_from_round")
@@ -260,8 +260,6 @@ def write(storage: Storage, trials: pd.DataFrame, rounds: pd.DataFrame) -> None:
 
 
 def read_sweep_file(path: str | Path | Storage, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    from engine import ConfigError, parse_yaml
-
     store = open_storage(path, storage_options)
     if not store.exists(SWEEP_FILE):
         raise FileNotFoundError(f"{store.uri} is not a sweep folder (no {SWEEP_FILE})")

@@ -1,17 +1,17 @@
 """The search space of a spec as a Ray Tune ``param_space``.
 
 Keys stay dotted (``"train.lr"``); a trial's config is ``{dotted key: value}`` and is applied to
-the base experiment with :func:`engine.config.apply_overrides`.
+the base experiment with :func:`engine.config.schema.apply_overrides`.
 """
 from __future__ import annotations
 
 from typing import Any
 
+from ray import tune
+
 
 def tune_param_space(space: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """``{"train.lr": {"loguniform": [1e-3, 0.1]}}`` -> ``{"train.lr": tune.loguniform(1e-3, 0.1)}``."""
-    from ray import tune
-
     out: dict[str, Any] = {}
     for key, dist in space.items():
         (kind, args), = dist.items()

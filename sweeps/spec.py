@@ -26,6 +26,11 @@ Everything is checked before anything starts. The spec itself is a pydantic mode
 substituted into the base experiment and validated exactly like ``hetsim run`` validates a
 config, so an unknown key or a value the field would reject is a :class:`SweepSpecError` that
 names the field, the value and what is allowed.
+
+Over 400 lines because it is one set of rules, read together: the spec's models, the checks
+that give each field its error message, and :func:`resolve`, which runs them in order (the
+models are under 200 lines; ResolvedSweep, the checks and resolve() are over 400). Splitting it
+would put a field's definition and the check that explains its errors in different modules.
 """
 from __future__ import annotations
 
@@ -47,9 +52,10 @@ from engine import (
     apply_overrides,
     expand_path,
     load_config,
+    ray_is_up,
     read_yaml_file,
 )
-from engine.results import ROUND_COLUMNS, is_uri, redact
+from engine.results import ROUND_COLUMNS, is_uri, open_storage, redact
 
 DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "randint", "named")
 # Grid-like kinds: every value is a trial (x num_samples). `named` is a grid over named values
@@ -188,8 +194,6 @@ class ResolvedSweep:
 
     def open_storage(self):
         """The sweep folder as :class:`engine.results.storage.Storage`."""
-        from engine.results import open_storage
-
         return open_storage(self.storage, self.spec.storage_options)
 
     @property
@@ -269,7 +273,7 @@ def _config_problem(err: ConfigError) -> str:
 def _check_experiment(raw: dict[str, Any], storage: Path | None = None,
                       ray_running: bool | None = None) -> ExperimentConfig:
     """Schema check; with ``storage`` also the whole validation pass a run makes (data too)."""
-    from engine import validate_experiment
+    from engine import validate_experiment  # torch: resolve() needs it, load_sweep() does not
 
     cfg = load_config(raw)
     if storage is not None:
@@ -444,8 +448,6 @@ def _resources_check(spec: SweepSpec, cfg: ExperimentConfig) -> None:
 
 def storage_location(location: str | Path) -> str:
     """An absolute local path, or the URI unchanged."""
-    from engine.results import is_uri
-
     text = str(location)
     return text.rstrip("/") if is_uri(text) else str(Path(expand_path(text)).resolve())
 
@@ -533,11 +535,10 @@ def resolve(
             base_raw = apply_overrides(base_raw, spec.overrides)
         except ConfigError as err:
             raise SweepSpecError(f"invalid sweep spec:\n  overrides: {err}") from None
-    storage_path = storage_location(storage if storage is not None else (spec.storage or Path("sweeps_out") / spec.name))
+    storage_path = storage_location(
+        storage if storage is not None else (spec.storage or Path("sweeps_out") / spec.name))
     local_storage = None if is_uri(storage_path) else Path(storage_path)  # run folders' checks
     checks_now = local_storage if data_checks is None else None
-    from engine import ray_is_up
-
     ray_running = ray_is_up()  # pinned: the deferred checks may run while Ray starts
     base_cfg = _validate_experiment(base_raw, "base", checks_now)
     if data_checks is not None and local_storage is not None:
@@ -597,8 +598,6 @@ def resolve(
     _check_schedule(spec, base_cfg, dims)
     spec.storage = storage_path
     try:
-        from engine.results import open_storage
-
         open_storage(storage_path, spec.storage_options)
     except ValueError as err:
         raise SweepSpecError(f"invalid sweep spec:\n  storage = {storage_path!r}: {err}") from None

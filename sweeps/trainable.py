@@ -48,7 +48,24 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from engine import RayExecutor, RunCallback, load_config, mark, set_ray_gpu_ids
+import ray
+from ray import tune
+from ray.tune import PlacementGroupFactory
+
+from engine import (
+    CHECKPOINTS,
+    RayExecutor,
+    RunCallback,
+    checkpoint_name,
+    execute_run,
+    list_checkpoints,
+    load_config,
+    mark,
+    read_meta,
+    run_in_folder,
+    set_ray_gpu_ids,
+    validate_experiment,
+)
 from engine.results import DirectoryMirror, Storage, StorageError
 from sweeps.space import plain
 from sweeps.spec import ResolvedSweep
@@ -65,8 +82,6 @@ def trial_dirname(trial) -> str:
 
 def trial_resources(resolved: ResolvedSweep):
     """What one trial reserves: plain CPUs (in-process) or a placement group (Ray executor)."""
-    from ray.tune import PlacementGroupFactory
-
     cfg = resolved.base_cfg
     res = resolved.spec.resources_per_trial
     if cfg.executor.kind == "ray":
@@ -139,8 +154,6 @@ class TuneReporter(RunCallback):
         self.checkpoint_seen = run.info.get("checkpoint")
 
     def on_round_end(self, run, record) -> None:
-        from ray import tune
-
         self.rounds_done = record.round + 1
         metrics = round_metrics(record.row)
         for m in self.carry:
@@ -165,8 +178,6 @@ class TuneReporter(RunCallback):
     def flush(self) -> None:
         """Report the last round, marked ``done``: the trial has ended, so Tune completes it
         without asking the scheduler (PBT would otherwise perturb it once more)."""
-        from ray import tune
-
         for i, metrics in enumerate(self.deferred):
             tune.report({**metrics, "done": True} if i == len(self.deferred) - 1 else metrics)
         self.deferred = []
@@ -176,9 +187,6 @@ class TrialFolder:
     """Where one trial writes its run folder, and how it gets to the sweep's storage."""
 
     def __init__(self, trial_id: str):
-        import ray
-        from ray import tune
-
         ctx = tune.get_context().get_storage()  # Tune's StorageContext: RunConfig's storage
         self.sweep = Storage(ctx.storage_filesystem, ctx.storage_fs_path, ctx.storage_fs_path)
         self.remote = self.sweep.child("runs", trial_id)
@@ -213,8 +221,6 @@ class TrialFolder:
     def continue_from(self, checkpoint) -> int | None:
         """Make Tune's ``checkpoint`` the newest of the run folder (fetched from storage if it
         is staged here); returns the round it continues from, None if the run folder is gone."""
-        from engine import CHECKPOINTS, checkpoint_name, list_checkpoints, read_meta
-
         if self.mirror is not None:  # a fresh node, or a stale staging copy: storage has the truth
             if self.run_dir.exists():
                 shutil.rmtree(self.run_dir)
@@ -248,11 +254,6 @@ def checkpoint_origin(checkpoint) -> str:
 
 def hetsim_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
     """Tune function trainable (bound to the resolved sweep with ``tune.with_parameters``)."""
-    import ray
-    from ray import tune
-
-    from engine import execute_run, run_in_folder, validate_experiment
-
     mark("trial: begins")
     resolved = ResolvedSweep.from_dict(sweep)
     trial_id = tune.get_context().get_trial_id()

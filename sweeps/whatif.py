@@ -24,14 +24,17 @@ What can and cannot differ between fleets is in docs/reports.md.
 """
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine import ConfigError, apply_overrides, load_config
+from hardware_profiles.sampler import assign_profiles
 from sweeps.spec import (
     RaySpec,
     ResourcesSpec,
@@ -145,8 +148,6 @@ def base_experiment(base: str | Path | dict[str, Any] | None, spec_dir: Path | N
 
 def check_fleets(base_raw: dict[str, Any], fleets: dict[str, dict[str, Any]]) -> None:
     """Every fleet must be a valid ``clients.profiles`` of the base, with known tiers."""
-    from hardware_profiles.sampler import assign_profiles
-
     if len(fleets) < 2:
         raise _error("fleets", f"{len(fleets)} fleet(s) given; a what-if compares at least 2")
     for name, profiles in fleets.items():
@@ -205,7 +206,7 @@ def run_whatif(base_raw: dict[str, Any], fleets: dict[str, dict[str, Any]], *, n
                overrides: list[str] = (), storage: str | Path | None = None, address: str | None = None,
                quiet: bool = False, command: list[str] | None = None, **spec_kw):
     """Run the what-if as a sweep; returns the loaded :class:`sweeps.Sweep` (column ``fleet``)."""
-    from sweeps.runner import run_sweep
+    from sweeps.runner import run_sweep  # Ray Tune: ~1 s to import, only when the what-if runs
 
     spec = whatif_sweep_spec(base_raw, fleets, name=name, overrides=list(overrides), storage=storage, **spec_kw)
     return run_sweep(spec, address=address, quiet=quiet, command=command)
@@ -216,8 +217,6 @@ def fleet_differences(sweep) -> list[dict[str, Any]]:
 
     ``first_round_acc`` / ``first_round_arrivals``: the first round where they differ (None if never).
     """
-    import pandas as pd
-
     t = sweep.trials[sweep.trials["rounds_done"] > 0]
     runs = {row[FLEET_COLUMN]: sweep.run(row["trial_id"]) for _, row in t.iterrows()}
     names = list(runs)
@@ -235,8 +234,11 @@ def fleet_differences(sweep) -> list[dict[str, Any]]:
         arr = {}
         for label, rr in (("ref", ref), ("run", run)):
             c = rr.clients
-            arr[label] = c[c["made_deadline"].fillna(False).astype(bool)].groupby("round")["client_id"].apply(frozenset) \
-                if len(c) else pd.Series(dtype=object)
+            if len(c):
+                arrived = c[c["made_deadline"].fillna(False).astype(bool)]
+                arr[label] = arrived.groupby("round")["client_id"].apply(frozenset)
+            else:
+                arr[label] = pd.Series(dtype=object)
         arr_diff = [r for r in common if arr["ref"].get(r, frozenset()) != arr["run"].get(r, frozenset())]
         out.append({
             "fleet": name, "reference": names[0],
@@ -247,8 +249,6 @@ def fleet_differences(sweep) -> list[dict[str, Any]]:
 
 
 def _same(x, y) -> bool:
-    import math
-
     if isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y):
         return True
     return x == y

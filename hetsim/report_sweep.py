@@ -1,0 +1,152 @@
+"""The report of a sweep folder (``hetsim report SWEEP``): the best configurations, the metric
+against each hyperparameter, and the learning curves of the best trials.
+"""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+import sweeps
+from hetsim import plots
+from hetsim.common import human_bytes
+from hetsim.page import Page
+
+SWEEP_FIGURES = (
+    "table-sweep-best",
+    "fig-sweep-curves",
+)  # plus one fig-sweep-param-<column> per hyperparameter (sweep_param_figure_id)
+TOP_TRIALS = 10  # rows of the best-configurations table
+TOP_CURVES = 5  # learning curves drawn
+
+
+def sweep_param_figure_id(column: str) -> str:
+    """The id of the figure of the sweep metric against one hyperparameter column."""
+    return "fig-sweep-param-" + (re.sub(r"[^A-Za-z0-9]+", "-", column).strip("-").lower() or "x")
+
+
+def sweep_page(path: Path) -> Page:
+    s = sweeps.load_sweep(path)
+    t = s.trials
+    metric, mode = s.metric, s.mode
+    name = s.spec.get("name") or path.name
+    base = s.spec.get("base") or {}
+    algo = (base.get("algorithm") or {}).get("name", "?")
+    dataset = (base.get("dataset") or {}).get("name", "?")
+    page = Page(f"hetsim sweep: {name}", f"{algo} on {dataset}; {len(t)} trials, ranked by the "
+                f"{'highest' if mode == 'max' else 'lowest'} {metric} of each trial")
+    counts = t["status"].value_counts().to_dict() if len(t) else {}
+    page.key_values("table-sweep-summary", [
+        ("sweep folder", str(path)),
+        ("trials", ", ".join(f"{v} {k}" for k, v in counts.items()) or "none"),
+        ("planned trials", str(s.num_trials if s.num_trials is not None else "?")),
+        ("metric", f"{metric} ({mode})"),
+        ("hyperparameters", ", ".join(f"{k} → {v}" for k, v in s.param_columns.items())),
+        ("rounds per trial", str(base.get("rounds", "?"))),
+    ])
+    best_col = f"best_{metric}"
+    ok = t[(t["status"] != "error") & pd.to_numeric(t.get(best_col, pd.Series(dtype=float)), errors="coerce").notna()] \
+        if len(t) and best_col in t else t.iloc[0:0]
+    page.section("Best configurations")
+    if ok.empty:
+        page.omit("table-sweep-best", f"table-sweep-best: no trial has a value of {metric} yet")
+    else:
+        cols = ["trial_id", *[c for c in s.param_columns.values() if c in t], "status", "rounds_done",
+                f"final_{metric}", best_col, "total_sim_time_s", "total_bytes_up"]
+        best = s.best(TOP_TRIALS)
+        best = best[best[best_col].notna()][[c for c in cols if c in best]]
+        fmt = {"total_bytes_up": human_bytes}
+        page.table("table-sweep-best", best.reset_index(drop=True), fmt,
+                   caption=f"the {len(best)} best trials by {best_col}")
+    page.section(f"{metric} against each hyperparameter")
+    page.row()
+    for key, col in s.param_columns.items():
+        fig_id = sweep_param_figure_id(col)
+        if ok.empty or col not in ok:
+            page.omit(fig_id, f"{fig_id}: no finished trial to plot")
+            continue
+        kind = next(iter((s.spec.get("space") or {}).get(key, {"grid": []})))
+        page.guarded((fig_id,), _param_figure, fig_id, ok, col, key, kind, metric)
+    page.row(False)
+    page.section("Learning curves of the best trials")
+    page.guarded(("fig-sweep-curves",), _sweep_curves, s, ok, metric)
+    errors = t[t["status"] == "error"] if len(t) else t
+    if len(errors):
+        page.section("Errors")
+        page.table("table-sweep-errors", errors[["trial_id", "error"]].reset_index(drop=True))
+    return page
+
+
+def _param_figure(page, fig_id, ok, col, key, kind, metric) -> None:
+    fig, (ax,) = plots.figure(width=6.6, height=3.4)
+    best = plots.numeric(ok[f"best_{metric}"])
+    final = plots.numeric(ok[f"final_{metric}"]) if f"final_{metric}" in ok else None
+    values = ok[col]
+    is_number = pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values)
+    if is_number and kind not in ("grid", "choice", "named") and values.nunique(dropna=True) > 1:
+        x = plots.numeric(values)
+        ax.scatter(x, best, color="#4C72B0", label=f"best {metric}", zorder=3)
+        if final is not None:
+            ax.scatter(x, final, facecolors="none", edgecolors="#DD8452", label=f"final {metric}", zorder=3)
+        positive = x.dropna()
+        if kind == "loguniform" or (len(positive) and (positive > 0).all() and positive.max() / positive.min() >= 20):
+            ax.set_xscale("log")
+        ax.set_xlabel(col)
+    else:
+        labels = values.map(lambda v: "null" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v))
+        cats = list(dict.fromkeys(labels))
+        if is_number:
+            cats = sorted(cats, key=lambda c: float(c) if c != "null" else math.inf)
+        pos = labels.map({c: i for i, c in enumerate(cats)}).to_numpy(dtype=float)
+        jitter = np.random.default_rng(0).uniform(-0.12, 0.12, len(pos))
+        ax.scatter(pos + jitter, best, color="#4C72B0", label=f"best {metric}", zorder=3)
+        if final is not None:
+            ax.scatter(pos + jitter, final, facecolors="none", edgecolors="#DD8452", label=f"final {metric}", zorder=3)
+        means = best.groupby(labels.values).mean()
+        ax.scatter(range(len(cats)), [means.get(c, np.nan) for c in cats], marker="_", s=500,
+                   color="#333", label="mean of best", zorder=4)
+        ax.set_xticks(range(len(cats)), cats, fontsize=8, rotation=20 if len(cats) > 6 else 0)
+        ax.set_xlim(-0.6, len(cats) - 0.4)
+        ax.set_xlabel(col)
+    ax.set_ylabel(metric)
+    plots.fig_legend(fig, ax)
+    ax.set_title(f"{metric} against {col}", loc="left", fontsize=11)
+    page.figure(fig_id, fig, f"one point per trial ({key}); filled: the trial's best value, hollow: "
+                "its last evaluated value")
+
+
+def _sweep_curves(page, s, ok, metric) -> None:
+    r = s.rounds
+    if ok.empty or r.empty or metric not in r:
+        page.omit("fig-sweep-curves", f"fig-sweep-curves: no trial rounds with {metric}")
+        return
+    top = s.best(TOP_CURVES)
+    top = top[top["trial_id"].isin(ok["trial_id"])]
+    cols = [c for c in s.param_columns.values() if c in top]
+    fig, (ax, ax2) = plots.figure(ncols=2, height=3.8)
+    colours = plots.colour_map(list(top["trial_id"]))
+    for _, row in top.iterrows():
+        tr = r[r["trial_id"] == row["trial_id"]]
+        ev = tr.assign(v=plots.numeric(tr[metric])).dropna(subset=["v"])
+        label = ", ".join(f"{c}={format_param(row[c])}" for c in cols) or row["trial_id"]
+        for a, x in ((ax, "round"), (ax2, "sim_time_s")):
+            a.plot(ev[x], ev["v"], color=colours[row["trial_id"]], label=label,
+                   marker=plots.marker_for(len(ev)), markersize=3)
+    plots.round_ticks(ax)
+    ax2.set_xlabel("simulated time (s)")
+    for a in (ax, ax2):
+        a.set_ylabel(metric)
+    ax.set_title(f"{metric} per round", loc="left", fontsize=11)
+    ax2.set_title(f"{metric} against simulated time", loc="left", fontsize=11)
+    plots.fig_legend(fig, ax)
+    page.figure("fig-sweep-curves", fig, f"the {len(top)} best trials by best_{metric}")
+
+
+def format_param(v: Any) -> str:
+    if isinstance(v, float):
+        return "null" if math.isnan(v) else f"{v:.4g}"
+    return str(v)
