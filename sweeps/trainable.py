@@ -66,7 +66,7 @@ from engine import (
     set_ray_gpu_ids,
     validate_experiment,
 )
-from engine.results import DirectoryMirror, Storage, StorageError
+from engine.results import DirectoryMirror, Storage, StorageError, update_manifest, write_json_atomic
 from sweeps.space import plain
 from sweeps.spec import ResolvedSweep
 
@@ -111,20 +111,12 @@ def round_metrics(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _write_info(run_dir: Path, info: dict[str, Any]) -> None:
-    tmp = run_dir / (TRIAL_INFO + ".tmp")
-    tmp.write_text(json.dumps(info, indent=2, default=str))
-    os.replace(tmp, run_dir / TRIAL_INFO)
+    write_json_atomic(run_dir / TRIAL_INFO, info)
 
 
 def _mark_manifest(run_dir: Path, status: str, error: str) -> None:
-    path = run_dir / "manifest.json"
-    if not path.exists():
-        return
-    manifest = json.loads(path.read_text())
-    manifest["status"], manifest["error"] = status, error
-    tmp = path.with_name("manifest.json.tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, default=str))
-    os.replace(tmp, path)
+    if (run_dir / "manifest.json").exists():
+        update_manifest(run_dir, status=status, error=error)
 
 
 def error_text(err: BaseException) -> str:

@@ -18,6 +18,8 @@ import pyarrow.fs as pafs
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from engine.atomic import write_atomic
+
 MARKER = ".hetsim-storage"  # written by the owner of a local storage: who sees it, shares it
 
 class NodeDiskHandler(pafs.FileSystemHandler):
@@ -164,10 +166,7 @@ class _LocalOps:
             with open(path, "ab") as f:
                 f.write(data)
             return
-        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        write_atomic(path, lambda f: f.write(data))
 
 
 _LOCAL_OPS = _LocalOps()

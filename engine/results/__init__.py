@@ -1,5 +1,6 @@
 """A run's results: its folder's tables (Parquet, pandas-first), its manifest, and where
 folders live (a local path or object storage). The schema is in docs/results.md."""
+from engine.atomic import write_json_atomic
 from engine.config.schema import redact
 from engine.results.manifest import (
     HEARTBEAT_S,
@@ -36,5 +37,5 @@ __all__ = [
     "CLIENT_COLUMNS", "FAULT_COLUMNS", "HEARTBEAT_S", "PROFILE_COLUMNS", "ROUND_COLUMNS", "SCHEMA_VERSION",
     "WALL_COLUMNS", "DirectoryMirror", "MirrorCallback", "Run", "RunFolderError", "RunWriter", "Storage",
     "StorageError", "check_writable", "is_uri", "load_run", "open_storage", "read_manifest", "read_table",
-    "redact", "run_status", "update_manifest", "utc_now", "write_manifest",
+    "redact", "run_status", "update_manifest", "utc_now", "write_json_atomic", "write_manifest",
 ]

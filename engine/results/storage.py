@@ -37,6 +37,7 @@ from urllib.parse import parse_qsl, urlparse
 import pandas as pd
 import pyarrow.fs as pafs
 
+from engine.atomic import write_atomic
 from engine.errors import UserError
 from engine.loop.callbacks import RunCallback
 
@@ -137,10 +138,7 @@ class Storage:
         if parent:
             self.fs.create_dir(parent, recursive=True)
         if isinstance(self.fs, pafs.LocalFileSystem):
-            tmp = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, target)
+            write_atomic(target, lambda f: f.write(data))
             return
         with self.fs.open_output_stream(target) as f:  # object stores: a PUT is atomic
             f.write(data)
