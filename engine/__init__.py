@@ -73,7 +73,7 @@ _EXPORTS = {
     "ExecutorError": "engine.ray.cluster",
     "gpu_capacity": "engine.ray.pool",
     "RayExecutor": "engine.ray.executor",
-    "DriverDiedError": "engine.ray.driver",
+    "DriverDiedError": "engine.ray.cluster",
     "node_disk_filesystem": "engine.ray.node_disk",
     "nodes_sharing": "engine.ray.node_disk",
     # start-up trace

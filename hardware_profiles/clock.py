@@ -28,11 +28,12 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from .condition_spec import parse_start
 from .sampler import ProfileTable
 
 OPS_TO_FLOPS = 1.0  # one reported compression op costs one training flop
 
-DROP_REASONS = ("", "unavailable", "dropout", "deadline", "over_selected", "nonfinite")
+DROP_REASONS = ("", "unavailable", "dropout", "offline", "deadline", "over_selected", "nonfinite")
 
 # Salts keep the availability and dropout streams independent.
 SALT_AVAILABILITY = 0xA7A1
@@ -142,6 +143,7 @@ class RoundPolicy(BaseModel):
     host_to_device_ratio: float = 1.0
     time_scale: float = 1.0
     max_sleep_s: float = 3600.0  # realtime: the longest the engine sleeps for one round
+    start: str = "00:00"  # virtual time of round 0's start: a time of day, optionally "Tue 08:00"
 
     @model_validator(mode="after")
     def _check(self) -> "RoundPolicy":
@@ -155,7 +157,13 @@ class RoundPolicy(BaseModel):
             raise ValueError(f"time_scale={self.time_scale!r} is not allowed: must be >= 0")
         if not (math.isfinite(self.max_sleep_s) and self.max_sleep_s > 0):
             raise ValueError(f"max_sleep_s={self.max_sleep_s!r} is not allowed: must be > 0")
+        parse_start(self.start)  # raises with the allowed forms
         return self
+
+    @property
+    def start_s(self) -> float:
+        """Round 0's start in seconds of virtual time (0 = Monday 00:00)."""
+        return parse_start(self.start)
 
     def num_to_select(self, k: int, pool_size: int | None = None) -> int:
         """ceil(k × over_selection), capped at the pool size if given."""
@@ -246,11 +254,13 @@ def resolve_round(
     available=None,
     dropped=None,
     target_k: int | None = None,
+    leaves_s=None,
 ) -> RoundOutcome:
     """Decide who completes the round and how long it takes.
 
-    Precedence of drop reasons: unavailable > dropout > deadline (total_s
-    strictly greater than ``deadline_s``) > over_selected (finishers beyond
+    Precedence of drop reasons: unavailable > dropout > offline (``leaves_s``: seconds after
+    the round's start at which the client goes offline, before its upload is done) > deadline
+    (total_s strictly greater than ``deadline_s``) > over_selected (finishers beyond
     the fastest ``target_k``; ties broken by lower client id).
     ``available``/``dropped`` default to all-available / none-dropped and are
     ignored when the policy's ``apply_*`` flag is off.
@@ -283,6 +293,10 @@ def resolve_round(
     reason[unavailable] = "unavailable"
     reason[drop] = "dropout"
     alive = ~(unavailable | drop)
+    if leaves_s is not None:
+        gone = alive & (total > np.asarray(leaves_s, dtype=np.float64).reshape(-1))
+        reason[gone] = "offline"
+        alive &= ~gone
     if policy.deadline_s is not None:
         late = alive & (total > policy.deadline_s)
         reason[late] = "deadline"
@@ -306,9 +320,9 @@ def round_seconds(outcome: RoundOutcome, policy: RoundPolicy, *, dropped_in_flig
                   arrived: int, target: int) -> float:
     """How long the server waits in a round: until the slowest kept upload
     (``outcome.round_time_s``), or until the deadline if a client lost in flight (it dropped
-    out, or it is late) was needed to reach the target: the server cannot tell such a client
-    from a slow one."""
-    lost_in_flight = dropped_in_flight or bool((outcome.drop_reason == "deadline").any())
+    out, went offline, or is late) was needed to reach the target: the server cannot tell such
+    a client from a slow one."""
+    lost_in_flight = dropped_in_flight or bool(np.isin(outcome.drop_reason, ("deadline", "offline")).any())
     if policy.deadline_s is not None and lost_in_flight and arrived < target:
         return max(outcome.round_time_s, policy.deadline_s)
     return outcome.round_time_s

@@ -32,6 +32,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from .catalog import Catalog, default_catalog, load_catalog
+from .condition_spec import ConditionsSpec
 
 if TYPE_CHECKING:  # pandas is imported where a table is read or built (config validation needs none)
     import pandas as pd
@@ -136,6 +137,7 @@ class ProfileSpec(BaseModel):
     availability: float | None = None
     dropout: float | None = None
     catalog: str | dict[str, Any] | None = None  # extra tiers, see load_catalog
+    conditions: ConditionsSpec | None = None  # processes over virtual time (hardware_profiles.conditions)
 
     @field_validator("devices", "network", mode="before")
     @classmethod

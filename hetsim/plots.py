@@ -1,4 +1,5 @@
-"""Shared plotting helpers: figures on the Agg canvas, fixed colours, tier grouping.
+"""Shared plotting helpers: figures on the Agg canvas, fixed colours, tier grouping, virtual-time
+axes (``Tue 21:00``) and log rate axes.
 
 matplotlib is imported here only, inside the drawing functions: :mod:`hetsim.compare` imports
 this module, and its text table (``hetsim compare`` without ``-o``) draws nothing.
@@ -24,6 +25,7 @@ OUTCOMES = {
     "over_selected": "#8172B3",
     "deadline": "#C44E52",
     "dropout": "#DD8452",
+    "offline": "#DA8BC3",  # left mid-round (an availability process of clients.profiles.conditions)
     "unavailable": "#9E9E9E",
 }
 PALETTE = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3",
@@ -31,6 +33,12 @@ PALETTE = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#D
 SAMPLED_NET_TIERS = ("loguniform", "uniform", "")
 # decade bins for sampled bandwidths (Mbit/s)
 BANDWIDTH_EDGES = (0.0, 10.0, 100.0, 1000.0, math.inf)
+# virtual time (docs/conditions.md): seconds since Monday 00:00
+DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+# tick steps of a virtual-time axis, seconds
+TIME_STEPS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200,
+              10800, 21600, 43200, 86400)
+TIME_LABEL = "virtual time (day hh:mm, from Mon 00:00)"
 
 
 def figure(ncols: int = 1, nrows: int = 1, width: float = 11.0, height: float = 3.6,
@@ -154,3 +162,88 @@ def numeric(s: pd.Series) -> pd.Series:
 
 def has_values(df: pd.DataFrame, col: str) -> bool:
     return col in df.columns and numeric(df[col]).notna().any()
+
+
+# ---------------------------------------------------------------- virtual time and rates
+
+
+def virtual_time(t: float, digits: int = 0, day: bool = True) -> str:
+    """Seconds since Monday 00:00 -> ``Tue 21:00`` (``digits`` 1: with seconds, 2, 3: and tenths, hundredths;
+    ``day`` False: the time of day only); past the first week the week is named (``w2 Mon 08:00``)."""
+    if not np.isfinite(t):
+        return "–"
+    t = round(float(t), max(digits - 1, 0)) if digits else round(float(t) / 60) * 60.0
+    days, rest = divmod(t, 86400.0)
+    hours, rest = divmod(rest, 3600.0)
+    minutes, seconds = divmod(rest, 60.0)
+    text = f"{int(hours):02d}:{int(minutes):02d}"
+    if digits == 1:
+        text += f":{int(round(seconds)):02d}"
+    elif digits >= 2:
+        text += f":{seconds:0{digits + 2}.{digits - 1}f}"
+    return f"{day_name(t)} {text}" if day else text
+
+
+def day_name(t: float) -> str:
+    week, day = divmod(int(t // 86400.0), 7)
+    return f"w{week + 1} {DAYS[day]}" if week else DAYS[day]
+
+
+def time_labels(times, digits: int) -> list[str]:
+    """Labels of increasing times: the day on the first and wherever the day changes, else the time only."""
+    out, last = [], None
+    for t in times:
+        name = day_name(t) if np.isfinite(t) else None
+        out.append(virtual_time(t, digits, day=name != last))
+        last = name
+    return out
+
+
+def label_digits(gap_s: float) -> int:
+    """The precision that tells times ``gap_s`` apart: minutes, seconds, tenths or hundredths."""
+    return 0 if gap_s >= 60 else 1 if gap_s >= 1 else 2 if gap_s >= 0.1 else 3
+
+
+def time_axis(ax, lo: float, hi: float, max_ticks: int = 6) -> None:
+    """A virtual-time x axis over [lo, hi]: round ticks (0.01 s ... days apart) labelled ``Tue 21:00``,
+    ``21:30``, ... (the day where it changes)."""
+    span = max(hi - lo, 1e-3)
+    pad = 0.03 * span
+    lo, hi = lo - pad, hi + pad
+    step = next((s for s in TIME_STEPS if (hi - lo) / s <= max_ticks), None)
+    if step is None:
+        step = 86400.0 * math.ceil((hi - lo) / 86400.0 / max_ticks)
+    ticks = np.arange(math.ceil(lo / step) * step, hi, step)
+    digits = label_digits(step)
+    ax.set_xlim(lo, hi)
+    ax.set_xticks(ticks, time_labels(ticks, digits))
+    ax.set_xlabel(TIME_LABEL if digits == 0 else TIME_LABEL.replace("hh:mm", "hh:mm:ss"))
+
+
+def log_rate_axis(ax, vmin: float, vmax: float) -> None:
+    """A log y axis over at least a decade around [vmin, vmax], labelled 0.5, 1, 10, 200 (not 2×10²);
+    within two decades the 2s and 5s are labelled too."""
+    from matplotlib.ticker import FuncFormatter, LogLocator  # matplotlib: only drawing needs it
+
+    lo, hi = vmin / 1.4, vmax * 1.4
+    if hi / lo < 10:
+        centre = math.sqrt(lo * hi)
+        lo, hi = centre / math.sqrt(10), centre * math.sqrt(10)
+    ax.set_yscale("log")
+    ax.set_ylim(lo, hi)
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    ax.yaxis.set_major_locator(LogLocator(base=10))
+    ax.yaxis.set_major_formatter(plain)
+    if hi / lo <= 100:
+        ax.yaxis.set_minor_locator(LogLocator(base=10, subs=(2, 5)))
+        ax.yaxis.set_minor_formatter(plain)
+    ax.tick_params(axis="y", which="both", labelsize=9)
+
+
+def shaded(colour: str, amount: float) -> tuple[float, float, float]:
+    """``colour`` mixed with black (``amount`` < 0) or white (> 0)."""
+    from matplotlib.colors import to_rgb  # matplotlib: only drawing needs it
+
+    rgb = np.array(to_rgb(colour))
+    mixed = rgb * (1 + amount) if amount < 0 else rgb + (1 - rgb) * amount
+    return tuple(float(v) for v in mixed)

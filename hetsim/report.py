@@ -2,12 +2,13 @@
 
 The page embeds every figure (base64 PNG, no external URL) and the PNGs are also written beside
 it, in ``<page stem>_figures/<figure id>.png``. Figure ids are stable (:data:`RUN_FIGURES`,
-:data:`ASCEND_FIGURES`, :data:`FEDCSPACK_FIGURES`, :data:`SWEEP_FIGURES`); a panel whose data
-is missing is replaced by a note. See docs/reports.md.
+:data:`ASCEND_FIGURES`, :data:`FEDCSPACK_FIGURES`, :data:`CONDITIONS_FIGURES`, :data:`SWEEP_FIGURES`); a
+panel whose data is missing is replaced by a note. See docs/reports.md.
 
 This module holds the run report and the figures every run has; the method-specific figures
-(ASCEND, FedCSPACK) are in :mod:`hetsim.report_methods`, the sweep report in
-:mod:`hetsim.report_sweep`. All figure ids are importable from here.
+(ASCEND, FedCSPACK) are in :mod:`hetsim.report_methods`, the conditions over virtual time in
+:mod:`hetsim.report_conditions`, the sweep report in :mod:`hetsim.report_sweep`. All figure ids
+are importable from here.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from hetsim import plots
 from hetsim.common import human_bytes, is_sweep_folder
 from hetsim.compare import run_summary
 from hetsim.page import Page
+from hetsim.report_conditions import CONDITIONS_FIGURES as CONDITIONS_FIGURES
+from hetsim.report_conditions import availability_figure, drops_figure, has_conditions, links_figure
 from hetsim.report_methods import ASCEND_FIGURES, FEDCSPACK_FIGURES, ascend_figures, fedcspack_figures
 from hetsim.report_sweep import SWEEP_FIGURES as SWEEP_FIGURES
 from hetsim.report_sweep import sweep_page
@@ -100,6 +103,11 @@ def run_page(path: Path) -> Page:
     if "packs_shared" in run.clients.columns or algo == "fedcspack":
         page.section("FedCSPACK: shared packs")
         page.guarded(FEDCSPACK_FIGURES, fedcspack_figures, run)
+    if has_conditions(run):
+        page.section("Conditions over virtual time")
+        page.guarded(("fig-conditions-links",), links_figure, run)
+        page.guarded(("fig-conditions-availability",), availability_figure, run)
+        page.guarded(("fig-conditions-drops",), drops_figure, run)
     page.preformatted("resolved config (config.yaml)", yaml.safe_dump(cfg, sort_keys=False))
     return page
 

@@ -123,6 +123,22 @@ def test_ctrl_c_under_the_driver_actor_keeps_finished_rounds(tmp_path, local_ray
     assert not (tmp_path / "ctrl-c" / "_parts").exists()
 
 
+@pytest.mark.parametrize("method", [["algorithm.name=fedavg"],
+                                    # reads its profile: the conditions at the round's start travel too
+                                    ["algorithm={name: ascend, warmup: 1}", "partition.public_fraction=0.2"]])
+def test_conditions_over_time_give_identical_tables_on_ray_and_in_process(tmp_path, local_ray, method):
+    changing = [*TINY, *method, "rounds=4", "clock.start=Wed 23:00", "clock.deadline_s=5",
+                "clients.profiles.conditions={sets: {fading: {share: 0.5, down: gilbert_elliott, "
+                "up: gilbert_elliott, compute: thermal_throttling}, "
+                "night: {share: 0.5, availability: night_charging}}}"]
+    runs = [load_run(run_experiment(load_config(None, [*changing, f"executor.kind={kind}"]), tmp_path / kind))
+            for kind in ("ray", "inprocess")]
+    assert runs[0].clients["down_state"].isin(["good", "bad"]).any()  # the test is about something
+    for a, b in ((runs[0].rounds, runs[1].rounds), (runs[0].clients, runs[1].clients)):
+        keep = [c for c in a.columns if c not in WALL_COLUMNS]
+        pd.testing.assert_frame_equal(a[keep], b[keep])
+
+
 def test_lost_uploads_reach_the_actors_with_the_next_call_and_before_a_checkpoint(tmp_path, local_ray):
     """Error feedback puts a lost upload back into the residual (CompressedFedAvg.on_dropped).
     Under Ray the lost ids travel with the next round's call, and with the checkpoint's save

@@ -128,8 +128,12 @@ class ClientHost:
         )
 
     def run_round(
-        self, round: int, client_ids: list[int], broadcast: Broadcast, evaluate_clients: bool
+        self, round: int, client_ids: list[int], broadcast: Broadcast, evaluate_clients: bool,
+        now: dict[int, dict[str, float]] | None = None,
     ) -> list[ClientResult]:
+        """``now``: fleets with conditions over time, per client the profile fields as they are
+        at the round's start (a method that reads ``ctx.profile`` sees them)."""
+        self._now = now or {}
         if self.cfg.executor.batch_clients and len(client_ids) > 1:
             return self.run_round_batched(round, client_ids, broadcast, evaluate_clients)
         results = []
@@ -169,8 +173,7 @@ class ClientHost:
             rng=client_rng(self.cfg.seed, round, cid),
             train=self.train_settings,
             flops_per_sample=self.flops_per_sample[arch],
-            profile=setup.profiles.profile(cid) if self.client.needs_profile and setup.profiles is not None
-            else None,
+            profile=self._profile(cid) if self.client.needs_profile and setup.profiles is not None else None,
         )
         torch_seed = int(ctx.rng.integers(2**62))
         seed_torch(torch_seed)
@@ -188,6 +191,11 @@ class ClientHost:
                 "test_samples": n,
             }
         return _Started(ctx, payload, eval_metrics, train_idx, torch_seed)
+
+    def _profile(self, cid: int):
+        profile = self.setup.profiles.profile(cid)
+        now = getattr(self, "_now", {}).get(cid)
+        return profile.model_copy(update=now) if now else profile
 
     def _finish_client(self, started: _Started, extra_wall_s: float = 0.0) -> ClientResult:
         """Local training (or, batched, its result) and the upload."""

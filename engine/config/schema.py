@@ -122,6 +122,23 @@ class ModelConfig(Section):
         return bool(self.zoo or self.per_client)
 
 
+def _absolute_trace_files(conditions: Any) -> Any:
+    """Trace files of condition sets as absolute paths: the run may read them in another
+    working directory (a Ray driver actor, a Tune trial)."""
+    if not isinstance(conditions, dict) or not isinstance(conditions.get("sets"), dict):
+        return conditions
+    sets = {}
+    for name, spec in conditions["sets"].items():
+        if isinstance(spec, dict):
+            spec = dict(spec)
+            for process in ("down", "up", "compute", "availability"):
+                p = spec.get(process)
+                if isinstance(p, dict) and isinstance(p.get("file"), str):
+                    spec[process] = {**p, "file": os.path.abspath(expand_path(p["file"]))}
+        sets[name] = spec
+    return {**conditions, "sets": sets}
+
+
 class ClientsConfig(Section):
     num_clients: int = Field(20, ge=1)
     participation: float = Field(0.3, gt=0, le=1, description="fraction selected per round")
@@ -135,6 +152,7 @@ class ClientsConfig(Section):
             for key in ("table", "catalog"):
                 if isinstance(v.get(key), str):
                     v[key] = expand_path(v[key])
+            v["conditions"] = _absolute_trace_files(v.get("conditions"))
         return v
 
 

@@ -34,10 +34,12 @@ class Executor(ABC):
 
     @abstractmethod
     def run_round(
-        self, round: int, client_ids: list[int], broadcast: Broadcast, evaluate: bool
+        self, round: int, client_ids: list[int], broadcast: Broadcast, evaluate: bool,
+        now: dict[int, dict[str, float]] | None = None,
     ) -> RoundReply:
         """Run the given clients (after delivering the lost uploads recorded since the last
-        call); results come back in the order of ``client_ids``."""
+        call); results come back in the order of ``client_ids``. ``now``: per client, the profile
+        fields at the round's start (fleets with conditions over time)."""
 
     @abstractmethod
     def notify_dropped(self, round: int, client_ids: list[int]) -> None:

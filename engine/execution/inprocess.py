@@ -39,9 +39,9 @@ class InProcessExecutor(Executor):
                     torch.is_deterministic_algorithms_warn_only_enabled()) != (mode, warn_only):
                 torch.use_deterministic_algorithms(mode, warn_only=warn_only)
 
-    def run_round(self, round, client_ids, broadcast, evaluate):
+    def run_round(self, round, client_ids, broadcast, evaluate, now=None):
         assert self.host is not None, "start() first"
-        return RoundReply(self.host.run_round(round, client_ids, broadcast, evaluate))
+        return RoundReply(self.host.run_round(round, client_ids, broadcast, evaluate, now))
 
     def notify_dropped(self, round, client_ids):
         self.host.notify_dropped(round, client_ids)  # same process: told at once, nothing travels

@@ -25,9 +25,27 @@ def payloads(broadcast: Broadcast, results: list[ClientResult]) -> dict[str, np.
     }
 
 
+def timeline(conditions, runnable, start_s: float, times: dict, sent: dict, measured) -> dict[str, np.ndarray]:
+    """Where each runnable client's phases end in virtual time, from the round's start: through
+    its processes when the fleet has conditions (``times`` is then updated in place), else
+    back to back with today's durations."""
+    if conditions is not None:
+        return conditions.timeline(runnable, start_s, times, sent["bytes_down"], sent["bytes_up"],
+                                   sent["train_flops"], sent["compress_ops"], measured)
+    download_end = start_s + times["download_s"]
+    train_end = download_end + times["compute_s"]
+    compress_end = train_end + times["compress_s"]
+    return {"download_end_s": download_end, "train_end_s": train_end, "compress_end_s": compress_end,
+            "upload_end_s": compress_end + times["upload_s"]}
+
+
+TIMELINE_COLUMNS = ("download_end_s", "train_end_s", "compress_end_s", "upload_end_s")
+CONDITION_COLUMNS = ("down_mbps", "up_mbps", "down_state", "up_state")  # fleets with conditions only
+
+
 def round_row(r: int, *, selected, runnable, arrived: list[ClientResult], available, dropped,
               round_s: float, sim_time_s: float, bytes_down, nonfinite, personalized: list[ClientResult],
-              global_columns: list[str], server_metrics: dict[str, Any]) -> dict[str, Any]:
+              global_columns: list[str], server_metrics: dict[str, Any], start_s: float) -> dict[str, Any]:
     """The rounds.parquet row, without ``wall_s`` (the loop adds it last). ``personalized``: the
     results whose personalized metrics count this round ([] when it is no evaluation round);
     ``global_columns``: the ``global_*`` columns reserved for global evaluation (NaN until set)."""
@@ -48,11 +66,12 @@ def round_row(r: int, *, selected, runnable, arrived: list[ClientResult], availa
     row.update(personalized_summary(personalized))
     row.update({name: float("nan") for name in global_columns})
     row.update({f"server_{k}": v for k, v in server_metrics.items()})
+    row["round_start_s"] = start_s
     return row
 
 
 def client_rows(r: int, profiles, selected, available, results: list[ClientResult], times,
-                bytes_down, outcome) -> list[dict[str, Any]]:
+                bytes_down, outcome, timeline: dict[str, np.ndarray], start_s: float) -> list[dict[str, Any]]:
     """The clients.parquet rows of a round: one per selected client, in id order."""
     by_id = {res.client_id: i for i, res in enumerate(results)}
     prof = profiles
@@ -89,6 +108,13 @@ def client_rows(r: int, profiles, selected, available, results: list[ClientResul
             }
         )
         row.update(res.metrics)
+        row["start_s"] = start_s
+        for name in TIMELINE_COLUMNS:
+            row[name] = float(timeline[name][i])
+        for name in CONDITION_COLUMNS:
+            if name in timeline:
+                value = timeline[name][i]
+                row[name] = value if isinstance(value, str) else float(value)
         rows.append(row)
     return rows
 

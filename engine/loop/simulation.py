@@ -30,6 +30,7 @@ from engine.loop.selection import select_clients
 from engine.models.arch import assign_architectures, build_arch_model
 from engine.trace import mark
 from hardware_profiles import clock
+from hardware_profiles.conditions import FleetConditions, participation
 from hardware_profiles.sampler import assign_profiles
 
 log = logging.getLogger("hetsim")
@@ -48,6 +49,10 @@ class Simulation:
         mark("sim: data built")
         n = self.data.num_clients
         self.profiles = assign_profiles(cfg.clients.profiles, n, seed=cfg.seed)
+        changing = cfg.clients.profiles.conditions
+        # processes over virtual time; None: every client's conditions are constant (as before)
+        self.conditions = (FleetConditions(changing, self.profiles, cfg.seed, origin_s=cfg.clock.start_s)
+                           if changing and changing.sets else None)
         self.arch_names, self.client_arch = assign_architectures(cfg, self.profiles)
         self.models = {
             arch: build_arch_model(cfg, arch, self.data.input_shape, self.data.num_classes)
@@ -63,6 +68,7 @@ class Simulation:
             eval_batch_size=cfg.evaluation.batch_size,
         )
         self.server = spec.server(cfg.algorithm, self.models, cfg.seed, context=context)
+        self.reads_profile = spec.client.needs_profile  # (e.g. ASCEND's time term)
         # The server aggregates on the CPU, where the uploads arrive (numpy) and a weighted sum
         # of a few vectors costs less than moving them; only global evaluation uses a GPU, when
         # this process holds one (in-process executor, or a driver actor with driver_gpus).
@@ -145,12 +151,15 @@ class Simulation:
         :class:`~engine.loop.evaluation.GlobalEvaluation` callback's)."""
         cfg, policy = self.cfg, self.cfg.clock
         wall0 = time.perf_counter()
+        start_s = policy.start_s + self.sim_time_s  # virtual time: the round starts S_r
         selected, target = select_clients(cfg, self.data.num_clients, r)
-        available, dropped = clock.draw_participation(self.profiles, selected, cfg.seed, r, policy)
+        available, dropped, leaves = participation(self.conditions, self.profiles, selected, cfg.seed, r,
+                                                   policy, start_s)
         runnable = selected[available & ~dropped]
         evaluating = is_evaluation_round(cfg, r)
         broadcast = self.server.broadcast(r)
-        reply = self.executor.run_round(r, runnable.tolist(), broadcast, evaluating)
+        now = self.conditions.now(runnable, start_s) if self.conditions is not None and self.reads_profile else None
+        reply = self.executor.run_round(r, runnable.tolist(), broadcast, evaluating, now)
         results = reply.results
 
         sent = rows.payloads(broadcast, results)
@@ -159,7 +168,9 @@ class Simulation:
             measured = policy.measured_compute_s([res.metrics["wall_fit_s"] for res in results])
         times = clock.client_times(self.profiles, runnable, sent["bytes_down"], sent["bytes_up"],
                                    sent["train_flops"], sent["compress_ops"], measured_compute_s=measured)
-        outcome = clock.resolve_round(times, runnable, policy, target_k=target)
+        timeline = rows.timeline(self.conditions, runnable, start_s, times, sent, measured)
+        outcome = clock.resolve_round(times, runnable, policy, target_k=target,
+                                      leaves_s=leaves[available & ~dropped] - start_s)
         nonfinite = guards.reject_nonfinite(results, outcome, cfg.train.on_nonfinite)
         arrived = [res for res, ok in zip(results, outcome.made_deadline) if ok]
         # a non-finite upload is not put back into error-feedback residuals
@@ -178,9 +189,9 @@ class Simulation:
             dropped=dropped, round_s=round_s, sim_time_s=self.sim_time_s, bytes_down=sent["bytes_down"],
             nonfinite=nonfinite, personalized=results if evaluating else [],
             global_columns=global_columns(cfg, list(self.server.global_models()), r),
-            server_metrics=server_metrics)
+            server_metrics=server_metrics, start_s=start_s)
         client_rows = rows.client_rows(r, self.profiles, selected, available, results, times,
-                                       sent["bytes_down"], outcome)
+                                       sent["bytes_down"], outcome, timeline, start_s)
         self._realtime_sleep(r, round_s)
         row["wall_s"] = time.perf_counter() - wall0
         tables = self.server.drain_tables()

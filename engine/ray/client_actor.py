@@ -85,9 +85,9 @@ class ClientActor:
         sources, self._inbox = list(self._inbox.values()), {}
         return self.host.load_states(sources, num_hosts, host)
 
-    def run_round(self, round, client_ids, broadcast, evaluate, lost=()):
+    def run_round(self, round, client_ids, broadcast, evaluate, lost=(), now=None):
         self._hear_of(lost)
-        return self.host.run_round(round, client_ids, broadcast, evaluate) if client_ids else []
+        return self.host.run_round(round, client_ids, broadcast, evaluate, now) if client_ids else []
 
     def state_nbytes(self) -> int:
         return self.host.state_nbytes()

@@ -35,6 +35,10 @@ class ExecutorError(RuntimeError):
 
 
 
+class DriverDiedError(RuntimeError):
+    """The driver actor (the round loop) died; the run folder holds every finished round."""
+
+
 class RayConnectError(UserError, ConnectionError):
     """The Ray cluster named by ``ray.address`` cannot be reached or joined."""
 

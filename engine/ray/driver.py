@@ -23,7 +23,7 @@ from engine.clients.device import set_ray_gpu_ids
 from engine.config.schema import ExperimentConfig
 from engine.errors import ConfigError
 from engine.loop.callbacks import CallbackLike, CallbackList, RoundRecord, RunCallback, RunContext, Stop
-from engine.ray.cluster import ExecutorError, init_ray
+from engine.ray.cluster import DriverDiedError, ExecutorError, init_ray
 from engine.results.manifest import read_manifest, update_manifest, utc_now
 from engine.results.tables import RunWriter
 from engine.trace import mark
@@ -89,10 +89,6 @@ def _new_executor(cfg: ExperimentConfig):
 @functools.cache
 def driver_actor_class():
     return ray.remote(num_cpus=0, max_concurrency=2, max_restarts=0)(DriverActor)
-
-
-class DriverDiedError(RuntimeError):
-    """The driver actor (the round loop) died; the run folder holds every finished round."""
 
 
 def _request_driver(ray, cfg: ExperimentConfig, early: bool = False):

@@ -170,7 +170,7 @@ class RayExecutor(Executor):
     def actor_of(self, client_ids) -> np.ndarray:
         return np.asarray(client_ids, dtype=np.int64) % self.num_actors
 
-    def run_round(self, round, client_ids, broadcast, evaluate):
+    def run_round(self, round, client_ids, broadcast, evaluate, now=None):
         self._round = round
         ids = np.asarray(client_ids, dtype=np.int64)
         owners = self.actor_of(ids)
@@ -179,9 +179,11 @@ class RayExecutor(Executor):
             return RoundReply([], self.drain_faults())
         broadcast_ref = ray.put(broadcast)
         # an actor with lost uploads to hear of and no client this round gets an empty call
-        work = {a: (groups.get(a, []), self._lost.get(a, [])) for a in sorted({*groups, *self._lost})}
-        calls = {a: (lambda actor, g=g, lost=lost: actor.run_round.remote(round, g, broadcast_ref, evaluate, lost))
-                 for a, (g, lost) in work.items()}
+        work = {a: (groups.get(a, []), self._lost.get(a, []), {c: now[c] for c in groups.get(a, []) if c in now}
+                    if now else None) for a in sorted({*groups, *self._lost})}
+        calls = {a: (lambda actor, g=g, lost=lost, mine=mine:
+                     actor.run_round.remote(round, g, broadcast_ref, evaluate, lost, mine))
+                 for a, (g, lost, mine) in work.items()}
         by_id = {}
         for results in self._gather(calls, round, state_round=round, rerun=groups).values():
             by_id.update((r.client_id, r) for r in results)

@@ -40,14 +40,17 @@ ROUND_COLUMNS = (
     "round", "num_selected", "num_run", "num_arrived", "num_unavailable", "num_dropout", "num_nonfinite",
     "sim_round_s", "sim_time_s", "bytes_up", "bytes_down", "train_loss",
     "pers_acc", "pers_acc_weighted", "pers_acc_worst", "pers_acc_std", "pers_loss",
-    "global_acc", "global_loss", "wall_s",
+    "global_acc", "global_loss", "round_start_s", "wall_s",
 )
 CLIENT_COLUMNS = (
     "round", "client_id", "tier", "net_tier", "arch", "num_samples", "bytes_up", "bytes_down",
     "train_flops", "compress_ops", "sim_download_s", "sim_compute_s", "sim_compress_s",
     "sim_upload_s", "sim_total_s", "made_deadline", "drop_reason", "train_loss",
     "pers_acc", "pers_loss", "test_samples", "wall_fit_s",
+    "start_s", "download_end_s", "train_end_s", "compress_end_s", "upload_end_s",
 )
+# clients.parquet columns of fleets with conditions over time (clients.profiles.conditions)
+CONDITION_COLUMNS = ("down_mbps", "up_mbps", "down_state", "up_state")
 PROFILE_COLUMNS = (
     "client_id", "gflops", "down_mbps", "up_mbps", "latency_s", "memory_gb", "availability",
     "dropout", "tier", "net_tier",

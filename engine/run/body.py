@@ -103,7 +103,10 @@ def execute_run(
         sim = Simulation(cfg, executor)
         mark("run: simulation built")
         if not resume:
-            writer.write_table("profiles", sim.profiles.to_frame())
+            profiles = sim.profiles.to_frame()
+            if sim.conditions is not None:
+                profiles = profiles.assign(**sim.conditions.columns())
+            writer.write_table("profiles", profiles)
         sim.start()
         mark("run: executor started")
         manifest["executor"] = {**sim.executor.describe(), "eval_device": sim.eval_device.type}

@@ -38,8 +38,11 @@ from engine.models.arch import arch_spec, assign_architectures, build_arch_model
 from engine.models.zoo import MODELS, training_flops_per_sample
 from engine.ray.cluster import RayConnectError, check_reachable, cluster_cpus, ray_is_up, resolve_address
 from engine.ray.pool import PoolSizeError, plan_pool
+from hardware_profiles.condition_spec import Constant
+from hardware_profiles.conditions import FleetConditions
 from hardware_profiles.profile import RANGE_HINT
 from hardware_profiles.sampler import assign_profiles
+from hardware_profiles.traces import TraceError
 
 HEADER = "invalid experiment config:\n"
 FEW_SAMPLES = 10  # mean local training samples per client below which a run is mostly noise
@@ -68,6 +71,7 @@ def validate_with_data(cfg: ExperimentConfig, *, ray_running: bool | None = None
     fail(_params_problems(cfg))  # imports the model and dataset code (torch)
     data = _build_data(cfg)
     profiles = _build_profiles(cfg, data.num_clients)
+    _check_conditions(cfg, profiles)
     arch_names, client_arch, flops, sizes = _build_models(cfg, data, profiles)
     n = data.num_clients
     problems = _method_problems(cfg, sizes)
@@ -191,6 +195,22 @@ def _build_profiles(cfg: ExperimentConfig, n: int):
         text = str(err).replace(RANGE_HINT, "set clients.profiles.allow_out_of_range: true to "
                                 "permit bandwidths outside the catalog range")
         raise ConfigError(f"{HEADER}  clients.profiles: {text}") from None
+
+
+def _check_conditions(cfg: ExperimentConfig, profiles) -> None:
+    """Conditions over time, built as the run builds them: trace files, their ids and rows."""
+    spec = cfg.clients.profiles.conditions
+    if spec is None or not spec.sets:
+        return
+    field = "clients.profiles.conditions"
+    computes = [name for name, s in spec.sets.items() if not isinstance(s.compute, Constant)]
+    if cfg.clock.mode == "measured" and computes:
+        fail([f"  {field}.sets.{computes[0]}.compute: clock.mode = 'measured' takes compute times from the "
+              "host, so a compute process cannot apply; remove it or use clock.mode: virtual"])
+    try:
+        FleetConditions(spec, profiles, cfg.seed, origin_s=cfg.clock.start_s)
+    except (TraceError, ValueError) as err:
+        raise ConfigError(f"{HEADER}  {field}: {err}") from None
 
 
 def _build_models(cfg: ExperimentConfig, data, profiles):
