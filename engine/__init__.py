@@ -43,6 +43,7 @@ _EXPORTS = {
     "apply_overrides": "engine.config.schema",
     "expand_path": "engine.config.schema",
     "dump_config": "engine.config.schema",
+    "absolute_trace_files": "engine.config.schema",
     "DEFAULT_CONFIG": "engine.config.schema",
     "parse_yaml": "engine.config.yamlio",
     "read_yaml_file": "engine.config.yamlio",

@@ -33,7 +33,7 @@ import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from engine import ConfigError, apply_overrides, load_config
+from engine import ConfigError, absolute_trace_files, apply_overrides, load_config
 from hardware_profiles.sampler import assign_profiles
 from sweeps.spec import (
     RaySpec,
@@ -104,7 +104,7 @@ def parse_fleet_arg(text: str, base_dir: Path | None = None) -> tuple[str, dict[
     path = Path(file)
     if base_dir is not None and not path.is_absolute():
         path = base_dir / path
-    return name.strip(), read_fleet_file(path, f"--fleet {text}")
+    return name.strip(), _absolute_traces(read_fleet_file(path, f"--fleet {text}"))
 
 
 def _fleets(spec: WhatIfSpec, spec_dir: Path | None) -> dict[str, dict[str, Any]]:
@@ -123,8 +123,15 @@ def _fleets(spec: WhatIfSpec, spec_dir: Path | None) -> dict[str, dict[str, Any]
             if spec_dir is not None and not path.is_absolute():
                 path = spec_dir / path
             value = read_fleet_file(path, f"fleets.{name}")
-        out[name] = value
+        out[name] = _absolute_traces(value)
     return out
+
+
+def _absolute_traces(profiles: Any) -> Any:
+    """Trials run in Tune's working folders: a fleet's trace files must not be relative."""
+    if isinstance(profiles, dict) and "conditions" in profiles:
+        return {**profiles, "conditions": absolute_trace_files(profiles["conditions"])}
+    return profiles
 
 
 def load_whatif_file(path: str | Path) -> tuple[WhatIfSpec, dict[str, dict[str, Any]], Path]:

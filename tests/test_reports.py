@@ -473,3 +473,25 @@ def test_whatif_spec_is_a_sweep_over_named_fleets_of_the_default_experiment():
     assert r.num_trials == 2 and r.param_columns == {"clients.profiles": "fleet"}
     assert r.trial_raw({"clients.profiles": "b"})["clients"]["profiles"] == SLOW
     assert r.trial_raw({"clients.profiles": "b"})["seed"] == r.trial_raw({"clients.profiles": "a"})["seed"]
+
+
+@pytest.mark.ray
+def test_whatif_fleets_may_replay_trace_files_given_by_relative_paths(tmp_path, local_ray, capsys, monkeypatch):
+    """Trials run in Tune's working folders: a fleet's relative trace path still finds its file."""
+    import sweeps
+
+    monkeypatch.chdir(tmp_path)
+    pd.DataFrame({"trace_id": ["a", "a", "a"], "t_s": [0.0, 1.0, 2.0], "down_mbps": [50.0, 5.0, 50.0],
+                  "up_mbps": [10.0, 1.0, 10.0]}).to_csv(tmp_path / "links.csv", index=False)
+    replayed = FAST | {"conditions": {"sets": {"all": {"down": {"kind": "trace", "file": "links.csv"},
+                                                       "up": {"kind": "trace", "file": "links.csv"}}}}}
+    spec = write_yaml(tmp_path / "whatif.yaml", {
+        "name": "traces", "base": SWEEP_BASE | {"algorithm": {"name": "fedavg"}},
+        "fleets": [{"name": "fast", "profiles": FAST}, {"name": "replayed", "profiles": replayed}],
+        "storage": str(tmp_path / "wi")})
+    assert main(["whatif", str(spec), "-q"]) == 0
+    s = sweeps.load_sweep(tmp_path / "wi")
+    assert (s.trials["status"] == "finished").all()
+    runs = {row.fleet: s.run(row.trial_id) for row in s.trials.itertuples()}
+    assert runs["replayed"].clients["down_state"].str.startswith("a@").all()
+    assert (runs["replayed"].clients["sim_upload_s"] > runs["fast"].clients["sim_upload_s"]).all()

@@ -122,7 +122,7 @@ class ModelConfig(Section):
         return bool(self.zoo or self.per_client)
 
 
-def _absolute_trace_files(conditions: Any) -> Any:
+def absolute_trace_files(conditions: Any) -> Any:
     """Trace files of condition sets as absolute paths: the run may read them in another
     working directory (a Ray driver actor, a Tune trial)."""
     if not isinstance(conditions, dict) or not isinstance(conditions.get("sets"), dict):
@@ -152,7 +152,8 @@ class ClientsConfig(Section):
             for key in ("table", "catalog"):
                 if isinstance(v.get(key), str):
                     v[key] = expand_path(v[key])
-            v["conditions"] = _absolute_trace_files(v.get("conditions"))
+            if "conditions" in v:
+                v["conditions"] = absolute_trace_files(v["conditions"])
         return v
 
 
