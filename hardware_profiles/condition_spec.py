@@ -102,7 +102,8 @@ class Trace(_Spec):
 
     kind: Literal["trace"] = "trace"
     file: str
-    traces: list[str] | dict[str, float] | None = None  # which traces, and their shares
+    # which traces, and their shares; "by_client": client c follows the trace whose id is c
+    traces: list[str] | dict[str, float] | Literal["by_client"] | None = None
     loop: bool = True  # past the end: loop, or hold the last value
     offset_s: float | Literal["random"] = "random"
     unit: Literal["factor", "mbps"] = "mbps"
@@ -135,7 +136,7 @@ class DiurnalSpec(_Spec):
 class IntervalsSpec(_Spec):
     kind: Literal["intervals"] = "intervals"
     file: str
-    traces: list[str] | dict[str, float] | None = None
+    traces: list[str] | dict[str, float] | Literal["by_client"] | None = None
     loop: bool = True
     offset_s: float | Literal["random"] = 0.0
 

@@ -106,13 +106,21 @@ class FleetConditions:
                             lambda ids, times, values, of, off: TraceRates(times, values, of, off, spec.loop, scale))
 
     def _traces(self, found, spec, kind, i, salt, make):
-        shares = pick(found, spec.traces, spec.file, f"conditions.{self.names[i]}.{kind}")
-        order = list(shares)
         members = self._members(i)
         trace_of = np.zeros(len(self.profiles), dtype=np.int64)
-        if members.size:
-            chosen = _mix_labels(shares, members.size, self.seed, salt + 1)
-            trace_of[members] = [order.index(t) for t in chosen]
+        if spec.traces == "by_client":  # client c follows trace "c"
+            missing = [int(c) for c in members if str(int(c)) not in found]
+            if missing:
+                raise ValueError(f"conditions.{self.names[i]}.{kind}.traces = by_client: {spec.file} has no "
+                                 f"trace for clients {missing[:10]} (trace ids are client ids)")
+            order = [str(int(c)) for c in members] or list(found)[:1]
+            trace_of[members] = np.arange(members.size)
+        else:
+            shares = pick(found, spec.traces, spec.file, f"conditions.{self.names[i]}.{kind}")
+            order = list(shares)
+            if members.size:
+                chosen = _mix_labels(shares, members.size, self.seed, salt + 1)
+                trace_of[members] = [order.index(t) for t in chosen]
         times = [found[t][0] for t in order]
         values = [found[t][1] for t in order]
         period = np.array([t[-1] - t[0] for t in times])
@@ -139,6 +147,19 @@ class FleetConditions:
         found = read_interval_traces(spec.file)
         return self._traces(found, spec, "availability", i, salt,
                             lambda ids, starts, ends, of, off: Intervals(starts, ends, of, off, spec.loop))
+
+    def never_online(self, start_s: float) -> np.ndarray:
+        """True for the clients whose availability process can never put them online from
+        ``start_s`` on (a diurnal profile of zeros; replayed intervals that all end before)."""
+        never = np.zeros(len(self.labels), dtype=bool)
+        for i, process in self.availability.items():
+            members = self._members(i)
+            if isinstance(process, Diurnal):
+                never[members] = not (process.hourly > 0).any()
+            elif isinstance(process, Intervals) and not process.loop:
+                last = np.array([e[-1] if len(e) else -np.inf for e in process.ends])
+                never[members] = last[process.trace_of[members]] - process.offset[members] <= start_s
+        return never
 
     # ------------------------------------------------------------------ a round
     def online(self, ids, start_s: float, round: int, bernoulli: np.ndarray):

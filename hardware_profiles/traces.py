@@ -34,8 +34,11 @@ def _read(path: str | Path):
     except Exception as err:  # noqa: BLE001 - pandas/pyarrow raise many types for a foreign file
         raise TraceError(f"trace file {str(p)!r} is unreadable as {'Parquet' if p.suffix == '.parquet' else 'CSV'}: "
                          f"{type(err).__name__}: {err}") from None
+    if "trace_id" not in df.columns and "client_id" in df.columns:  # one trace per client, by its id
+        df = df.rename(columns={"client_id": "trace_id"})
     if "trace_id" not in df.columns:
-        raise TraceError(f"trace file {str(p)!r} has no 'trace_id' column; columns: {list(df.columns)}")
+        raise TraceError(f"trace file {str(p)!r} has no 'trace_id' (or 'client_id') column; "
+                         f"columns: {list(df.columns)}")
     if df.empty:
         raise TraceError(f"trace file {str(p)!r} holds no rows")
     df["trace_id"] = df["trace_id"].astype(str)

@@ -261,8 +261,10 @@ def kill_at_round(proc: subprocess.Popen, path: Path, k: int, sig=signal.SIGKILL
 
 # a fleet whose links, compute and availability change over virtual time (Markov chains
 # stepped from the run's start, diurnal availability): their state must not survive in memory only
-CHANGING = ["clients.profiles.conditions={sets: {x: {down: gilbert_elliott, up: gilbert_elliott, "
-            "compute: thermal_throttling, availability: {preset: night_charging, tz_offset_h: 12}}}}",
+CHANGING = ["clients.profiles.conditions={sets: {x: {share: 0.5, down: gilbert_elliott, up: gilbert_elliott, "
+            "compute: thermal_throttling, availability: {preset: night_charging, tz_offset_h: 12}}, "
+            f"y: {{share: 0.5, down: {{kind: trace, "
+            f"file: '{REPO}/hardware_profiles/traces/fluctuating_links.csv'}}}}}}}}",
             "clock.start=Tue 09:00", "clock.deadline_s=2"]
 KILL_METHODS = {
     "fedavg": METHODS["fedavg"],

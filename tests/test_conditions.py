@@ -304,3 +304,24 @@ def test_a_method_reading_the_profile_sees_its_conditions_at_the_rounds_start(tm
     factor = changing["up_state"].map({"good": 1.0, "bad": 0.1})
     extra = bits / (factor * 50e6) - bits / 50e6  # the slower link's seconds, 0 in the good state
     assert np.allclose(changing["sim_T"] - constant["sim_T"], extra, rtol=1e-9, atol=1e-12)
+
+
+def test_intervals_by_client_and_a_fleet_that_is_never_online(tmp_path):
+    from engine.run.validate import validate_experiment
+
+    path = tmp_path / "per_client.csv"  # FedScale-style: one interval list per client id
+    ids = list(range(10))
+    pd.DataFrame({"client_id": ids, "start_s": [0.0] * 10, "end_s": [86400.0 * 2 + 60 * c for c in ids]}).to_csv(
+        path, index=False)
+    over = [*TINY, "clock.start=Tue 00:00", f"clients.profiles.conditions={{sets: {{x: {{availability: "
+            f"{{kind: intervals, file: '{path}', traces: by_client, loop: false}}}}}}}}"]
+    run = load_run(run_experiment(load_config(None, over), tmp_path / "run"))
+    prof = run.profiles.set_index("client_id")
+    assert (prof["availability_trace"] == prof.index.astype(str)).all()  # each its own intervals
+    # Tuesday 00:00 is t = 86400: every client is online until 48 h + c minutes
+    assert (run.clients["drop_reason"] != "unavailable").all()
+    late = [*TINY, "clock.start=Thu 00:00", *over[-1:]]  # after every interval: never online again
+    with pytest.raises(ConfigError, match="no client can ever be online"):
+        validate_experiment(load_config(None, late))
+    some = [*TINY, "clock.start=Wed 00:05", *over[-1:]]  # clients 0-5 ended by then (0:05 = 5 min)
+    assert any("6 of 10 clients can never be online" in w for w in validate_experiment(load_config(None, some)))

@@ -71,7 +71,7 @@ def validate_with_data(cfg: ExperimentConfig, *, ray_running: bool | None = None
     fail(_params_problems(cfg))  # imports the model and dataset code (torch)
     data = _build_data(cfg)
     profiles = _build_profiles(cfg, data.num_clients)
-    _check_conditions(cfg, profiles)
+    warnings += _check_conditions(cfg, profiles)
     arch_names, client_arch, flops, sizes = _build_models(cfg, data, profiles)
     n = data.num_clients
     problems = _method_problems(cfg, sizes)
@@ -197,20 +197,28 @@ def _build_profiles(cfg: ExperimentConfig, n: int):
         raise ConfigError(f"{HEADER}  clients.profiles: {text}") from None
 
 
-def _check_conditions(cfg: ExperimentConfig, profiles) -> None:
-    """Conditions over time, built as the run builds them: trace files, their ids and rows."""
+def _check_conditions(cfg: ExperimentConfig, profiles) -> list[str]:
+    """Conditions over time, built as the run builds them: trace files, their ids and rows,
+    and whether clients can ever be online; returns warnings."""
     spec = cfg.clients.profiles.conditions
     if spec is None or not spec.sets:
-        return
+        return []
     field = "clients.profiles.conditions"
     computes = [name for name, s in spec.sets.items() if not isinstance(s.compute, Constant)]
     if cfg.clock.mode == "measured" and computes:
         fail([f"  {field}.sets.{computes[0]}.compute: clock.mode = 'measured' takes compute times from the "
               "host, so a compute process cannot apply; remove it or use clock.mode: virtual"])
     try:
-        FleetConditions(spec, profiles, cfg.seed, origin_s=cfg.clock.start_s)
+        conditions = FleetConditions(spec, profiles, cfg.seed, origin_s=cfg.clock.start_s)
     except (TraceError, ValueError) as err:
         raise ConfigError(f"{HEADER}  {field}: {err}") from None
+    never = conditions.never_online(cfg.clock.start_s)
+    if cfg.clock.apply_availability and never.all():
+        fail([f"  {field}: no client can ever be online from clock.start = {cfg.clock.start!r} on (their "
+              "availability intervals all end before it, or a diurnal profile is all zeros); give intervals "
+              "after the start, loop: true, or set clock.apply_availability: false"])
+    return [f"{field}: {int(never.sum())} of {len(never)} clients can never be online from clock.start = "
+            f"{cfg.clock.start!r} on"] if cfg.clock.apply_availability and never.any() else []
 
 
 def _build_models(cfg: ExperimentConfig, data, profiles):
