@@ -22,8 +22,14 @@ from sweeps import SweepSpecError, load_sweep, resolve
 RUN_FILES = {"config.yaml", "manifest.json", "rounds.parquet", "clients.parquet", "profiles.parquet", "trial.json"}
 
 
+# Trials of BASE take ~0.1 s once the disk cache is warm: one node could run all four before Tune
+# places the second. Each round sleeps 0.4 s (the realtime clock), so the two trials at a time
+# overlap and each node must run one.
+PACED = {**BASE, "clock": {"mode": "realtime", "max_sleep_s": 0.4, "time_scale": 1e6}}
+
+
 def spec(**kw):
-    return {"name": "t", "base": BASE, "space": GRID, "max_concurrent_trials": 2, **kw}
+    return {"name": "t", "base": PACED, "space": GRID, "max_concurrent_trials": 2, **kw}
 
 
 def _moto_missing() -> str | None:
