@@ -295,7 +295,8 @@ def availability_figure(page: Page, run) -> None:
 
 def drop_events(run) -> pd.DataFrame:
     """One row per lost client and round: ``t`` = when the server lost it in virtual time
-    (unavailable, dropout: the round's start; in flight: its upload's end, capped at the round's end)."""
+    (unavailable, dropout: the round's start; offline: when it left; in flight: its upload's end,
+    capped at the round's end)."""
     c = run.clients
     times = round_times(run)
     reason = outcomes(c)
@@ -304,6 +305,9 @@ def drop_events(run) -> pd.DataFrame:
     end = lost["round"].map(times["end_s"])
     upload_end = plots.numeric(lost["upload_end_s"]) if "upload_end_s" in lost else pd.Series(np.nan, lost.index)
     t = np.where(upload_end.notna(), np.minimum(upload_end, end), start)
+    if "left_s" in lost:  # an offline client: when it left
+        left = plots.numeric(lost["left_s"])
+        t = np.where(left.notna(), left, t)
     return lost.assign(t=t, round_start_s=start)[["round", "client_id", "reason", "t", "round_start_s"]]
 
 
@@ -371,6 +375,6 @@ def drops_figure(page: Page, run) -> None:
                fontsize=8, frameon=False)
     page.figure("fig-conditions-drops", fig,
                 "x: when the server lost the client: unavailable and dropout at the round's start (they never "
-                "ran); deadline, offline, over_selected and nonfinite at the end of its upload, capped at the "
-                "round's end (an offline client left before that); grey lines and top axis: round starts; "
+                "ran); offline when it left; deadline, over_selected and nonfinite at the end of its upload, "
+                "capped at the round's end; grey lines and top axis: round starts; "
                 "right: the share of each condition set's selections lost, by reason")

@@ -325,3 +325,14 @@ def test_intervals_by_client_and_a_fleet_that_is_never_online(tmp_path):
         validate_experiment(load_config(None, late))
     some = [*TINY, "clock.start=Wed 00:05", *over[-1:]]  # clients 0-5 ended by then (0:05 = 5 min)
     assert any("6 of 10 clients can never be online" in w for w in validate_experiment(load_config(None, some)))
+
+
+def test_an_offline_client_records_when_it_left(tmp_path):
+    online = tmp_path / "online.csv"
+    pd.DataFrame({"trace_id": ["x"], "start_s": [0.0], "end_s": [0.05]}).to_csv(online, index=False)
+    over = [*TINY, "clock.start=00:00", "clients.profiles={network: {5mbps: 1.0}}", "rounds=1",
+            f"clients.profiles.conditions={{sets: {{all: {{availability: {{kind: intervals, file: '{online}', "
+            "loop: false}}}}"]
+    c = load_run(run_experiment(load_config(None, over), tmp_path / "run")).clients
+    assert (c["drop_reason"] == "offline").all() and (c["left_s"] == 0.05).all()
+    assert (c["upload_end_s"] > c["left_s"]).all()  # it would have needed longer

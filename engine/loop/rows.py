@@ -40,7 +40,7 @@ def timeline(conditions, runnable, start_s: float, times: dict, sent: dict, meas
 
 
 TIMELINE_COLUMNS = ("download_end_s", "train_end_s", "compress_end_s", "upload_end_s")
-CONDITION_COLUMNS = ("down_mbps", "up_mbps", "down_state", "up_state")  # fleets with conditions only
+CONDITION_COLUMNS = ("down_mbps", "up_mbps", "down_state", "up_state", "left_s")  # fleets with conditions only
 
 
 def round_row(r: int, *, selected, runnable, arrived: list[ClientResult], available, dropped,

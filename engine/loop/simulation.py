@@ -169,8 +169,10 @@ class Simulation:
         times = clock.client_times(self.profiles, runnable, sent["bytes_down"], sent["bytes_up"],
                                    sent["train_flops"], sent["compress_ops"], measured_compute_s=measured)
         timeline = rows.timeline(self.conditions, runnable, start_s, times, sent, measured)
-        outcome = clock.resolve_round(times, runnable, policy, target_k=target,
-                                      leaves_s=leaves[available & ~dropped] - start_s)
+        leaves = leaves[available & ~dropped]
+        outcome = clock.resolve_round(times, runnable, policy, target_k=target, leaves_s=leaves - start_s)
+        if self.conditions is not None:
+            timeline["left_s"] = np.where(outcome.drop_reason == "offline", leaves, np.nan)
         nonfinite = guards.reject_nonfinite(results, outcome, cfg.train.on_nonfinite)
         arrived = [res for res, ok in zip(results, outcome.made_deadline) if ok]
         # a non-finite upload is not put back into error-feedback residuals

@@ -50,7 +50,7 @@ CLIENT_COLUMNS = (
     "start_s", "download_end_s", "train_end_s", "compress_end_s", "upload_end_s",
 )
 # clients.parquet columns of fleets with conditions over time (clients.profiles.conditions)
-CONDITION_COLUMNS = ("down_mbps", "up_mbps", "down_state", "up_state")
+CONDITION_COLUMNS = ("down_mbps", "up_mbps", "down_state", "up_state", "left_s")
 PROFILE_COLUMNS = (
     "client_id", "gflops", "down_mbps", "up_mbps", "latency_s", "memory_gb", "availability",
     "dropout", "tier", "net_tier",
