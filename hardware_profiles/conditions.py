@@ -48,7 +48,9 @@ class FleetConditions:
                 raise ValueError(f"condition_of: client id {cid} out of range [0, {n})")
             labels[cid] = name
         self.labels, self.names, self.sets, self.seed = labels, names, spec.sets, int(seed)
-        self.code = np.array([names.index(x) for x in labels], dtype=np.int64)
+        self.code = np.zeros(n, dtype=np.int64)
+        for i, name in enumerate(names):  # a loop over sets, not clients
+            self.code[labels == name] = i
         self.profiles = profiles
         self.down = {i: self._rates(s.down, "down", i) for i, s in enumerate(spec.sets.values())}
         self.up = {i: self._rates(s.up, "up", i) for i, s in enumerate(spec.sets.values())}
