@@ -137,8 +137,11 @@ def test_pbt_example_runs_and_its_exploit_steps_are_in_the_results(tmp_path, loc
     from sweeps import load_sweep, run_sweep
 
     example = yaml.safe_load((EXAMPLES / "pbt_lr_eps.yaml").read_text())
+    # paced rounds (the realtime clock, 0.2 s each): with a warm disk cache a round takes a few ms,
+    # and a trial could report past a synch step while PBT was pausing it (seen in full runs)
     small = {**BASE, "rounds": 6, "algorithm": {"name": "ascend", "k": 0.05, "distill_steps": 5},
-             "partition": {"public_fraction": 0.1}}
+             "partition": {"public_fraction": 0.1},
+             "clock": {"mode": "realtime", "max_sleep_s": 0.2, "time_scale": 1e6}}
     spec = {**example, "base": small, "overrides": [], "num_samples": 1,
             "space": {"train.lr": {"grid": [0.003, 0.3]}, "algorithm.epsilon": example["space"]["algorithm.epsilon"]},
             "scheduler": {**example["scheduler"], "perturbation_interval": 2, "resample_probability": 0.0,
