@@ -3,12 +3,14 @@
 Each simulated client gets a :class:`HardwareProfile` (stored column-wise in a
 :class:`ProfileTable`); :func:`client_times` turns FLOPs, compression ops and
 payload bytes into simulated seconds, and :func:`resolve_round` applies
-availability, dropout, deadline and over-selection.
+availability, dropout, deadline and over-selection; :func:`ledger` turns the phase times
+into joules and :class:`FleetBatteries` keeps the fleet's battery levels.
 """
 
 from .catalog import (
     CATALOG_PATH,
     Catalog,
+    CatalogError,
     DeviceTier,
     NetworkTier,
     UnknownTierError,
@@ -31,6 +33,7 @@ from .clock import (
     round_seconds,
     transfer_seconds,
 )
+from .energy import ENERGY_COLUMNS, BatterySpec, FleetBatteries, empties_at, ledger
 from .profile import BANDWIDTH_MAX_MBPS, BANDWIDTH_MIN_MBPS, HardwareProfile
 from .sampler import (
     DEFAULT_DEVICE,
@@ -51,10 +54,14 @@ __all__ = [
     "DEFAULT_DEVICE",
     "DEFAULT_NETWORK",
     "DROP_REASONS",
+    "ENERGY_COLUMNS",
     "OPS_TO_FLOPS",
     "BandwidthDist",
+    "BatterySpec",
     "Catalog",
+    "CatalogError",
     "DeviceTier",
+    "FleetBatteries",
     "HardwareProfile",
     "NetworkTier",
     "ProfileOverride",
@@ -73,6 +80,8 @@ __all__ = [
     "draw_availability",
     "draw_dropout",
     "draw_participation",
+    "empties_at",
+    "ledger",
     "round_seconds",
     "exact_counts",
     "load_catalog",

@@ -13,18 +13,23 @@ so a user may define e.g. a 3G tier and use it with ``allow_out_of_range``.
 from __future__ import annotations
 
 import functools
+import math
 import os
 from pathlib import Path
 from typing import Any, Mapping, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from .profile import HardwareProfile, rule_violation
 
 CATALOG_PATH = Path(__file__).with_name("catalog.yaml")
 
 ExtraCatalog = Union[str, os.PathLike, Mapping[str, Any], None]
+
+
+class CatalogError(ValueError):
+    """A tier's field breaks its rule (the message names the tier and the field)."""
 
 
 class UnknownTierError(ValueError):
@@ -47,8 +52,13 @@ class DeviceTier(BaseModel):
     availability: float
     dropout: float
     source: str = ""
+    # power model (hardware_profiles.energy); left out: NaN, the tier's energy is unknown
+    train_w: float = math.nan
+    idle_w: float = math.nan
+    battery_wh: float = 0.0  # 0: mains-powered
+    power_source: str = ""
 
-    @field_validator("gflops", "memory_gb", "availability", "dropout")
+    @field_validator("gflops", "memory_gb", "availability", "dropout", "train_w", "idle_w", "battery_wh")
     @classmethod
     def _rules(cls, v: float, info) -> float:
         return _check(info.field_name, v)
@@ -61,8 +71,12 @@ class NetworkTier(BaseModel):
     up_mbps: float
     latency_s: float
     source: str = ""
+    rx_w: float = math.nan
+    tx_w: float = math.nan
+    tail_j: float = math.nan
+    power_source: str = ""
 
-    @field_validator("down_mbps", "up_mbps", "latency_s")
+    @field_validator("down_mbps", "up_mbps", "latency_s", "rx_w", "tx_w", "tail_j")
     @classmethod
     def _rules(cls, v: float, info) -> float:
         return _check(info.field_name, v)
@@ -99,6 +113,12 @@ class Catalog(BaseModel):
             memory_gb=d.memory_gb,
             availability=d.availability,
             dropout=d.dropout,
+            train_w=d.train_w,
+            idle_w=d.idle_w,
+            battery_wh=d.battery_wh,
+            rx_w=n.rx_w,
+            tx_w=n.tx_w,
+            tail_j=n.tail_j,
             down_mbps=n.down_mbps,
             up_mbps=n.up_mbps,
             latency_s=n.latency_s,
@@ -159,7 +179,20 @@ def load_catalog(extra_yaml: ExtraCatalog = None) -> Catalog:
                 raise ValueError(f"{section}.{name} must be a mapping of fields, got {fields!r}")
             tiers[str(name)] = {**tiers.get(str(name), {}), **fields}
         merged[section] = tiers
-    return Catalog.model_validate(merged)
+    try:
+        return Catalog.model_validate(merged)
+    except ValidationError as err:  # one line per field, named as in the YAML
+        lines = []
+        for e in err.errors():
+            where = ".".join(str(p) for p in e["loc"])
+            text = str(e["msg"]).removeprefix("Value error, ")
+            if e["type"] == "missing":
+                lines.append(f"catalog {where}: missing (a new tier gives every field without a default)")
+            elif e["type"] == "value_error":
+                lines.append(f"catalog {where}: {text}")
+            else:
+                lines.append(f"catalog {where} = {e.get('input')!r}: {text}")
+        raise CatalogError("; ".join(lines)) from None
 
 
 @functools.lru_cache(maxsize=1)

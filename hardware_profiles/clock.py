@@ -33,7 +33,7 @@ from .sampler import ProfileTable
 
 OPS_TO_FLOPS = 1.0  # one reported compression op costs one training flop
 
-DROP_REASONS = ("", "unavailable", "dropout", "offline", "deadline", "over_selected", "nonfinite")
+DROP_REASONS = ("", "unavailable", "battery", "dropout", "offline", "deadline", "over_selected", "nonfinite")
 
 # Salts keep the availability and dropout streams independent.
 SALT_AVAILABILITY = 0xA7A1
@@ -255,11 +255,13 @@ def resolve_round(
     dropped=None,
     target_k: int | None = None,
     leaves_s=None,
+    empties_s=None,
 ) -> RoundOutcome:
     """Decide who completes the round and how long it takes.
 
     Precedence of drop reasons: unavailable > dropout > offline (``leaves_s``: seconds after
-    the round's start at which the client goes offline, before its upload is done) > deadline
+    the round's start at which the client goes offline, before its upload is done) or battery
+    (``empties_s``: when its battery runs empty; whichever comes first) > deadline
     (total_s strictly greater than ``deadline_s``) > over_selected (finishers beyond
     the fastest ``target_k``; ties broken by lower client id).
     ``available``/``dropped`` default to all-available / none-dropped and are
@@ -293,9 +295,11 @@ def resolve_round(
     reason[unavailable] = "unavailable"
     reason[drop] = "dropout"
     alive = ~(unavailable | drop)
-    if leaves_s is not None:
-        gone = alive & (total > np.asarray(leaves_s, dtype=np.float64).reshape(-1))
-        reason[gone] = "offline"
+    if leaves_s is not None or empties_s is not None:
+        leave = np.full(n, np.inf) if leaves_s is None else np.asarray(leaves_s, dtype=np.float64).reshape(-1)
+        empty = np.full(n, np.inf) if empties_s is None else np.asarray(empties_s, dtype=np.float64).reshape(-1)
+        gone = alive & (total > np.minimum(leave, empty))
+        reason[gone] = np.where(empty[gone] < leave[gone], "battery", "offline")
         alive &= ~gone
     if policy.deadline_s is not None:
         late = alive & (total > policy.deadline_s)
@@ -320,9 +324,10 @@ def round_seconds(outcome: RoundOutcome, policy: RoundPolicy, *, dropped_in_flig
                   arrived: int, target: int) -> float:
     """How long the server waits in a round: until the slowest kept upload
     (``outcome.round_time_s``), or until the deadline if a client lost in flight (it dropped
-    out, went offline, or is late) was needed to reach the target: the server cannot tell such
-    a client from a slow one."""
-    lost_in_flight = dropped_in_flight or bool(np.isin(outcome.drop_reason, ("deadline", "offline")).any())
+    out, went offline, ran out of battery, or is late) was needed to reach the target: the
+    server cannot tell such a client from a slow one."""
+    lost = ("deadline", "offline", "battery")
+    lost_in_flight = dropped_in_flight or bool(np.isin(outcome.drop_reason, lost).any())
     if policy.deadline_s is not None and lost_in_flight and arrived < target:
         return max(outcome.round_time_s, policy.deadline_s)
     return outcome.round_time_s

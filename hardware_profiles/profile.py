@@ -26,6 +26,7 @@ BANDWIDTH_MAX_MBPS = 500.0
 #   "nonneg": finite and >= 0
 #   "prob" : finite and in [0, 1]
 #   "bw"   : like "pos", plus the catalog bandwidth range unless allowed
+#   "power": NaN (not given) or finite and >= 0
 NUMERIC_FIELDS: tuple[str, ...] = (
     "gflops",
     "down_mbps",
@@ -34,7 +35,11 @@ NUMERIC_FIELDS: tuple[str, ...] = (
     "memory_gb",
     "availability",
     "dropout",
+    *("train_w", "idle_w", "rx_w", "tx_w", "tail_j", "battery_wh"),
 )
+# The power model (hardware_profiles.energy): NaN in a profile means "not given" (a user tier
+# without power numbers); its energy columns are then NaN, never a made-up 0.
+POWER_FIELDS: tuple[str, ...] = ("train_w", "idle_w", "rx_w", "tx_w", "tail_j")
 LABEL_FIELDS: tuple[str, ...] = ("tier", "net_tier")
 FIELD_RULES: dict[str, str] = {
     "gflops": "pos",
@@ -44,6 +49,8 @@ FIELD_RULES: dict[str, str] = {
     "memory_gb": "pos",
     "availability": "prob",
     "dropout": "prob",
+    **{f: "power" for f in POWER_FIELDS},
+    "battery_wh": "nonneg",  # 0: no battery (mains-powered)
 }
 
 RANGE_HINT = "pass allow_out_of_range=True to permit bandwidths outside the catalog range"
@@ -56,6 +63,10 @@ def rule_violation(field: str, value: float, allow_out_of_range: bool = False) -
     """
     rule = FIELD_RULES[field]
     v = float(value)
+    if rule == "power" and math.isnan(v):
+        return None
+    if rule == "power" and v < 0:
+        return f"{field}={v!r} is not allowed: a power or energy must be >= 0 (or left out)"
     if not math.isfinite(v):
         return f"{field}={v!r} is not allowed: must be a finite number"
     if rule in ("pos", "bw") and v <= 0:
@@ -85,6 +96,12 @@ class HardwareProfile(BaseModel):
     memory_gb: float
     availability: float  # P(online in a round)
     dropout: float  # P(fails mid-round | online)
+    train_w: float = math.nan  # whole-device power while training or compressing, W
+    idle_w: float = math.nan  # whole-device power while idle (awake, screen off), W
+    rx_w: float = math.nan  # radio power while receiving, on top of idle_w, W
+    tx_w: float = math.nan  # radio power while transmitting, on top of idle_w, W
+    tail_j: float = math.nan  # radio tail energy after each transfer, J
+    battery_wh: float = 0.0  # battery capacity; 0: mains-powered
     tier: str = ""
     net_tier: str = ""
     allow_out_of_range: bool = False

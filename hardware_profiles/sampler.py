@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from .catalog import Catalog, default_catalog, load_catalog
 from .condition_spec import ConditionsSpec
+from .energy import BatterySpec
 
 if TYPE_CHECKING:  # pandas is imported where a table is read or built (config validation needs none)
     import pandas as pd
@@ -42,6 +43,7 @@ from .profile import (
     FIELD_RULES,
     LABEL_FIELDS,
     NUMERIC_FIELDS,
+    POWER_FIELDS,
     HardwareProfile,
     rule_violation,
 )
@@ -54,8 +56,9 @@ SALT_DEVICES = 0x0DE5
 SALT_NETWORK = 0x0E7
 SALT_BANDWIDTH = 0xB4D
 
-DEVICE_FIELDS = ("gflops", "memory_gb", "availability", "dropout")
-NETWORK_FIELDS = ("down_mbps", "up_mbps", "latency_s")
+DEVICE_FIELDS = ("gflops", "memory_gb", "availability", "dropout", "train_w", "idle_w", "battery_wh")
+NETWORK_FIELDS = ("down_mbps", "up_mbps", "latency_s", "rx_w", "tx_w", "tail_j")
+RADIO_FIELDS = ("rx_w", "tx_w", "tail_j")
 TABLE_COLUMNS = NUMERIC_FIELDS + LABEL_FIELDS  # canonical column order
 
 
@@ -76,6 +79,10 @@ class BandwidthDist(BaseModel):
     high: float = BANDWIDTH_MAX_MBPS
     up_ratio: float = 1.0
     latency_s: float = 0.02  # same as the 50mbps tier; a sampled link needs some latency
+    # radio power model of a sampled link; left out: the 50mbps tier's
+    rx_w: float | None = None
+    tx_w: float | None = None
+    tail_j: float | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "BandwidthDist":
@@ -87,6 +94,10 @@ class BandwidthDist(BaseModel):
             raise ValueError(f"bandwidth.up_ratio={self.up_ratio!r} is not allowed: must be > 0")
         if not (math.isfinite(self.latency_s) and self.latency_s >= 0):
             raise ValueError(f"bandwidth.latency_s={self.latency_s!r} is not allowed: must be >= 0")
+        for f in RADIO_FIELDS:
+            v = getattr(self, f)
+            if v is not None and (msg := rule_violation(f, v)):
+                raise ValueError(f"bandwidth.{msg}")
         return self
 
 
@@ -104,6 +115,12 @@ class ProfileOverride(BaseModel):
     memory_gb: float | None = None
     availability: float | None = None
     dropout: float | None = None
+    train_w: float | None = None
+    idle_w: float | None = None
+    rx_w: float | None = None
+    tx_w: float | None = None
+    tail_j: float | None = None
+    battery_wh: float | None = None
 
 
 def _check_mix(name: str, mix: dict[str, float] | None) -> dict[str, float] | None:
@@ -138,6 +155,7 @@ class ProfileSpec(BaseModel):
     dropout: float | None = None
     catalog: str | dict[str, Any] | None = None  # extra tiers, see load_catalog
     conditions: ConditionsSpec | None = None  # processes over virtual time (hardware_profiles.conditions)
+    battery: BatterySpec | None = None  # batteries of the clients whose battery_wh > 0 (hardware_profiles.energy)
 
     @field_validator("devices", "network", mode="before")
     @classmethod
@@ -189,13 +207,23 @@ class ProfileTable:
     tier: np.ndarray
     net_tier: np.ndarray
     allow_out_of_range: bool = field(default=False)
+    # the power model; None: not given (NaN; battery_wh: 0, no battery)
+    train_w: np.ndarray | None = None
+    idle_w: np.ndarray | None = None
+    rx_w: np.ndarray | None = None
+    tx_w: np.ndarray | None = None
+    tail_j: np.ndarray | None = None
+    battery_wh: np.ndarray | None = None
 
     def __post_init__(self) -> None:
+        n = len(self.gflops)
+        for f in POWER_FIELDS + ("battery_wh",):
+            if getattr(self, f) is None:
+                setattr(self, f, np.full(n, 0.0 if f == "battery_wh" else np.nan))
         for f in NUMERIC_FIELDS:
             setattr(self, f, np.ascontiguousarray(getattr(self, f), dtype=np.float64))
         for f in LABEL_FIELDS:
             setattr(self, f, np.asarray(getattr(self, f), dtype=object))
-        n = len(self.gflops)
         for f in TABLE_COLUMNS:
             a = getattr(self, f)
             if a.ndim != 1 or len(a) != n:
@@ -211,10 +239,10 @@ class ProfileTable:
         lo, hi = BANDWIDTH_MIN_MBPS, BANDWIDTH_MAX_MBPS
         for order, f in enumerate(NUMERIC_FIELDS):
             a, rule = getattr(self, f), FIELD_RULES[f]
-            bad = ~np.isfinite(a)
+            bad = np.isinf(a) if rule == "power" else ~np.isfinite(a)
             if rule in ("pos", "bw"):
                 bad |= a <= 0
-            elif rule == "nonneg":
+            elif rule in ("nonneg", "power"):
                 bad |= a < 0
             elif rule == "prob":
                 bad |= (a < 0) | (a > 1)
@@ -253,10 +281,11 @@ class ProfileTable:
     def from_frame(cls, df: pd.DataFrame, *, allow_out_of_range: bool = False) -> "ProfileTable":
         """Full table (every column required); ``client_id`` optional, reorders rows."""
         df = _order_by_client_id(df, len(df))
-        missing = [c for c in NUMERIC_FIELDS if c not in df.columns]
+        optional = POWER_FIELDS + ("battery_wh",)  # folders written before the power model lack them
+        missing = [c for c in NUMERIC_FIELDS if c not in df.columns and c not in optional]
         if missing:
             raise ProfileValidationError(f"profile table is missing columns {missing}")
-        kw: dict[str, Any] = {f: df[f].to_numpy(dtype=np.float64) for f in NUMERIC_FIELDS}
+        kw: dict[str, Any] = {f: df[f].to_numpy(dtype=np.float64) for f in NUMERIC_FIELDS if f in df.columns}
         for f in LABEL_FIELDS:
             kw[f] = _labels(df[f]) if f in df.columns else np.full(len(df), "", dtype=object)
         return cls(**kw, allow_out_of_range=allow_out_of_range)
@@ -376,6 +405,9 @@ def assign_profiles(
         cols["down_mbps"][:] = down
         cols["up_mbps"][:] = down * b.up_ratio
         cols["latency_s"][:] = b.latency_s
+        like = catalog.network(DEFAULT_NETWORK)
+        for f in RADIO_FIELDS:
+            cols[f][:] = getattr(b, f) if getattr(b, f) is not None else getattr(like, f)
         cols["net_tier"][:] = b.distribution
     else:
         mix = spec.network or {DEFAULT_NETWORK: 1.0}

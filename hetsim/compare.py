@@ -20,6 +20,7 @@ from engine.results import load_run
 from hetsim import plots
 from hetsim.common import human_bytes, is_sweep_folder
 from hetsim.page import Page
+from hetsim.report_energy import energy_to_target
 
 COMPARE_FIGURES = (
     "table-compare",
@@ -108,8 +109,10 @@ def compare_table(entries: list[Entry], metric: str = "global_acc",
         if metric not in ("global_acc", "pers_acc"):
             row[f"final_{metric}"] = final_value(e.run.rounds, metric)
             row[f"best_{metric}"] = best_value(e.run.rounds, metric)
-        row.update({"time_to_target_s": t_s, "rounds_to_target": t_rounds,
-                    "sim_time_s": s["sim_time_s"], "bytes_up": s["bytes_up"], "bytes_down": s["bytes_down"]})
+        e_to = energy_to_target(e.run.rounds, metric, target) if np.isfinite(target) else math.nan
+        row.update({"time_to_target_s": t_s, "rounds_to_target": t_rounds, "energy_to_target_j": e_to,
+                    "sim_time_s": s["sim_time_s"], "bytes_up": s["bytes_up"], "bytes_down": s["bytes_down"],
+                    "energy_j": _total(e.run.rounds, "energy_j")})
         rows.append(row)
     return pd.DataFrame(rows), target
 
@@ -159,6 +162,15 @@ def _unique_labels(entries: list[Entry]) -> None:
 # ---------------------------------------------------------------- output
 
 
+def _total(r: pd.DataFrame, col: str) -> float:
+    """A run's total of ``col`` (NaN: the run has no such column, or an unknown value)."""
+    return float(plots.numeric(r[col]).sum(min_count=1)) if col in r else math.nan
+
+
+def _fmt_j(v) -> str:
+    return "–" if v is None or not np.isfinite(v) else (f"{v / 1e3:.3g} kJ" if abs(v) >= 1e3 else f"{v:.3g} J")
+
+
 def _fmt_pct(v) -> str:
     return "–" if v is None or not np.isfinite(v) else f"{100 * v:.2f}%"
 
@@ -178,6 +190,10 @@ def formats(table: pd.DataFrame) -> dict[str, Any]:
             out[c] = _fmt_pct
         elif c in ("time_to_target_s",):
             out[c] = _fmt_s
+        elif c == "energy_to_target_j":
+            out[c] = lambda v: "not reached" if v is None or not np.isfinite(v) else _fmt_j(v)
+        elif c == "energy_j":
+            out[c] = _fmt_j
         elif c == "sim_time_s":
             out[c] = lambda v: f"{v:.2f}" if np.isfinite(v) else "–"
         elif c == "rounds_to_target":
@@ -193,8 +209,8 @@ def text_table(table: pd.DataFrame, metric: str, target: float) -> str:
         shown[col] = [fn(v) for v in table[col]]
     lines = [shown.to_string(index=False)]
     if np.isfinite(target):
-        lines.append(f"\ntime_to_target_s / rounds_to_target: simulated seconds / rounds until "
-                     f"{metric} >= {target:g}")
+        lines.append(f"\ntime_to_target_s / rounds_to_target / energy_to_target_j: simulated seconds / "
+                     f"rounds / the fleet's joules until {metric} >= {target:g}")
     return "\n".join(lines)
 
 
@@ -205,7 +221,8 @@ def compare_page(entries: list[Entry], metric: str = "global_acc", target: float
                 else f"{len(entries)} runs")
     page.section("Side by side")
     page.table("table-compare", table, formats(table),
-               caption=(f"time_to_target_s: simulated seconds until {metric} ≥ {target:g}"
+               caption=(f"time_to_target_s, energy_to_target_j: simulated seconds and the fleet's "
+                        f"energy until {metric} ≥ {target:g}"
                         if np.isfinite(target) else ""))
     colours = plots.colour_map([e.label for e in entries])
     styles = ["-", "--", "-.", ":"]

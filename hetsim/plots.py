@@ -27,6 +27,7 @@ OUTCOMES = {
     "dropout": "#DD8452",
     "offline": "#DA8BC3",  # left mid-round (an availability process of clients.profiles.conditions)
     "unavailable": "#9E9E9E",
+    "battery": "#CCB974",  # below its battery threshold, or its battery emptied (clients.profiles.battery)
 }
 PALETTE = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3",
            "#8C8C8C", "#CCB974", "#64B5CD")

@@ -25,6 +25,8 @@ from hetsim.compare import run_summary
 from hetsim.page import Page
 from hetsim.report_conditions import CONDITIONS_FIGURES as CONDITIONS_FIGURES
 from hetsim.report_conditions import availability_figure, drops_figure, has_conditions, links_figure
+from hetsim.report_energy import ENERGY_FIGURES as ENERGY_FIGURES
+from hetsim.report_energy import energy_section, has_energy
 from hetsim.report_methods import ASCEND_FIGURES, FEDCSPACK_FIGURES, ascend_figures, fedcspack_figures
 from hetsim.report_sweep import SWEEP_FIGURES as SWEEP_FIGURES
 from hetsim.report_sweep import sweep_page
@@ -108,6 +110,9 @@ def run_page(path: Path) -> Page:
         page.guarded(("fig-conditions-links",), links_figure, run)
         page.guarded(("fig-conditions-availability",), availability_figure, run)
         page.guarded(("fig-conditions-drops",), drops_figure, run)
+    if has_energy(run):
+        page.section("Energy")
+        energy_section(page, run)
     page.preformatted("resolved config (config.yaml)", yaml.safe_dump(cfg, sort_keys=False))
     return page
 
@@ -266,4 +271,5 @@ def participation_figure(page: Page, run) -> None:
     ax2.set_title("Outcome by device tier", loc="left", fontsize=11)
     page.figure("fig-participation", fig, "aggregated: the upload arrived and was used; "
                 "over_selected: finished after the round's target was met; deadline: too slow; "
-                "dropout: failed mid-round; unavailable: offline when selected")
+                "dropout: failed mid-round; unavailable: offline when selected; battery: below its battery "
+                "threshold, or its battery emptied")

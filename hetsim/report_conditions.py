@@ -20,11 +20,11 @@ from hetsim.page import Page
 CONDITIONS_FIGURES = ("fig-conditions-links", "fig-conditions-availability", "fig-conditions-drops")
 CONDITION_COLUMNS = ("down_mbps", "up_mbps", "down_state", "up_state")  # engine/loop/rows.py
 # every outcome of a client in a round, in legend order; "" in drop_reason = aggregated
-OUTCOME_ORDER = ("aggregated", "over_selected", "deadline", "offline", "dropout", "unavailable", "nonfinite",
-                 "not selected")
+OUTCOME_ORDER = ("aggregated", "over_selected", "deadline", "offline", "battery", "dropout", "unavailable",
+                 "nonfinite", "not selected")
 OUTCOME_COLOURS = {**plots.OUTCOMES, "nonfinite": "#222222", "not selected": "#F2F2F2"}
 DROP_MARKERS = {"over_selected": "D", "deadline": "X", "offline": "v", "dropout": "s", "unavailable": "o",
-                "nonfinite": "P"}
+                "nonfinite": "P", "battery": "^"}
 CLIENT_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 MAX_LINK_CLIENTS = 8
 MAX_HEATMAP_CLIENTS = 120  # more: an even sample of each set's clients

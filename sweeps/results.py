@@ -84,11 +84,21 @@ class Sweep:
     def mode(self) -> str:
         return self.spec.get("mode", "max")
 
-    def best(self, n: int = 1) -> pd.DataFrame:
-        """The ``n`` best trials by ``best_<metric>`` (the spec's metric and mode)."""
-        col = f"best_{self.metric}"
+    def best(self, n: int = 1, by: str | None = None, mode: str | None = None) -> pd.DataFrame:
+        """The ``n`` best trials by ``best_<metric>`` (the spec's metric and mode), or by the
+        trials.parquet column ``by`` (e.g. ``total_energy_j``; ``mode`` default: min for
+        totals, times and losses, else max)."""
+        col = f"best_{self.metric}" if by is None else by
+        if col not in self.trials.columns:
+            raise KeyError(f"trials.parquet has no column {col!r}; it has: {', '.join(self.trials.columns)}")
+        if by is None:
+            mode = self.mode
+        elif mode is None:
+            mode = "min" if col.startswith("total_") or "loss" in col or col.endswith("_s") else "max"
+        if mode not in ("min", "max"):
+            raise ValueError(f"mode={mode!r} is not allowed: 'min' or 'max'")
         ok = self.trials[~self.trials["status"].isin(NOT_RANKED)]
-        return ok.sort_values(col, ascending=self.mode == "min", na_position="last").head(n)
+        return ok.sort_values(col, ascending=mode == "min", na_position="last").head(n)
 
     def run(self, trial_id: str):
         """One trial's run folder as :class:`engine.results.tables.Run`."""
@@ -197,6 +207,8 @@ def summarize_trial(
     row["total_sim_time_s"] = float(rounds["sim_time_s"].iloc[-1]) if n and "sim_time_s" in rounds else math.nan
     row["total_bytes_up"] = int(rounds["bytes_up"].sum()) if n and "bytes_up" in rounds else 0
     row["total_bytes_down"] = int(rounds["bytes_down"].sum()) if n and "bytes_down" in rounds else 0
+    for col in ("energy_j", "energy_wasted_j"):  # NaN: the run predates the ledger or a power number is unknown
+        row[f"total_{col}"] = float(rounds[col].sum(min_count=1)) if n and col in rounds else math.nan
     wall = manifest.get("wall_s")
     if wall is not None:
         row["wall_s"] = float(wall)

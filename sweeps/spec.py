@@ -69,7 +69,8 @@ RESERVED_KEYS = ("output", "ray", "checkpoint", "executor.kind", "executor.num_a
                  "executor.cpus_per_actor", "executor.gpus_per_actor", "executor.clients_per_actor")
 # trials.parquet columns besides the hyperparameters (a hyperparameter never takes these names)
 TRIAL_COLUMNS = ("trial_id", "status", "error", "rounds_done", "total_sim_time_s",
-                 "total_bytes_up", "total_bytes_down", "wall_s", "node_id", "run_dir", "attempts",
+                 "total_bytes_up", "total_bytes_down", "total_energy_j", "total_energy_wasted_j",
+                 "wall_s", "node_id", "run_dir", "attempts",
                  "resumed_from_round", "exploits", "restored_from")
 
 # YAML 1.1 (PyYAML) reads `1e-3` as a string; numbers written that way are meant as floats.

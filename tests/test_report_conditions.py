@@ -71,9 +71,10 @@ def test_a_run_without_conditions_gets_the_report_it_always_got(plain_run, tmp_p
     assert not has_conditions(load_run(plain_run))
     out = build_report(plain_run, tmp_path / "plain.html")
     page = parse_page(out)
-    assert set(page.figures) == set(RUN_FIGURES) and not page.omitted
+    energy = ("fig-energy-accuracy", "fig-energy-tiers")  # every run has a ledger; no batteries here
+    assert set(page.figures) == {*RUN_FIGURES, *energy} and not page.omitted
     assert "Conditions over virtual time" not in out.read_text()
-    assert sorted(p.stem for p in (tmp_path / "plain_figures").glob("*.png")) == sorted(RUN_FIGURES)
+    assert sorted(p.stem for p in (tmp_path / "plain_figures").glob("*.png")) == sorted([*RUN_FIGURES, *energy])
 
 
 def test_drops_are_placed_when_the_server_lost_the_client(cond_run):

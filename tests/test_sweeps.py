@@ -242,8 +242,14 @@ def test_grid_sweep_writes_parquet_and_matches_direct_runs(tmp_path, local_ray):
         assert t.final_global_acc == direct["global_acc"].iloc[-1]
         assert t.best_global_acc == direct["global_acc"].max()
         assert t.total_bytes_up == direct["bytes_up"].sum()
+        assert t.total_energy_j == pytest.approx(direct["energy_j"].sum(), rel=1e-12) and t.total_energy_j > 0
         run = load_run(sweep.path / t.run_dir)
         assert run.manifest["status"] == "finished" and run.config["train"]["lr"] == t.lr
+
+    by_energy = sweep.best(4, by="total_energy_j")
+    assert by_energy["total_energy_j"].is_monotonic_increasing and len(by_energy) == 4
+    with pytest.raises(KeyError, match="no column 'energy'"):
+        sweep.best(by="energy")
 
     # the folder: resolved spec, Parquet files, run folders, Tune state - and nothing in ~/ray_results
     loaded = load_sweep(tmp_path / "sw")

@@ -149,7 +149,8 @@ def write_checkpoint(
     t0 = time.perf_counter()
     try:
         server_bytes = save_blob(
-            {"server": sim.server.checkpoint_state(), "rng": _rng_state(), "sim_time_s": sim.sim_time_s},
+            {"server": sim.server.checkpoint_state(), "rng": _rng_state(), "sim_time_s": sim.sim_time_s,
+             "batteries": sim.batteries.state() if sim.batteries is not None else None},
             tmp / SERVER_FILE, path=f"{type(sim.server).__name__}",
         )
         shards = sim.executor.save_client_states(tmp)
@@ -229,6 +230,8 @@ def restore_checkpoint(sim: Simulation, directory: str | Path, *, allow_config_c
     sim.server.restore_checkpoint_state(state["server"])
     _set_rng_state(state["rng"])
     sim.sim_time_s = state["sim_time_s"]
+    if sim.batteries is not None:
+        sim.batteries.restore(state["batteries"])
     sim.next_round = int(meta["next_round"])
     sim.executor.load_client_states(directory, meta["client_states"])
     return meta

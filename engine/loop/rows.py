@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from algorithms.base import Broadcast, ClientResult
+from hardware_profiles.energy import ENERGY_COLUMNS
 
 PERSONALIZED_COLUMNS = ("pers_acc", "pers_acc_weighted", "pers_acc_worst", "pers_acc_std", "pers_loss")
 
@@ -70,9 +71,11 @@ def round_row(r: int, *, selected, runnable, arrived: list[ClientResult], availa
     return row
 
 
-def client_rows(r: int, profiles, selected, available, results: list[ClientResult], times,
-                bytes_down, outcome, timeline: dict[str, np.ndarray], start_s: float) -> list[dict[str, Any]]:
-    """The clients.parquet rows of a round: one per selected client, in id order."""
+def client_rows(r: int, profiles, selected, not_run, results: list[ClientResult], times,
+                bytes_down, outcome, timeline: dict[str, np.ndarray], start_s: float,
+                energy: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+    """The clients.parquet rows of a round: one per selected client, in id order. ``not_run``:
+    per selected client, the drop reason if it did not run (unavailable, battery, dropout)."""
     by_id = {res.client_id: i for i, res in enumerate(results)}
     prof = profiles
     rows = []
@@ -86,7 +89,7 @@ def client_rows(r: int, profiles, selected, available, results: list[ClientResul
         i = by_id.get(cid)
         if i is None:
             row["made_deadline"] = False
-            row["drop_reason"] = "unavailable" if not available[sel_pos] else "dropout"
+            row["drop_reason"] = str(not_run[sel_pos])
             rows.append(row)
             continue
         res: ClientResult = results[i]
@@ -108,6 +111,8 @@ def client_rows(r: int, profiles, selected, available, results: list[ClientResul
             }
         )
         row.update(res.metrics)
+        for name in ENERGY_COLUMNS:
+            row[name] = float(energy[name][i])
         row["start_s"] = start_s
         for name in TIMELINE_COLUMNS:
             row[name] = float(timeline[name][i])
@@ -117,6 +122,29 @@ def client_rows(r: int, profiles, selected, available, results: list[ClientResul
                 row[name] = value if isinstance(value, str) else float(value)
         rows.append(row)
     return rows
+
+
+def energy_summary(energy: dict[str, np.ndarray], outcome, low, batteries) -> dict[str, Any]:
+    """The round's fleet energy (J; NaN when a client's power model is unknown), the part spent
+    by clients whose update was not aggregated, and with batteries: drops for lack of charge and
+    the fleet's battery levels (fractions of capacity) at the round's end."""
+    out: dict[str, Any] = {name: float(energy[name].sum()) for name in ENERGY_COLUMNS}
+    out["energy_wasted_j"] = float(energy["energy_j"][~outcome.made_deadline].sum())
+    if batteries is not None:
+        out["num_battery"] = int(low.sum() + (outcome.drop_reason == "battery").sum())
+        levels = batteries.level[batteries.has] / batteries.capacity[batteries.has]
+        out["battery_mean"] = float(levels.mean())
+        out["battery_min"] = float(levels.min())
+    return out
+
+
+def add_battery_columns(client_rows: list[dict[str, Any]], level_start, level_end, charging) -> None:
+    """Battery level (fraction of capacity; NaN: mains-powered) at the round's start and end,
+    and whether the client was on its charger, on each selected client's row (id order)."""
+    for row, start, end, on in zip(client_rows, level_start.tolist(), level_end.tolist(), charging.tolist()):
+        row["battery_level"] = start
+        row["battery_level_end"] = end
+        row["on_charger"] = bool(on)
 
 
 def _mean(values) -> float:

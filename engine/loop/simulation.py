@@ -31,6 +31,7 @@ from engine.models.arch import assign_architectures, build_arch_model
 from engine.trace import mark
 from hardware_profiles import clock
 from hardware_profiles.conditions import FleetConditions, participation
+from hardware_profiles.energy import FleetBatteries, empties_at, ledger
 from hardware_profiles.sampler import assign_profiles
 
 log = logging.getLogger("hetsim")
@@ -53,6 +54,9 @@ class Simulation:
         # processes over virtual time; None: every client's conditions are constant (as before)
         self.conditions = (FleetConditions(changing, self.profiles, cfg.seed, origin_s=cfg.clock.start_s)
                            if changing and changing.sets else None)
+        battery = cfg.clients.profiles.battery
+        zones = self.conditions.columns().get("tz_offset_h") if self.conditions is not None else None
+        self.batteries = FleetBatteries(battery, self.profiles, cfg.seed, zones) if battery else None
         self.arch_names, self.client_arch = assign_architectures(cfg, self.profiles)
         self.models = {
             arch: build_arch_model(cfg, arch, self.data.input_shape, self.data.num_classes)
@@ -155,7 +159,12 @@ class Simulation:
         selected, target = select_clients(cfg, self.data.num_clients, r)
         available, dropped, leaves = participation(self.conditions, self.profiles, selected, cfg.seed, r,
                                                    policy, start_s)
-        runnable = selected[available & ~dropped]
+        batteries = self.batteries
+        low = batteries.too_low(selected) & available if batteries else np.zeros(len(selected), dtype=bool)
+        charging = self._on_charger(r, start_s) if batteries else None
+        level_start = batteries.fraction(selected) if batteries else None
+        run_mask = available & ~low & ~dropped
+        runnable = selected[run_mask]
         evaluating = is_evaluation_round(cfg, r)
         broadcast = self.server.broadcast(r)
         now = self.conditions.now(runnable, start_s) if self.conditions is not None and self.reads_profile else None
@@ -169,10 +178,15 @@ class Simulation:
         times = clock.client_times(self.profiles, runnable, sent["bytes_down"], sent["bytes_up"],
                                    sent["train_flops"], sent["compress_ops"], measured_compute_s=measured)
         timeline = rows.timeline(self.conditions, runnable, start_s, times, sent, measured)
-        leaves = leaves[available & ~dropped]
-        outcome = clock.resolve_round(times, runnable, policy, target_k=target, leaves_s=leaves - start_s)
-        if self.conditions is not None:
-            timeline["left_s"] = np.where(outcome.drop_reason == "offline", leaves, np.nan)
+        leaves = leaves[run_mask] - start_s
+        empties = (empties_at(self.profiles, runnable, times, batteries.charge_j(runnable, charging))
+                   if batteries else None)
+        outcome = clock.resolve_round(times, runnable, policy, target_k=target, leaves_s=leaves, empties_s=empties)
+        stopped = np.select([outcome.drop_reason == "offline", outcome.drop_reason == "battery"],
+                            [leaves, empties if empties is not None else leaves], np.inf)
+        if self.conditions is not None or batteries:
+            timeline["left_s"] = np.where(np.isfinite(stopped), start_s + stopped, np.nan)
+        energy = ledger(self.profiles, runnable, times, stopped)
         nonfinite = guards.reject_nonfinite(results, outcome, cfg.train.on_nonfinite)
         arrived = [res for res, ok in zip(results, outcome.made_deadline) if ok]
         # a non-finite upload is not put back into error-feedback residuals
@@ -182,24 +196,43 @@ class Simulation:
             self.executor.notify_dropped(r, lost)
         server_metrics = self.server.aggregate(r, arrived) or {}
         diverged = guards.divergence(r, results, nonfinite, self.server.global_models(), cfg.train.on_nonfinite)
-        round_s = clock.round_seconds(outcome, policy, dropped_in_flight=bool((available & dropped).any()),
+        round_s = clock.round_seconds(outcome, policy, dropped_in_flight=bool((available & ~low & dropped).any()),
                                       arrived=len(arrived), target=target)
         self.sim_time_s += round_s
+        if batteries:
+            batteries.advance(round_s, runnable, energy["energy_j"], np.minimum(times["total_s"], stopped),
+                              outcome.drop_reason == "battery", charging)
 
+        not_run = np.where(~available, "unavailable", np.where(low, "battery", "dropout"))
         row = rows.round_row(
             r, selected=selected, runnable=runnable, arrived=arrived, available=available,
-            dropped=dropped, round_s=round_s, sim_time_s=self.sim_time_s, bytes_down=sent["bytes_down"],
+            dropped=dropped & ~low, round_s=round_s, sim_time_s=self.sim_time_s, bytes_down=sent["bytes_down"],
             nonfinite=nonfinite, personalized=results if evaluating else [],
             global_columns=global_columns(cfg, list(self.server.global_models()), r),
             server_metrics=server_metrics, start_s=start_s)
-        client_rows = rows.client_rows(r, self.profiles, selected, available, results, times,
-                                       sent["bytes_down"], outcome, timeline, start_s)
+        row.update(rows.energy_summary(energy, outcome, low, batteries))
+        client_rows = rows.client_rows(r, self.profiles, selected, not_run, results, times,
+                                       sent["bytes_down"], outcome, timeline, start_s, energy)
+        if batteries:
+            rows.add_battery_columns(client_rows, level_start, batteries.fraction(selected),
+                                     charging[selected])
         self._realtime_sleep(r, round_s)
         row["wall_s"] = time.perf_counter() - wall0
         tables = self.server.drain_tables()
         if reply.faults:
             tables["faults"] = reply.faults
         return RoundRecord(r, row, client_rows, tables, diverged=diverged)
+
+    def _on_charger(self, r: int, start_s: float) -> np.ndarray:
+        """Who is on the charger for round ``r`` (every client; ``charging: online`` asks the
+        battery-powered ones' availability at the round's start, the same draw as selection's)."""
+        online = None
+        if self.batteries.spec.charging == "online":
+            ids = np.flatnonzero(self.batteries.has)
+            online = np.zeros(len(self.batteries.has), dtype=bool)
+            online[ids] = participation(self.conditions, self.profiles, ids, self.cfg.seed, r, self.cfg.clock,
+                                        start_s)[0]
+        return self.batteries.on_charger(start_s, online)
 
     def _realtime_sleep(self, r: int, round_s: float) -> None:
         """``clock.mode: realtime``: sleep the round's simulated seconds x ``time_scale``."""

@@ -40,7 +40,9 @@ ROUND_COLUMNS = (
     "round", "num_selected", "num_run", "num_arrived", "num_unavailable", "num_dropout", "num_nonfinite",
     "sim_round_s", "sim_time_s", "bytes_up", "bytes_down", "train_loss",
     "pers_acc", "pers_acc_weighted", "pers_acc_worst", "pers_acc_std", "pers_loss",
-    "global_acc", "global_loss", "round_start_s", "wall_s",
+    "global_acc", "global_loss", "round_start_s",
+    "energy_download_j", "energy_train_j", "energy_compress_j", "energy_upload_j", "energy_j", "energy_wasted_j",
+    "wall_s",
 )
 CLIENT_COLUMNS = (
     "round", "client_id", "tier", "net_tier", "arch", "num_samples", "bytes_up", "bytes_down",
@@ -48,12 +50,16 @@ CLIENT_COLUMNS = (
     "sim_upload_s", "sim_total_s", "made_deadline", "drop_reason", "train_loss",
     "pers_acc", "pers_loss", "test_samples", "wall_fit_s",
     "start_s", "download_end_s", "train_end_s", "compress_end_s", "upload_end_s",
+    "energy_download_j", "energy_train_j", "energy_compress_j", "energy_upload_j", "energy_j",
 )
 # clients.parquet columns of fleets with conditions over time (clients.profiles.conditions)
 CONDITION_COLUMNS = ("down_mbps", "up_mbps", "down_state", "up_state", "left_s")
+# columns of fleets with batteries (clients.profiles.battery): rounds.parquet, clients.parquet
+BATTERY_ROUND_COLUMNS = ("num_battery", "battery_mean", "battery_min")
+BATTERY_CLIENT_COLUMNS = ("battery_level", "battery_level_end", "on_charger", "left_s")
 PROFILE_COLUMNS = (
     "client_id", "gflops", "down_mbps", "up_mbps", "latency_s", "memory_gb", "availability",
-    "dropout", "tier", "net_tier",
+    "dropout", "train_w", "idle_w", "rx_w", "tx_w", "tail_j", "battery_wh", "tier", "net_tier",
 )
 # Tables that log what happened rather than one row per round: kept whole when a resumed run
 # rewinds its round tables to a checkpoint.

@@ -40,6 +40,7 @@ from engine.ray.cluster import RayConnectError, check_reachable, cluster_cpus, r
 from engine.ray.pool import PoolSizeError, plan_pool
 from hardware_profiles.condition_spec import Constant
 from hardware_profiles.conditions import FleetConditions
+from hardware_profiles.energy import FleetBatteries
 from hardware_profiles.profile import RANGE_HINT
 from hardware_profiles.sampler import assign_profiles
 from hardware_profiles.traces import TraceError
@@ -72,6 +73,7 @@ def validate_with_data(cfg: ExperimentConfig, *, ray_running: bool | None = None
     data = _build_data(cfg)
     profiles = _build_profiles(cfg, data.num_clients)
     warnings += _check_conditions(cfg, profiles)
+    _check_batteries(cfg, profiles)
     arch_names, client_arch, flops, sizes = _build_models(cfg, data, profiles)
     n = data.num_clients
     problems = _method_problems(cfg, sizes)
@@ -219,6 +221,17 @@ def _check_conditions(cfg: ExperimentConfig, profiles) -> list[str]:
               "after the start, loop: true, or set clock.apply_availability: false"])
     return [f"{field}: {int(never.sum())} of {len(never)} clients can never be online from clock.start = "
             f"{cfg.clock.start!r} on"] if cfg.clock.apply_availability and never.any() else []
+
+
+def _check_batteries(cfg: ExperimentConfig, profiles) -> None:
+    """The fleet's batteries, built as the run builds them (someone has one; each has a power model)."""
+    spec = cfg.clients.profiles.battery
+    if spec is None:
+        return
+    try:
+        FleetBatteries(spec, profiles, cfg.seed)
+    except ValueError as err:
+        raise ConfigError(f"{HEADER}  clients.profiles.battery: {err}") from None
 
 
 def _build_models(cfg: ExperimentConfig, data, profiles):
