@@ -66,6 +66,17 @@ class DatasetConfig(Section):
             raise ValueError(f"unknown dataset {v!r}; allowed: {', '.join(sorted(DATASETS))}")
         return v
 
+    @field_validator("params")
+    @classmethod
+    def _absolute_paths(cls, v: dict[str, Any]) -> dict[str, Any]:
+        # a table's path is stored absolute, so a resume from another folder reads the same files
+        path = v.get("path")
+        if isinstance(path, str) and "://" not in path:
+            return {**v, "path": os.path.abspath(expand_path(path))}
+        if isinstance(path, list):
+            return {**v, "path": [os.path.abspath(expand_path(p)) if isinstance(p, str) else p for p in path]}
+        return v
+
 
 class PartitionConfig(Section):
     scheme: Literal["iid", "dirichlet", "shards", "natural"] = "dirichlet"

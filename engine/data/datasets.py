@@ -51,6 +51,7 @@ from typing import Callable
 import numpy as np
 
 from engine.cache import cached_arrays
+from engine.data.tabular import TableDatasetError, read_leaf, read_parquet_table
 
 __all__ = [
     "ArrayDataset",
@@ -91,6 +92,9 @@ class ArrayDataset:
     test_x: np.ndarray | None = None
     test_y: np.ndarray | None = None
     natural_clients: list[np.ndarray] | None = None
+    # per natural client, indices into test_x: its own local test set (LEAF's split); the
+    # official test rows are then local test sets, not a global test split
+    natural_test_clients: list[np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         if len(self.x) != len(self.y):
@@ -579,3 +583,39 @@ def load_cifar10(*, root=None, download=False, seed=0) -> ArrayDataset:
 def load_cifar100(*, root=None, download=False, seed=0) -> ArrayDataset:
     """CIFAR-100 (fine labels) via torchvision: ``<root>/cifar-100-python/``."""
     return _load_torchvision("cifar100", root, download)
+
+
+def _table_dataset(name: str, t) -> ArrayDataset:
+    return ArrayDataset(name, t.x, t.y, t.num_classes, test_x=t.test_x, test_y=t.test_y,
+                        natural_clients=t.clients, natural_test_clients=t.test_clients)
+
+
+@register_dataset("parquet")
+def load_parquet(*, root=None, download=False, seed=0, path=None, label_column: str = "label",
+                 client_column: str | None = None, split_column: str | None = None, features=None,
+                 shape=None, num_classes: int | None = None) -> ArrayDataset:
+    """A federated table in Parquet (:mod:`engine.data.tabular`): ``path`` (a file, a folder of
+    them, or a list), its label, client, split and feature columns."""
+    if path is None:
+        raise ValueError("parquet: dataset.params.path is required (a .parquet file, a folder of them, or a list)")
+    try:
+        t = read_parquet_table(path, label_column=label_column, client_column=client_column,
+                               split_column=split_column, features=features, shape=shape, num_classes=num_classes)
+    except TableDatasetError as err:
+        raise ValueError(f"parquet: {err}") from None
+    return _table_dataset(f"parquet:{os.path.basename(str(path).rstrip('/'))}", t)
+
+
+@register_dataset("leaf")
+def load_leaf(*, root=None, download=False, seed=0, path=None, shape=None,
+              num_classes: int | None = None) -> ArrayDataset:
+    """A LEAF benchmark folder (``train/*.json``, ``test/*.json``): users are the natural clients
+    and each user's test file rows its local test set (:mod:`engine.data.tabular`)."""
+    path = path if path is not None else root
+    if path is None:
+        raise ValueError("leaf: dataset.params.path is required (the folder holding train/ and test/)")
+    try:
+        t = read_leaf(path, shape=shape, num_classes=num_classes)
+    except TableDatasetError as err:
+        raise ValueError(f"leaf: {err}") from None
+    return _table_dataset(f"leaf:{os.path.basename(str(path).rstrip('/'))}", t)

@@ -326,7 +326,10 @@ def build_federated_data(
     ``scheme="natural"`` uses ``ds.natural_clients`` (``num_clients`` must equal
     their count, or be None).  There, steps 2-3 hold out the fractions *from
     each client* (at least one sample stays with every client), so the global
-    test and public sets follow the clients' own distributions, as in LEAF.
+    test and public sets follow the clients' own distributions, as in LEAF. A dataset
+    with ``natural_test_clients`` (LEAF, a table with a split column) keeps its own local
+    test sets: its test rows are the clients' local tests, and the global test set is held
+    out from the training rows.
     """
     if scheme not in PARTITION_SCHEMES:
         raise ValueError(f"scheme={scheme!r} is invalid; allowed: {list(PARTITION_SCHEMES)}")
@@ -339,6 +342,7 @@ def build_federated_data(
 
     has_test = ds.test_x is not None
     n_train = len(ds.x)
+    own_tests = scheme == "natural" and ds.natural_test_clients is not None  # e.g. LEAF's per-user split
     if has_test:
         x = np.concatenate([ds.x, ds.test_x])
         y = np.concatenate([ds.y, ds.test_y]).astype(np.int64, copy=False)
@@ -349,7 +353,7 @@ def build_federated_data(
 
     if scheme == "natural":
         clients, global_test, public = _natural_clients(
-            ds, num_clients, official_test, global_test_fraction, public_fraction, stream
+            ds, num_clients, None if own_tests else official_test, global_test_fraction, public_fraction, stream
         )
         num_clients = len(clients[1]) - 1
         c_idx, c_ptr = clients
@@ -378,7 +382,11 @@ def build_federated_data(
         )
         c_idx, c_ptr = _to_csr([rest[p] for p in parts])
 
-    tr_idx, tr_ptr, te_idx, te_ptr = _segment_take(c_idx, c_ptr, test_fraction, stream(_STREAM_LOCAL_SPLIT))
+    if own_tests:  # the clients' own test rows are their local test sets (test_fraction does not apply)
+        tr_idx, tr_ptr = c_idx, c_ptr
+        te_idx, te_ptr = _to_csr([n_train + np.asarray(t, dtype=np.int64) for t in ds.natural_test_clients])
+    else:
+        tr_idx, tr_ptr, te_idx, te_ptr = _segment_take(c_idx, c_ptr, test_fraction, stream(_STREAM_LOCAL_SPLIT))
     return FederatedData(
         name=ds.name,
         x=x,

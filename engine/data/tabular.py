@@ -1,0 +1,307 @@
+"""Federated datasets a user brings: a Parquet table (one row per sample) and LEAF's JSON files.
+
+The table format (``dataset: {name: parquet, params: {path: ...}}``), one row per sample:
+
+* a label column (``label_column``, default ``label``): integers >= 0;
+* features: a list of numeric scalar columns, or one column holding a fixed-size list (or
+  equal-length lists) of numbers per row (``features``; default: every other numeric column,
+  or the single list column); ``shape`` reshapes each sample (e.g. ``[1, 28, 28]``);
+* optionally a client column (``client_column``): its values (ints or strings) are the natural
+  clients, numbered 0..N-1 in sorted order of the values, for ``partition.scheme: natural``;
+* optionally a split column (``split_column``) with ``train`` / ``test``: with natural clients a
+  client's ``test`` rows are its local test set (as LEAF splits them); with the other schemes
+  the ``test`` rows are the official test split (the global test set).
+
+``path`` is a file, a folder of ``.parquet`` files, or a list of files; they are read with
+pyarrow's dataset API one record batch at a time into preallocated arrays, so the peak memory is
+the arrays themselves (the table is never held whole as Arrow and numpy at once).
+
+LEAF (``dataset: {name: leaf, params: {path: <folder with train/ and test/>}}``): the JSON files
+of Caldas et al.'s benchmark, ``{"users": [...], "num_samples": [...], "user_data": {user:
+{"x": [...], "y": [...]}}}``, read directly; :func:`leaf_to_parquet` converts them to the table
+format. Loaders return plain arrays; :mod:`engine.data.datasets` wraps them as datasets.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+SPLITS = ("train", "test")
+
+
+class TableDatasetError(ValueError):
+    """A federated table or LEAF folder that cannot be read as one (names the file and column)."""
+
+
+@dataclass
+class TableArrays:
+    """What a table holds, as arrays: training pool, official test rows, natural clients."""
+
+    x: np.ndarray
+    y: np.ndarray
+    test_x: np.ndarray | None
+    test_y: np.ndarray | None
+    clients: list[np.ndarray] | None  # per client: indices into x
+    test_clients: list[np.ndarray] | None  # per client: indices into test_x
+    client_names: list[str] | None
+    num_classes: int
+
+
+# --------------------------------------------------------------------------- Parquet
+
+
+def _files(path) -> list[str]:
+    paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+    out: list[str] = []
+    for p in map(str, paths):
+        p = os.path.expanduser(p)
+        if os.path.isdir(p):
+            found = sorted(glob.glob(os.path.join(p, "**", "*.parquet"), recursive=True))
+            if not found:
+                raise TableDatasetError(f"dataset path {p!r} is a folder without .parquet files")
+            out += found
+        elif os.path.isfile(p):
+            out.append(p)
+        else:
+            raise TableDatasetError(f"dataset path {p!r} does not exist (give a .parquet file, a folder of them, "
+                                    "or a list of files)")
+    return out
+
+
+def _feature_columns(schema, label: str, client: str | None, split: str | None, features) -> list[str]:
+    import pyarrow as pa  # here: pyarrow is needed only to read tables
+
+    names = list(schema.names)
+    if features is None:
+        skip = {label, client, split}
+        kinds = {n: schema.field(n).type for n in names if n not in skip}
+        lists = [n for n, t in kinds.items() if pa.types.is_list(t) or pa.types.is_fixed_size_list(t)]
+        numeric = [n for n, t in kinds.items() if pa.types.is_integer(t) or pa.types.is_floating(t)]
+        if len(lists) == 1 and not numeric:
+            return lists
+        if lists:
+            raise TableDatasetError(f"several candidate feature columns {lists + numeric}; name them in "
+                                    "dataset.params.features")
+        if not numeric:
+            raise TableDatasetError(f"no numeric feature columns besides {sorted(s for s in skip if s)}; "
+                                    f"the table has {names}")
+        return numeric
+    cols = [features] if isinstance(features, str) else list(features)
+    missing = [c for c in cols if c not in names]
+    if missing:
+        raise TableDatasetError(f"dataset.params.features names columns {missing} that the table does not have; "
+                                f"it has {names}")
+    return cols
+
+
+def _to_matrix(batch, cols: list[str], file: str) -> np.ndarray:
+    """A record batch's features as float32 (rows, F)."""
+    import pyarrow as pa  # here: see _feature_columns
+
+    if len(cols) == 1 and (pa.types.is_list(batch.schema.field(cols[0]).type)
+                           or pa.types.is_fixed_size_list(batch.schema.field(cols[0]).type)):
+        arr = batch.column(cols[0])
+        if arr.null_count:
+            raise TableDatasetError(f"{file}: column {cols[0]!r} has missing (null) rows")
+        values = arr.flatten() if hasattr(arr, "flatten") else arr.values
+        if not (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)):
+            raise TableDatasetError(f"{file}: column {cols[0]!r} holds lists of {values.type}; features must be "
+                                    "numbers")
+        lengths = np.diff(np.asarray(arr.offsets)) if pa.types.is_list(arr.type) else None
+        width = arr.type.list_size if lengths is None else (int(lengths[0]) if len(lengths) else 0)
+        if lengths is not None and len(lengths) and (lengths != width).any():
+            raise TableDatasetError(f"{file}: column {cols[0]!r} holds lists of different lengths "
+                                    f"({int(lengths.min())}..{int(lengths.max())}); every sample needs the same")
+        return values.to_numpy(zero_copy_only=False).astype(np.float32, copy=False).reshape(len(arr), width)
+    out = np.empty((batch.num_rows, len(cols)), dtype=np.float32)
+    for j, name in enumerate(cols):
+        column = batch.column(name)
+        if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
+            raise TableDatasetError(f"{file}: feature column {name!r} has type {column.type}; features must be "
+                                    "numbers (or one column of number lists)")
+        if column.null_count:
+            raise TableDatasetError(f"{file}: feature column {name!r} has missing (null) rows")
+        out[:, j] = column.to_numpy(zero_copy_only=False)
+    return out
+
+
+def read_parquet_table(path, *, label_column: str = "label", client_column: str | None = None,
+                       split_column: str | None = None, features=None, shape=None,
+                       num_classes: int | None = None) -> TableArrays:
+    """Read a federated table (see the module docstring) into arrays."""
+    import pyarrow.dataset as pads  # here: see _feature_columns
+
+    files = _files(path)
+    data = pads.dataset(files, format="parquet")
+    schema = data.schema
+    for what, col in (("label_column", label_column), ("client_column", client_column),
+                      ("split_column", split_column)):
+        if col is not None and col not in schema.names:
+            raise TableDatasetError(f"dataset.params.{what} = {col!r} is not a column of {files[0]!r}"
+                                    f"{' (and the other files)' if len(files) > 1 else ''}; it has {schema.names}")
+    cols = _feature_columns(schema, label_column, client_column, split_column, features)
+    n = data.count_rows()
+    if n == 0:
+        raise TableDatasetError(f"dataset path {path!r} has no rows")
+    x = None
+    y = np.empty(n, dtype=np.int64)
+    owner = [] if client_column else None
+    split = np.zeros(n, dtype=bool) if split_column else None  # True: a test row
+    at = 0
+    wanted = [*cols, label_column, *(c for c in (client_column, split_column) if c)]
+    for batch in data.to_batches(columns=wanted):
+        rows = batch.num_rows
+        if not rows:
+            continue
+        feats = _to_matrix(batch, cols, files[0] if len(files) == 1 else str(path))
+        if x is None:
+            x = np.empty((n, feats.shape[1]), dtype=np.float32)
+        x[at:at + rows] = feats
+        label = batch.column(label_column)
+        if label.null_count:
+            raise TableDatasetError(f"label column {label_column!r} has missing (null) rows")
+        lab = label.to_numpy(zero_copy_only=False)
+        if not np.issubdtype(lab.dtype, np.integer):
+            if not np.issubdtype(lab.dtype, np.floating) or not np.all(lab == np.round(lab)):
+                raise TableDatasetError(f"label column {label_column!r} has type {label.type}; labels must be "
+                                        "integers >= 0 (class indices)")
+        y[at:at + rows] = lab
+        if owner is not None:
+            owner.append(np.asarray(batch.column(client_column).to_numpy(zero_copy_only=False)).astype(str))
+        if split is not None:
+            s = np.asarray(batch.column(split_column).to_numpy(zero_copy_only=False)).astype(str)
+            bad = sorted(set(s.tolist()) - set(SPLITS))
+            if bad:
+                raise TableDatasetError(f"split column {split_column!r} has values {bad[:5]}; allowed: {list(SPLITS)}")
+            split[at:at + rows] = s == "test"
+        at += rows
+    if (y < 0).any():
+        raise TableDatasetError(f"label column {label_column!r} has negative values (min {int(y.min())}); labels "
+                                "are class indices >= 0")
+    if not np.isfinite(x).all():
+        raise TableDatasetError("the features have NaN or infinite values")
+    k = int(y.max()) + 1 if num_classes is None else int(num_classes)
+    if y.max() >= k:
+        raise TableDatasetError(f"labels go up to {int(y.max())} but dataset.params.num_classes = {k}")
+    if shape is not None:
+        shape = tuple(int(d) for d in shape)
+        if int(np.prod(shape)) != x.shape[1]:
+            raise TableDatasetError(f"dataset.params.shape = {list(shape)} holds {int(np.prod(shape))} values; "
+                                    f"each sample has {x.shape[1]} features")
+        x = x.reshape((n, *shape))
+    return _arrange(x, y, np.concatenate(owner) if owner is not None else None, split, k)
+
+
+def _arrange(x, y, owner, is_test, num_classes: int) -> TableArrays:
+    """Split rows into the training pool and the test rows, and group them by client."""
+    test = is_test if is_test is not None else np.zeros(len(y), dtype=bool)
+    train_rows, test_rows = np.flatnonzero(~test), np.flatnonzero(test)
+    if not len(train_rows):
+        raise TableDatasetError("every row is a test row: the clients have nothing to train on")
+    x_tr, y_tr = x[train_rows], y[train_rows]
+    x_te, y_te = (x[test_rows], y[test_rows]) if len(test_rows) else (None, None)
+    clients = test_clients = names = None
+    if owner is not None:
+        names, code = np.unique(owner, return_inverse=True)
+        code_tr, code_te = code[train_rows], code[test_rows]
+        empty = np.setdiff1d(np.arange(len(names)), code_tr)
+        if empty.size:
+            raise TableDatasetError(f"client {str(names[empty[0]])!r} has no training rows (only test rows); "
+                                    f"{empty.size} client(s) like it")
+        order = np.argsort(code_tr, kind="stable")
+        clients = np.split(order.astype(np.int64), np.cumsum(np.bincount(code_tr, minlength=len(names)))[:-1])
+        if len(test_rows):
+            order = np.argsort(code_te, kind="stable")
+            test_clients = np.split(order.astype(np.int64),
+                                    np.cumsum(np.bincount(code_te, minlength=len(names)))[:-1])
+        names = [str(v) for v in names]
+    return TableArrays(x_tr, y_tr, x_te, y_te, clients, test_clients, names, num_classes)
+
+
+# --------------------------------------------------------------------------- LEAF
+
+
+def _leaf_split(folder: str, split: str) -> dict[str, tuple[list, list]]:
+    files = sorted(glob.glob(os.path.join(folder, split, "*.json")))
+    if not files:
+        raise TableDatasetError(f"LEAF folder {folder!r} has no {split}/*.json files (LEAF writes "
+                                "data/<dataset>/data/{train,test}/*.json)")
+    users: dict[str, tuple[list, list]] = {}
+    for f in files:
+        try:
+            with open(f, encoding="utf-8") as fh:
+                doc = json.load(fh)
+        except (OSError, ValueError) as err:
+            raise TableDatasetError(f"{f}: not a readable LEAF JSON file ({err})") from None
+        if not isinstance(doc, dict) or not {"users", "user_data"} <= set(doc):
+            raise TableDatasetError(f"{f}: a LEAF file holds 'users', 'num_samples' and 'user_data'")
+        for u in doc["users"]:
+            data = doc["user_data"].get(u)
+            if data is None or "x" not in data or "y" not in data:
+                raise TableDatasetError(f"{f}: user {u!r} has no user_data with 'x' and 'y'")
+            if len(data["x"]) != len(data["y"]):
+                raise TableDatasetError(f"{f}: user {u!r} has {len(data['x'])} x and {len(data['y'])} y")
+            xs, ys = users.setdefault(str(u), ([], []))
+            xs += data["x"]
+            ys += data["y"]
+    return users
+
+
+def _leaf_rows(folder: str):
+    train, test = _leaf_split(folder, "train"), _leaf_split(folder, "test")
+    names = sorted(train)
+    rows_x, rows_y, owner, is_test = [], [], [], []
+    for split, users in ((False, train), (True, test)):
+        for u in names:
+            xs, ys = users.get(u, ([], []))
+            rows_x += xs
+            rows_y += ys
+            owner += [u] * len(ys)
+            is_test += [split] * len(ys)
+    extra = sorted(set(test) - set(train))
+    if extra:
+        raise TableDatasetError(f"LEAF folder {folder!r}: users {extra[:3]} have test data but no training data")
+    try:
+        x = np.asarray(rows_x, dtype=np.float32)
+    except ValueError:
+        raise TableDatasetError(f"LEAF folder {folder!r}: samples have different sizes or non-numeric x "
+                                "(text datasets need their own encoding first)") from None
+    y = np.asarray(rows_y)
+    if not np.issubdtype(y.dtype, np.integer):
+        raise TableDatasetError(f"LEAF folder {folder!r}: y must be class indices (integers)")
+    return x.reshape(len(y), -1), y.astype(np.int64), np.asarray(owner), np.asarray(is_test, dtype=bool)
+
+
+def read_leaf(path: str, *, shape=None, num_classes: int | None = None) -> TableArrays:
+    """A LEAF dataset folder (``train/*.json``, ``test/*.json``) as arrays, users as natural clients."""
+    x, y, owner, is_test = _leaf_rows(os.path.expanduser(str(path)))
+    if shape is not None:
+        shape = tuple(int(d) for d in shape)
+        if int(np.prod(shape)) != x.shape[1]:
+            raise TableDatasetError(f"dataset.params.shape = {list(shape)} holds {int(np.prod(shape))} values; "
+                                    f"each LEAF sample has {x.shape[1]}")
+        x = x.reshape((len(y), *shape))
+    k = int(y.max()) + 1 if num_classes is None else int(num_classes)
+    return _arrange(x, y, owner, is_test, k)
+
+
+def leaf_to_parquet(path: str, out: str) -> str:
+    """Convert a LEAF folder to the table format: ``client``, ``label``, ``features`` (a
+    fixed-size list of float32) and ``split``; returns ``out``."""
+    import pyarrow as pa  # here: see _feature_columns
+    import pyarrow.parquet as pq
+
+    x, y, owner, is_test = _leaf_rows(os.path.expanduser(str(path)))
+    width = x.shape[1]
+    table = pa.table({
+        "client": pa.array(owner.astype(str)),
+        "label": pa.array(y, type=pa.int64()),
+        "features": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1), type=pa.float32()), width),
+        "split": pa.array(np.where(is_test, "test", "train")),
+    })
+    pq.write_table(table, out)
+    return out
