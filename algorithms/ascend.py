@@ -1,7 +1,7 @@
 """ASCEND: adaptive heterogeneous compression for federated knowledge distillation.
 
-Spec: ``/work/shared/specs/ascend.md`` (Liu et al., 2026; reward version 2). Method doc:
-``docs/ascend.md``.
+Spec: ``/work/shared/specs/ascend.md`` (Liu et al., 2026; version 3, the default, with
+versions 1 and 2 selectable: ``reward: v1|v2|v3``). Method doc: ``docs/ascend.md``.
 
 FedKD base (FedDF-style): clients with different architectures upload compressed model
 deltas with error feedback; the server averages the reconstructed deltas per architecture
@@ -12,8 +12,22 @@ fixed arm as baselines). A rollback guard restores every architecture's previous
 (and, lazily, every client's residual) when the global loss on the public probe set spikes,
 and forces Top-K for a few rounds.
 
-Reward version 2 (default; ``reward: v1`` keeps the first version for comparison) measures the
-client's *own* choice, the decoded update ``Δ̂_n`` it actually sent:
+Version 3 (default) measures everything on the client at the upload, per arm, bounded:
+
+* local fidelity ``φ = (f(w) − f(w+Δ̂)) / max(f(w) − f(w+Δ), ε_f)`` on a local probe *held out of
+  training*; knowledge fidelity ``ψ = 1 − KL(p_{w+Δ} ‖ p_{w+Δ̂}) / max(KL(p_{w+Δ} ‖ p_w), ε_k)`` on
+  the public probe (the clients hold it: it rides in the broadcast's meta, not counted);
+  ``g = ρ·ψ + (1−ρ)·φ`` (ρ = 0.6), ``r = g·(T̄/T)^κ`` or ``g·(T/T̄)^κ`` for ``g < 0``, clipped; T is
+  download + training + selection + upload (the measurement forwards are charged to the clock,
+  not to the arm); fed to the policy at the next participation (−1 if the upload was lost);
+* warm-up: each arm in a block of ``warmup`` plays, the arms in a random order per client
+  (its generator at its first participation), Q from the plays after each block's first;
+* selection priced in seconds from the device tier (``clock.select_seconds``), reported as the
+  op count the clock prices at exactly those seconds (``select_cost``);
+* ``arms`` may hold (compressor, K) pairs (``topk@0.01``): the bandit chooses K too.
+
+Reward version 2 (``reward: v2``) measures the client's *own* choice, the decoded update
+``Δ̂_n`` it actually sent:
 
 * ``Δf_n = (f_n(w^t) − f_n(w^t + Δ̂_n)) / f_n(w^t)`` on the client's fixed probe batches, right
   after compression (``fit``);
@@ -45,12 +59,13 @@ rows of the ``rollbacks`` table), trace rows.
 Every piece of persistent state is plain data (tensors, numpy arrays, scalars, lists, dicts,
 the bandit dataclasses), so a generic checkpoint codec can save it. No Ray, no file I/O.
 
-Over 400 lines because it is one method, both halves and the reward they share, in the order of
-the spec's sections; its bandits and compressors are modules of their own.
+Over 400 lines because it is one method, both halves and the reward versions they share, in the
+order of the spec's sections; its bandits and compressors are modules of their own.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from typing import Any
 
@@ -77,7 +92,7 @@ from algorithms.compressed_fedavg import (
 )
 from algorithms.compressors import COMPRESSORS
 from algorithms.fedavg import state_payload
-from algorithms.params import DEFAULT_ARMS, AscendParams  # noqa: F401 (DEFAULT_ARMS re-exported)
+from algorithms.params import DEFAULT_ARMS, AscendParams, parse_arm  # noqa: F401 (DEFAULT_ARMS re-exported)
 from algorithms.training import (
     flat_params,
     flat_state,
@@ -142,6 +157,50 @@ def reward_v2(df: float, dd: float, T: float, T_bar: float, rho: float = 0.5, cl
             "reward_factor": factor}
 
 
+def local_fidelity(f_w: float, f_full: float, f_sent: float) -> float:
+    """v3's ``phi = (f(w) - f(w+Δ̂)) / max(f(w) - f(w+Δ), ε_f)``, ``ε_f = 1e-3·f(w)``, clipped to
+    [-1, 1]: the share of the fresh update's loss decrease that the update sent keeps. 0 when the
+    fresh update did not lower the loss by more than ε_f (nothing to keep) or f(w) is not finite."""
+    if not math.isfinite(f_w):
+        return 0.0
+    eps = 1e-3 * abs(f_w)
+    full = f_w - f_full
+    if not (full > eps):  # NaN too
+        return 0.0
+    return _clip((f_w - f_sent) / full, 1.0)
+
+
+def knowledge_fidelity(kl_full_sent: float, kl_full_w: float, eps: float = 1e-6) -> float:
+    """v3's ``psi = 1 - KL(p_{w+Δ} ‖ p_{w+Δ̂}) / max(KL(p_{w+Δ} ‖ p_w), ε_k)``, clipped to [-1, 1]:
+    how much of the change the client's training made to its predictions on the public probe
+    survives compression (NaN -> -1)."""
+    return _clip(1.0 - kl_full_sent / max(kl_full_w, eps), 1.0)
+
+
+def reward_v3(phi: float, psi: float, T: float, T_bar: float, rho: float = 0.6, kappa: float = 1.0,
+              clip: float = 1.0) -> dict[str, float]:
+    """Version 3: ``g = rho·psi + (1-rho)·phi`` (each clipped to [-1, 1] first), the time
+    ``factor = (T̄/T)^kappa`` for ``g >= 0`` and ``(T/T̄)^kappa`` for ``g < 0``, ``raw = g·factor``
+    and the clipped ``reward``."""
+    phi, psi = _clip(phi, 1.0), _clip(psi, 1.0)
+    g = rho * psi + (1.0 - rho) * phi
+    factor = time_factor(g, T, T_bar) ** kappa
+    raw = g * factor
+    return {"reward": _clip(raw, clip), "reward_raw": raw, "reward_g": g, "reward_rho": rho,
+            "reward_factor": factor, "reward_phi": phi, "reward_psi": psi}
+
+
+def selection_seconds(profile: Any, arm: str, d: int, k: int, ops: float, in_seconds: bool) -> tuple[float, float]:
+    """``(T_select, op count to report)``. ``in_seconds`` (selection cost v3): the device tier's
+    ns constants (``clock.select_seconds``), reported as the op count the clock prices at exactly
+    those seconds; otherwise, or when the tier does not give them, the compressor's op count."""
+    if in_seconds:
+        t = clock.select_seconds(arm, d, k, profile)
+        if math.isfinite(t):
+            return float(t), float(clock.ops_for_seconds(t, profile.gflops))
+    return float(clock.compress_seconds(ops, profile.gflops)), float(ops)
+
+
 def simulated_seconds(profile: Any, train_flops: float, compress_ops: float, bytes_up: int) -> float:
     """``T = T_train + T_select + T_upload`` (upload latency included): the virtual clock's own
     formulas (hardware_profiles.clock) on the client's profile — what the engine computes."""
@@ -173,14 +232,18 @@ def logits_of(model: torch.nn.Module, x: torch.Tensor, batch_size: int = 1024) -
 # ------------------------------------------------------------------------------------------------
 # client
 # ------------------------------------------------------------------------------------------------
-def q_columns() -> tuple[str, ...]:
-    """``q_<arm>`` trace columns, one per registered compressor (a fixed schema whatever the arms)."""
-    return tuple(f"q_{a}" for a in COMPRESSORS)
+def q_columns(arms: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """``q_<arm>`` trace columns: one per registered compressor (a fixed schema whatever the
+    arms), plus one per joint (compressor, K) arm label of ``arms``."""
+    return tuple(f"q_{a}" for a in dict.fromkeys([*COMPRESSORS, *arms]))
 
 
 # the reward closed at a participation (for the client's previous upload), every part
-REWARD_COLUMNS = ("reward", "reward_raw", "reward_g", "reward_df", "reward_dd", "reward_rho", "reward_factor",
-                  "reward_T", "reward_tbar")
+REWARD_COLUMNS = ("reward", "reward_raw", "reward_g", "reward_df", "reward_dd", "reward_phi", "reward_psi",
+                  "reward_rho", "reward_factor", "reward_T", "reward_tbar")
+# v3's terms of this round's upload (fit), NaN for v1/v2
+V3_COLUMNS = ("phi", "psi", "progress_g", "reward_sent", "probe_loss_full", "kl_full_w", "kl_full_sent",
+              "sim_T_select", "sim_T_measure")
 
 
 def _closed_none() -> dict[str, Any]:
@@ -189,10 +252,11 @@ def _closed_none() -> dict[str, Any]:
     return out
 
 
-def policy_values(policy: Any) -> dict[str, float]:
-    """``q_<arm>`` trace columns: epsilon-greedy's Q (warm-up running means until the warm-up
-    ends), EXP3's arm probabilities, NaN for a fixed arm / arms not in the set."""
-    out = {c: math.nan for c in q_columns()}
+def policy_values(policy: Any, arms: tuple[str, ...] = ()) -> dict[str, float]:
+    """``q_<arm>`` trace columns (those of ``arms``, the run's arms, too): epsilon-greedy's Q
+    (warm-up running means until the warm-up ends), EXP3's arm probabilities, NaN for a fixed
+    arm / arms not in the set."""
+    out = {c: math.nan for c in q_columns(tuple(arms))}
     if isinstance(policy, EpsilonGreedyEMA):
         if policy.warmed_up:
             vals = policy.q
@@ -218,12 +282,19 @@ class AscendClient(CompressedFedAvgClient):
     params: AscendParams
     needs_profile = True  # the reward's T is the client's simulated time
 
-    def new_policy(self):
+    def new_policy(self, rng: np.random.Generator | None = None):
+        """The client's policy; v3's warm-up order is a permutation of the arms drawn from ``rng``
+        (the client's generator at its first participation: random per client, reproducible
+        from the seed), played in blocks."""
         p = self.params
         if p.policy == "egreedy":
+            v3 = p.reward == "v3"
+            if v3 and rng is None:
+                raise ValueError("reward v3's warm-up order needs the client's generator")
             return EpsilonGreedyEMA(
                 list(p.arms), warmup=p.warmup, c=p.eps_c, eps_min=p.eps_min,
                 epsilon_fixed=p.epsilon, lam=p.ema_lambda,
+                order=rng.permutation(len(p.arms)).tolist() if v3 else None, blocks=v3,
             )
         if p.policy == "exp3":
             return Exp3(list(p.arms), gamma=p.exp3_gamma)
@@ -240,9 +311,12 @@ class AscendClient(CompressedFedAvgClient):
             policy.gamma = p.exp3_gamma
 
     def probe_indices(self, ctx: ClientContext) -> torch.Tensor:
-        """A fixed subset of the local training data (same every round for this client)."""
+        """A fixed subset of the local training data (same every round for this client); v3
+        holds it out of training, so it is at most ``probe_fraction`` of the data."""
         n = len(ctx.train_y)
         m = min(n, self.params.probe_batches * ctx.train.batch_size)
+        if self.params.reward == "v3":
+            m = min(m, int(self.params.probe_fraction * n))
         rng = np.random.default_rng([PROBE_SALT, ctx.client_id, n])
         return torch.from_numpy(np.sort(rng.permutation(n)[:m])).to(ctx.train_x.device)
 
@@ -259,7 +333,7 @@ class AscendClient(CompressedFedAvgClient):
         super().receive(ctx, broadcast)  # dense global state (+ local buffers)
         p, st, meta = self.params, ctx.state, broadcast.meta
         if "policy" not in st:
-            st["policy"] = self.new_policy()
+            st["policy"] = self.new_policy(ctx.rng)
             st["T_warm"], st["T_sum"], st["T_count"] = [], 0.0, 0
         else:
             self.sync_policy_params(st["policy"])
@@ -282,8 +356,10 @@ class AscendClient(CompressedFedAvgClient):
         if pending is not None:
             if p.reward == "v1":
                 parts = self._close_v1(st, meta, pending, f_now, d_now)
-            else:
+            elif p.reward == "v2":
                 parts = self._close_v2(ctx.client_id, meta, pending)
+            else:
+                parts = self._close_v3(pending)
             fed = pending["reason"] != "forced" or p.learn_from_forced
             if fed:
                 st["policy"].update(pending["arm"], parts["reward"])
@@ -302,8 +378,8 @@ class AscendClient(CompressedFedAvgClient):
         df = relative_decrease(pending["f"], f_now)
         dd = relative_decrease(d_before, d_now) if math.isfinite(d_now) else 0.0
         t_bar = float(np.mean(st["T_warm"]))
-        r = ascend_reward_v1(df, dd, pending["T"], t_bar, p.rho, p.reward_clip)
-        return {"reward": r, "reward_df": df, "reward_dd": dd, "reward_tbar": t_bar, "reward_rho": p.rho}
+        r = ascend_reward_v1(df, dd, pending["T"], t_bar, p.rho_value, p.reward_clip)
+        return {"reward": r, "reward_df": df, "reward_dd": dd, "reward_tbar": t_bar, "reward_rho": p.rho_value}
 
     def _close_v2(self, client_id: int, meta, pending) -> dict[str, Any]:
         """Version 2: the upload's own Δf (measured at fit) and ΔD (from the server, in the
@@ -314,8 +390,16 @@ class AscendClient(CompressedFedAvgClient):
                     "reward_lost": True}
         entry = meta.get("dd", {}).get(client_id)
         dd = float(entry[1]) if entry is not None and int(entry[0]) == pending["round"] else math.nan
-        parts = reward_v2(pending["df"], dd, pending["T"], pending["tbar"], p.rho, p.reward_clip)
+        parts = reward_v2(pending["df"], dd, pending["T"], pending["tbar"], p.rho_value, p.reward_clip)
         parts.update(reward_df=pending["df"], reward_dd=dd, reward_tbar=pending["tbar"])
+        return parts
+
+    def _close_v3(self, pending) -> dict[str, Any]:
+        """Version 3: the reward computed at the upload (``fit``: nothing comes from the server),
+        or −clip if the upload did not arrive."""
+        parts = dict(pending["parts"])
+        if pending.get("lost"):
+            parts.update(reward=-self.params.reward_clip, reward_lost=True)
         return parts
 
     def fit(self, ctx: ClientContext, broadcast: Payload) -> ClientResult:
@@ -323,8 +407,13 @@ class AscendClient(CompressedFedAvgClient):
         info = st.pop("round_info", None)
         if info is None or info["round"] != ctx.round:
             raise RuntimeError("AscendClient.fit called without receive() for this round")
+        v3 = p.reward == "v3"
         start = flat_params(ctx.model)
-        loss, seen = local_sgd(ctx)
+        z_w = x_pub = None
+        if v3:
+            x_pub = self.public_probe(ctx, broadcast)
+            z_w = logits_of(ctx.model, x_pub)
+        loss, seen = local_sgd(self.training_context(ctx) if v3 else ctx)
         delta = flat_params(ctx.model) - start
 
         policy = st["policy"]
@@ -338,40 +427,79 @@ class AscendClient(CompressedFedAvgClient):
             p.exp3_gamma if isinstance(policy, Exp3) else math.nan
         )
         if broadcast.meta.get("forced", False):
-            arm, reason = forced(FORCED_ARM)
+            label, reason = forced(FORCED_ARM)
         else:
-            arm, reason = policy.choose(ctx.rng)
-        c, res_norm = self.compress_delta(ctx, delta, arm)
+            label, reason = policy.choose(ctx.rng)
+        arm, arm_k = parse_arm(label)
+        v3_parts = {c: math.nan for c in V3_COLUMNS}
+        f_full = z_full = None
+        forwards = info["n_probe"]
+        if v3:  # the fresh update's own probe loss and public logits, before it is compressed
+            f_full, n = self.probe_loss(ctx)
+            z_full = logits_of(ctx.model, x_pub)
+            forwards += n + 2 * len(x_pub)
+        c, res_norm = self.compress_delta(ctx, delta, arm, k=arm_k)
 
         extra = buffer_upload(ctx.model, p.buffers, st)
         upload = compressed_payload(c, extra, arm_reason=reason)
 
-        forwards = info["n_probe"]
         f_sent = df = math.nan
-        if p.reward == "v2":  # the local term of the update actually sent, right away
+        if p.reward != "v1":  # the local term of the update actually sent, right away
             load_flat_params(ctx.model, start + c.dense())
             f_sent, n = self.probe_loss(ctx)
             forwards += n
             df = relative_decrease(info["f"], f_sent)
+        if v3:
+            z_sent = logits_of(ctx.model, x_pub)
+            forwards += len(x_pub)
+        pf = ctx.profile
+        if pf is None:
+            raise ValueError("ASCEND's reward needs ctx.profile (the client's hardware profile)")
+        t_select, ops = selection_seconds(pf, arm, c.numel, c.k, c.ops, p.seconds_pricing)
+        measure_flops = ctx.flops_per_sample * FORWARD_FRACTION * forwards
         train_flops = ctx.flops_per_sample * (seen + FORWARD_FRACTION * forwards)
-        T = simulated_seconds(ctx.profile, train_flops, c.ops, upload.nbytes)
-        pending: dict[str, Any] = {"round": ctx.round, "arm": arm, "reason": reason, "T": T}
-        if p.reward == "v2":
+        pending: dict[str, Any] = {"round": ctx.round, "arm": label, "reason": reason}
+        if v3:
+            # T of the spec: the measurement forwards are charged to the clock, not to the arm
+            T = float(clock.transfer_seconds(broadcast.nbytes, pf.down_mbps, pf.latency_s)
+                      + clock.compute_seconds(ctx.flops_per_sample * seen, pf.gflops) + t_select
+                      + clock.transfer_seconds(upload.nbytes, pf.up_mbps, pf.latency_s))
             st["T_sum"] += T
             st["T_count"] += 1
             t_bar = st["T_sum"] / st["T_count"]
-            pending.update(df=df, tbar=t_bar)
+            tau = p.temperature
+            kl_fw = float(kl_teacher_student(z_full, z_w, tau))
+            kl_fs = float(kl_teacher_student(z_full, z_sent, tau))
+            phi = local_fidelity(info["f"], f_full, f_sent)
+            psi = knowledge_fidelity(kl_fs, kl_fw)
+            parts = reward_v3(phi, psi, T, t_bar, p.rho_value, p.kappa, p.reward_clip)
+            parts.update(reward_df=df, reward_tbar=t_bar)
+            v3_parts.update(phi=phi, psi=psi, progress_g=parts["reward_g"], reward_sent=parts["reward"],
+                            probe_loss_full=f_full, kl_full_w=kl_fw, kl_full_sent=kl_fs)
+            pending.update(T=T, parts=parts)
         else:
-            if len(st["T_warm"]) < p.tbar_window:
-                st["T_warm"].append(T)
-            t_bar = float(np.mean(st["T_warm"]))
-            pending.update(f=info["f"], D=info["D"])
+            T = simulated_seconds(pf, train_flops, ops, upload.nbytes)
+            pending["T"] = T
+            if p.reward == "v2":
+                st["T_sum"] += T
+                st["T_count"] += 1
+                t_bar = st["T_sum"] / st["T_count"]
+                pending.update(df=df, tbar=t_bar)
+            else:
+                if len(st["T_warm"]) < p.tbar_window:
+                    st["T_warm"].append(T)
+                t_bar = float(np.mean(st["T_warm"]))
+                pending.update(f=info["f"], D=info["D"])
+        v3_parts.update(sim_T_select=t_select,
+                        sim_T_measure=float(clock.compute_seconds(measure_flops, pf.gflops)))
         st["pending"] = pending
         st["undo"] = undo
 
         metrics: dict[str, Any] = {
             "train_loss": loss,
             "arm": arm,
+            "arm_label": label,
+            "arm_k": math.nan if arm_k is None else float(arm_k),
             "arm_reason": reason,
             "k": c.k,
             "residual_norm": res_norm,
@@ -383,24 +511,43 @@ class AscendClient(CompressedFedAvgClient):
             "sim_T": T,
             "sim_Tbar": t_bar,
             "restored_round": info["restored_round"],
+            **v3_parts,
         }
-        metrics.update(policy_values(policy))
+        metrics.update(policy_values(policy, p.arms))
         metrics.update(info["closed"])
         return ClientResult(
             client_id=ctx.client_id,
             arch=ctx.arch,
             upload=upload,
-            num_samples=len(ctx.train_y),
+            num_samples=len(ctx.train_y) - (len(self.probe_indices(ctx)) if v3 else 0),  # v3: probe held out
             train_flops=train_flops,
-            compress_ops=c.ops,
+            compress_ops=ops,
             metrics=metrics,
         )
+
+    def public_probe(self, ctx: ClientContext, broadcast: Payload) -> torch.Tensor:
+        """v3: the public probe inputs (the first ``psi_probe_size`` of the server's probe set).
+        Clients may hold them (the public set is public by definition): they ride in the
+        broadcast's meta for the simulator's convenience and are not counted as downloaded."""
+        x = broadcast.meta.get("public_probe")
+        if x is None:
+            raise ValueError("reward v3 needs the public probe in the broadcast (meta['public_probe'])")
+        return x[: self.params.psi_probe_size].to(ctx.train_x.device)
+
+    def training_context(self, ctx: ClientContext) -> ClientContext:
+        """v3: ``ctx`` with the local probe held out of the training data."""
+        if ctx.pretrained is not None:
+            raise ValueError("ASCEND reward v3 holds its local probe out of training, which batched training "
+                             "does not: set executor.batch_clients: false")
+        keep = torch.ones(len(ctx.train_y), dtype=torch.bool, device=ctx.train_x.device)
+        keep[self.probe_indices(ctx)] = False
+        return dataclasses.replace(ctx, train_x=ctx.train_x[keep], train_y=ctx.train_y[keep])
 
     def on_dropped(self, state: dict[str, Any], round: int) -> None:
         """The upload of ``round`` never arrived: no update of this client was aggregated.
 
         * residual: what was sent goes back (``e = a``; see the parent);
-        * pending reward: v2 - marked lost: it closes at the next participation as ``−clip``
+        * pending reward: v2, v3 - marked lost: it closes at the next participation as ``−clip``
           (its time was spent for nothing) and is fed to the policy; v1 - discarded, never
           computed nor fed (its Δf and ΔD would measure the other clients' updates);
         * undo: dropped - the server never saw this upload, so a rollback of ``round`` must not
@@ -411,7 +558,7 @@ class AscendClient(CompressedFedAvgClient):
         super().on_dropped(state, round)
         pending = state.get("pending")
         if pending is not None and pending["round"] == round:
-            if self.params.reward == "v2":
+            if self.params.reward != "v1":
                 pending["lost"] = True
             else:
                 del state["pending"]
@@ -520,6 +667,8 @@ class AscendServer(Server):
                     del hist[old]
                 payload.meta["probe_kl"] = dict(hist)
                 control += 2 * len(hist)
+            elif p.reward == "v3":  # the clients' public probe (not counted: clients may hold it)
+                payload.meta["public_probe"] = self.probe_x
             else:
                 entries = self.dd_entries[arch]
                 for cid in [c for c, (r, _) in entries.items() if r < round - p.d_history]:
@@ -717,7 +866,11 @@ __all__ = [
     "kl_teacher_student",
     "policy_values",
     "relative_decrease",
+    "knowledge_fidelity",
+    "local_fidelity",
     "reward_v2",
+    "reward_v3",
+    "selection_seconds",
     "simulated_seconds",
     "time_factor",
 ]

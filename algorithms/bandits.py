@@ -65,6 +65,10 @@ class EpsilonGreedyEMA:
       (arm 0, 1, ..., |S|-1, 0, 1, ...). Rewards received meanwhile are averaged per arm; at
       the first choice after the warm-up, ``Q(s)`` = that mean (an arm whose warm-up rewards
       were all dropped gets the mean over all warm-up rewards, or 0.0 if there are none).
+      With ``blocks`` (ASCEND v3) each arm is played ``warmup`` times in a row instead, the arms
+      in ``order`` (indices; e.g. a per-client random permutation), and the first reward of each
+      block is left out of the mean when the block has more than one play: with error feedback
+      that play also sends the previous arm's residual.
     * Then: ``eps = epsilon`` if fixed, else ``max(eps_min, min(1, c*|S|/t'))`` with t' the
       index (from 1) of this policy's own post-warm-up choice (one policy per client, so t' counts
       the client's own choices, not global rounds). With probability eps a uniformly random arm
@@ -81,6 +85,8 @@ class EpsilonGreedyEMA:
     eps_min: float = DEFAULT_EPS_MIN
     epsilon_fixed: float | None = None
     lam: float = DEFAULT_EMA_LAMBDA
+    order: list[int] | None = None  # warm-up order of the arm indices; None: 0, 1, ..., |S|-1
+    blocks: bool = False  # warm-up in blocks of `warmup` consecutive plays per arm
     # state
     q: np.ndarray = field(default=None)  # type: ignore[assignment]
     warmup_choices: int = 0
@@ -90,10 +96,14 @@ class EpsilonGreedyEMA:
     warmup_count: np.ndarray = field(default=None)  # type: ignore[assignment]
     chosen: np.ndarray = field(default=None)  # type: ignore[assignment]
     updates: np.ndarray = field(default=None)  # type: ignore[assignment]
+    warmup_seen: np.ndarray = field(default=None)  # type: ignore[assignment]  # warm-up rewards, skipped included
 
     def __post_init__(self):
         self.arms = _check_arms(self.arms)
         n = len(self.arms)
+        self.order = list(range(n)) if self.order is None else [int(i) for i in self.order]
+        if sorted(self.order) != list(range(n)):
+            raise ValueError(f"order={self.order!r} is not allowed: must be a permutation of 0..{n - 1}")
         if int(self.warmup) != self.warmup or self.warmup < 0:
             raise ValueError(f"warmup={self.warmup!r} is not allowed: must be an int >= 0")
         self.warmup = int(self.warmup)
@@ -106,7 +116,7 @@ class EpsilonGreedyEMA:
         if not 0.0 < self.lam <= 1.0:
             raise ValueError(f"lam={self.lam!r} is not allowed: must be in (0, 1]")
         for name, dtype in (("q", float), ("warmup_sum", float), ("warmup_count", np.int64),
-                            ("chosen", np.int64), ("updates", np.int64)):
+                            ("chosen", np.int64), ("updates", np.int64), ("warmup_seen", np.int64)):
             if getattr(self, name) is None:
                 setattr(self, name, np.zeros(n, dtype=dtype))
         if self.warmup == 0:
@@ -135,7 +145,8 @@ class EpsilonGreedyEMA:
     # -- protocol -----------------------------------------------------------------------
     def choose(self, rng: np.random.Generator) -> tuple[str, str]:
         if self.in_warmup:
-            i = self.warmup_choices % len(self.arms)
+            j = self.warmup_choices // self.warmup if self.blocks else self.warmup_choices % len(self.arms)
+            i = self.order[j]
             self.warmup_choices += 1
             self.chosen[i] += 1
             return self.arms[i], "warmup"
@@ -157,6 +168,9 @@ class EpsilonGreedyEMA:
         r = _check_reward(reward)
         self.updates[i] += 1
         if not self.warmed_up:
+            self.warmup_seen[i] += 1
+            if self.blocks and self.warmup > 1 and self.warmup_seen[i] == 1:
+                return  # the block's first play: it carried the previous arm's residual
             self.warmup_sum[i] += r
             self.warmup_count[i] += 1
             return

@@ -50,6 +50,7 @@ class TrainSettings:
     """Local optimisation settings, shared by every method's local training."""
 
     local_epochs: int = 1
+    local_steps: int | None = None  # a number of SGD steps instead of local_epochs (None: epochs)
     batch_size: int = 16
     lr: float = 0.05
     momentum: float = 0.0

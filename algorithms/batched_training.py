@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from algorithms.training import flat_params
+from algorithms.training import batch_schedule, flat_params
 
 
 @dataclass
@@ -92,15 +92,11 @@ def has_randomness(model: torch.nn.Module) -> bool:
 
 
 def draw_batches(rng: np.random.Generator, train_ids: torch.Tensor, batch_size: int,
-                 epochs: int) -> list[torch.Tensor]:
-    """The client's batches, drawn exactly as :func:`local_sgd` draws them (one permutation of
-    its samples per epoch from ``rng``), as indices into the shared arrays."""
-    n = len(train_ids)
-    out = []
-    for _ in range(epochs):
-        order = train_ids[torch.from_numpy(rng.permutation(n)).to(train_ids.device)]
-        out.extend(order[start : start + batch_size] for start in range(0, n, batch_size))
-    return out
+                 epochs: int, steps: int | None = None) -> list[torch.Tensor]:
+    """The client's batches, drawn exactly as :func:`local_sgd` draws them
+    (:func:`~algorithms.training.batch_schedule`), as indices into the shared arrays."""
+    return [train_ids[torch.from_numpy(b).to(train_ids.device)]
+            for b in batch_schedule(rng, len(train_ids), batch_size, epochs, steps)]
 
 
 def _stack(jobs: list[BatchJob], attr: str) -> dict[str, torch.Tensor]:

@@ -114,22 +114,25 @@ class CompressedFedAvgClient(Client):
         if self.params.buffers == "local" and "buffers" in ctx.state:
             load_flat_buffers(ctx.model, ctx.state["buffers"])
 
-    def compress_delta(self, ctx: ClientContext, delta: torch.Tensor, name: str) -> tuple[Compressed, float]:
-        """Error feedback + compression of ``delta``; updates ``ctx.state["residual"]`` and
-        records what was sent in ``ctx.state["sent"]`` (for :meth:`on_dropped`).
+    def compress_delta(self, ctx: ClientContext, delta: torch.Tensor, name: str,
+                       k: int | float | None = None) -> tuple[Compressed, float]:
+        """Error feedback + compression of ``delta`` to ``k`` (default: the ``k`` option);
+        updates ``ctx.state["residual"]`` and records what was sent in ``ctx.state["sent"]``
+        (for :meth:`on_dropped`).
 
         Returns the compressed payload and the norm of the new residual.
         """
         p = self.params
+        k = p.k if k is None else k
         compressor = get_compressor(name, self.costs)
         seed = int(ctx.rng.integers(0, 2**63)) if compressor.needs_seed else None
         kwargs = dict(seed=seed, round=ctx.round, clamp=p.clamp_k)
         if not p.error_feedback:
             ctx.state.pop("sent", None)
-            return compressor.compress(delta, p.k, **kwargs), 0.0
+            return compressor.compress(delta, k, **kwargs), 0.0
         residual = ctx.state.get("residual")
         c, e = ErrorFeedback(compressor).compress(
-            None if residual is None else torch.from_numpy(residual), delta, p.k, **kwargs)
+            None if residual is None else torch.from_numpy(residual), delta, k, **kwargs)
         ctx.state["residual"] = e.cpu().numpy().astype(np.float32, copy=False)  # host memory
         # what was sent, for on_dropped; overwritten every round (the payload's arrays)
         ctx.state["sent"] = {"round": ctx.round, "compressor": c.compressor, "numel": c.numel,

@@ -203,6 +203,27 @@ class FedCSPACKParams(AlgorithmParams):
 
 # ------------------------------------------------------------------------------ ASCEND
 DEFAULT_ARMS = ("topk", "randomk", "periodick")  # [paper]; a registered compressor joins only if listed
+ARM_K_SEP = "@"  # a joint arm's label: "<compressor>@<K>", e.g. "topk@0.01"
+
+
+def arm_label(arm: Any) -> str:
+    """The canonical label of one bandit arm: a compressor name, or ``name@K`` for a (compressor,
+    K) pair given as a 2-list or as the label itself; raises naming what is allowed."""
+    if isinstance(arm, str) and ARM_K_SEP in arm:
+        arm = arm.split(ARM_K_SEP, 1)
+    if isinstance(arm, str):
+        return validate_compressor(arm, field="arms")
+    if isinstance(arm, (list, tuple)) and len(arm) == 2:
+        name = validate_compressor(arm[0], field="arms")
+        return f"{name}{ARM_K_SEP}{check_k(arm[1], field=f'arms[{name}].k')!r}"
+    raise ValueError(f"arms entry {arm!r} is not allowed: a compressor from {sorted(compressor_costs())} "
+                     "or a (compressor, K) pair")
+
+
+def parse_arm(label: str) -> tuple[str, int | float | None]:
+    """``(compressor, K)`` of an arm label; K is None for a plain compressor (the method's ``k``)."""
+    name, sep, k = label.partition(ARM_K_SEP)
+    return name, (check_k(k) if sep else None)
 
 
 class AscendParams(CompressionOptions):
@@ -211,12 +232,14 @@ class AscendParams(CompressionOptions):
     come from :class:`CompressionOptions`)."""
 
     name: Literal["ascend"] = "ascend"
-    arms: tuple[str, ...] = Field(DEFAULT_ARMS, description="the candidate compressors (bandit arms), e.g. "
-                                  "[topk, randomk, periodick, qsgd8]")
+    arms: tuple[str, ...] = Field(DEFAULT_ARMS, description="the bandit arms: compressors, e.g. [topk, randomk, "
+                                  "periodick, qsgd8], and/or (compressor, K) pairs, e.g. [[topk, 0.01], [randomk, "
+                                  "0.25]] (written 'topk@0.01'); a plain name uses k")
     # policy
     policy: Literal["egreedy", "exp3", "fixed"] = Field("egreedy", description="the client's bandit policy")
     arm: Optional[str] = Field(None, description="the arm of policy 'fixed' (uniform baselines)")  # noqa: UP007
-    warmup: int = Field(2, ge=0, description="round-robin tries of each arm before epsilon-greedy")
+    warmup: int = Field(2, ge=0, description="warm-up plays of each arm before epsilon-greedy (v3: a block of "
+                        "consecutive plays per arm, in a random order per client; v1/v2: round-robin)")
     epsilon: Optional[float] = Field(None, description="fixed epsilon in [0, 1]; None = decaying")  # noqa: UP007
     eps_c: float = Field(1.0, gt=0, description="decaying epsilon: max(eps_min, min(1, eps_c*|S|/t')), t' = "
                          "the client's own choices since its warm-up")
@@ -225,10 +248,22 @@ class AscendParams(CompressionOptions):
     exp3_gamma: float = Field(0.1, gt=0, le=1, description="EXP3 uniform-mixing rate")
     learn_from_forced: bool = Field(False, description="feed rewards of forced (post-rollback) rounds to the policy")
     # reward
-    reward: Literal["v2", "v1"] = Field(
-        "v2", description="v2: per-client terms of the update actually sent, sign-aware time normalisation, "
-        "-1 for a lost upload; v1: change of the global model between participations (for comparison)")
-    rho: float = Field(0.5, ge=0, le=1, description="weight of the alignment term dD (1-rho: local dF)")
+    reward: Literal["v3", "v2", "v1"] = Field(
+        "v3", description="v3: local and knowledge fidelity of the update actually sent, (T/Tbar)^kappa, random "
+        "block warm-up, selection priced in seconds; v2: per-client dF and the server's dD; v1: change of the "
+        "global model between participations (v1, v2 kept for comparison)")
+    rho: Optional[float] = Field(  # noqa: UP007
+        None, ge=0, le=1, description="weight of the knowledge term (v3: psi, v1/v2: dD; 1-rho: the local term); "
+        "None = the version's default (v3: 0.6, v1/v2: 0.5)")
+    kappa: float = Field(1.0, gt=0, description="v3: time exponent, r = g*(Tbar/T)^kappa (g >= 0) or g*(T/Tbar)^kappa")
+    probe_fraction: float = Field(0.2, gt=0, lt=1, description="v3: the local probe held out of training is at "
+                                  "most this fraction of the client's training data")
+    psi_probe_size: int = Field(128, ge=1, description="v3: public probe samples (the first of the server's probe "
+                                "set) on which the client measures its knowledge fidelity psi")
+    select_cost: Literal["auto", "seconds", "ops"] = Field(
+        "auto", description="how a client's selection is priced: 'seconds' from the device tier's select_* "
+        "constants (catalog), 'ops' as training-FLOP equivalents (the op-count model); auto: seconds for v3, "
+        "ops for v1/v2")
     reward_clip: float = Field(1.0, gt=0, description="reward clipped to [-reward_clip, reward_clip]")
     probe_batches: int = Field(4, ge=1, description="local probe set = probe_batches x train.batch_size samples")
     # rollback
@@ -258,10 +293,14 @@ class AscendParams(CompressionOptions):
     @classmethod
     def _check_arm_names(cls, v):
         if isinstance(v, str) or not isinstance(v, (list, tuple)):
-            raise ValueError(f"arms={v!r} is not allowed: a list of compressors from {sorted(compressor_costs())}")
-        for name in v:
-            validate_compressor(name, field="arms")
-        return tuple(v)
+            raise ValueError(f"arms={v!r} is not allowed: a list of compressors from {sorted(compressor_costs())} "
+                             "or of (compressor, K) pairs")
+        return tuple(arm_label(a) for a in v)
+
+    @field_validator("arm", mode="before")
+    @classmethod
+    def _check_fixed_arm(cls, v):
+        return None if v is None else arm_label(v)
 
     @field_validator("epsilon")
     @classmethod
@@ -292,6 +331,16 @@ class AscendParams(CompressionOptions):
         elif self.arm is not None:
             raise ValueError(f"arm={self.arm!r} is only used with policy 'fixed' (policy is {self.policy!r})")
         return self
+
+    @property
+    def rho_value(self) -> float:
+        """``rho``, or the reward version's default when it is None."""
+        return (0.6 if self.reward == "v3" else 0.5) if self.rho is None else float(self.rho)
+
+    @property
+    def seconds_pricing(self) -> bool:
+        """Whether selection is priced in seconds from the catalog (``select_cost``)."""
+        return self.select_cost == "seconds" or (self.select_cost == "auto" and self.reward == "v3")
 
     @property
     def tbar_window(self) -> int:

@@ -105,12 +105,31 @@ class SGD:
             p.add_(grad, alpha=-self.lr)
 
 
+def batch_schedule(rng: np.random.Generator, n: int, batch_size: int, epochs: int,
+                   steps: int | None = None) -> list[np.ndarray]:
+    """The mini-batches of one round of local training, as index arrays into the client's n
+    samples: one permutation of them per epoch from ``rng``, cut into batches (the last one of
+    an epoch may be smaller). With ``steps`` the first ``steps`` batches of that same stream
+    (as many permutations as they need), so ``steps = epochs * ceil(n / batch_size)`` is
+    exactly ``epochs`` epochs."""
+    if n == 0:
+        return []
+    per_epoch = -(-n // batch_size)
+    epochs_needed = epochs if steps is None else -(-steps // per_epoch)
+    out: list[np.ndarray] = []
+    for _ in range(epochs_needed):
+        order = rng.permutation(n)
+        out.extend(order[start : start + batch_size] for start in range(0, n, batch_size))
+    return out if steps is None else out[:steps]
+
+
 def local_sgd(
     ctx: ClientContext,
     prox_center: torch.Tensor | None = None,
     prox_mu: float = 0.0,
 ) -> tuple[float, int]:
-    """Run ``local_epochs`` of mini-batch SGD on the client's data, in place on ``ctx.model``.
+    """Run ``local_epochs`` (or ``local_steps`` steps) of mini-batch SGD on the client's data,
+    in place on ``ctx.model`` (batches: :func:`batch_schedule`).
 
     Batches come from ``ctx.rng`` so training is identical on every executor.
     With ``prox_center`` the FedProx term ``mu/2 ||w - center||^2`` is added.
@@ -130,20 +149,18 @@ def local_sgd(
     # Python float sum of loss.item() * size, without a device sync per step
     total_loss = torch.zeros((), dtype=torch.float64, device=device)
     seen = 0
-    for _ in range(s.local_epochs):
-        order = torch.from_numpy(ctx.rng.permutation(n)).to(device)
-        for start in range(0, n, s.batch_size):
-            idx = order[start : start + s.batch_size]
-            xb, yb = ctx.train_x[idx], ctx.train_y[idx]
-            opt.zero_grad()
-            loss = F.cross_entropy(model(xb), yb)
-            total_loss += loss.detach().double() * len(idx)
-            if prox_center is not None and prox_mu > 0:
-                w = torch.nn.utils.parameters_to_vector(params)
-                loss = loss + 0.5 * prox_mu * torch.sum((w - prox_center) ** 2)
-            loss.backward()
-            opt.step()
-            seen += len(idx)
+    for batch in batch_schedule(ctx.rng, n, s.batch_size, s.local_epochs, s.local_steps):
+        idx = torch.from_numpy(batch).to(device)
+        xb, yb = ctx.train_x[idx], ctx.train_y[idx]
+        opt.zero_grad()
+        loss = F.cross_entropy(model(xb), yb)
+        total_loss += loss.detach().double() * len(idx)
+        if prox_center is not None and prox_mu > 0:
+            w = torch.nn.utils.parameters_to_vector(params)
+            loss = loss + 0.5 * prox_mu * torch.sum((w - prox_center) ** 2)
+        loss.backward()
+        opt.step()
+        seen += len(idx)
     return float(total_loss) / max(seen, 1), seen
 
 

@@ -49,6 +49,10 @@ _EXPORTS = {
     "read_yaml_file": "engine.config.yamlio",
     "UserError": "engine.errors",
     "ConfigError": "engine.errors",
+    "EnvironmentFault": "engine.errors",
+    "StorageFault": "engine.errors",
+    "CorruptRunFolderError": "engine.errors",
+    "storage_fault": "engine.errors",
     # the loop and its callbacks
     "Simulation": "engine.loop.simulation",
     "RunCallback": "engine.loop.callbacks",
@@ -58,6 +62,7 @@ _EXPORTS = {
     "select_clients": "engine.loop.selection",
     "InProcessExecutor": "engine.execution.inprocess",
     "check_device_request": "engine.clients.device",
+    "check_gpu_requests": "engine.run.gpu_checks",
     "set_ray_gpu_ids": "engine.clients.device",
     # checkpoints
     "write_checkpoint": "engine.checkpoint.snapshot",

@@ -21,7 +21,7 @@ from typing import Any, Mapping, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from .profile import HardwareProfile, rule_violation
+from .profile import SELECT_FIELDS, HardwareProfile, rule_violation
 
 CATALOG_PATH = Path(__file__).with_name("catalog.yaml")
 
@@ -57,8 +57,17 @@ class DeviceTier(BaseModel):
     idle_w: float = math.nan
     battery_wh: float = 0.0  # 0: mains-powered
     power_source: str = ""
+    # selection cost (hardware_profiles.clock.select_seconds); left out: NaN, the op-count model prices it
+    cache_bytes: float = math.nan
+    topk_ns_in_cache: float = math.nan
+    topk_ns_out_of_cache: float = math.nan
+    randomk_ns_per_kept: float = math.nan
+    periodick_ns_per_kept: float = math.nan
+    quant_ns_per_elem: float = math.nan
+    select_source: str = ""
 
-    @field_validator("gflops", "memory_gb", "availability", "dropout", "train_w", "idle_w", "battery_wh")
+    @field_validator("gflops", "memory_gb", "availability", "dropout", "train_w", "idle_w", "battery_wh",
+                     *SELECT_FIELDS)
     @classmethod
     def _rules(cls, v: float, info) -> float:
         return _check(info.field_name, v)
@@ -116,6 +125,7 @@ class Catalog(BaseModel):
             train_w=d.train_w,
             idle_w=d.idle_w,
             battery_wh=d.battery_wh,
+            **{f: getattr(d, f) for f in SELECT_FIELDS},
             rx_w=n.rx_w,
             tx_w=n.tx_w,
             tail_j=n.tail_j,

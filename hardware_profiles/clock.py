@@ -12,7 +12,10 @@ Latency is paid once per transfer, even for 0 bytes (the message still goes).
 Compression cost is whatever op count the algorithm reports, priced at the
 device's training speed: one op = one flop-equivalent (``OPS_TO_FLOPS``).
 Compressor specifics (e.g. Top-K's selection cost) live in the algorithm's op
-count, not here.
+count, not here. A method that prices selection in seconds from the device tier
+(ASCEND's selection cost v3: :func:`select_seconds`, the profile's ``select``
+fields) reports the op count :func:`ops_for_seconds` gives, so that the engine's
+``compress_s`` is exactly those seconds; every other method is unchanged.
 
 Availability and dropout are drawn per (seed, round, client id) with a
 counter-based hash, so a client's draw does not depend on which other clients
@@ -33,7 +36,8 @@ from .sampler import ProfileTable
 
 OPS_TO_FLOPS = 1.0  # one reported compression op costs one training flop
 
-DROP_REASONS = ("", "unavailable", "battery", "dropout", "offline", "deadline", "over_selected", "nonfinite")
+DROP_REASONS = ("", "unavailable", "battery", "dropout", "offline", "deadline", "over_selected", "nonfinite",
+                "stale")  # stale: an asynchronous update older than max_staleness (engine/loop/asynchronous.py)
 
 # Salts keep the availability and dropout streams independent.
 SALT_AVAILABILITY = 0xA7A1
@@ -60,6 +64,39 @@ def compute_seconds(flops, gflops):
 def compress_seconds(ops, gflops):
     """compress ops priced as flop-equivalents at the device speed."""
     return compute_seconds(np.asarray(ops, dtype=np.float64) * OPS_TO_FLOPS, gflops)
+
+
+# Selection cost in seconds (ASCEND's selection cost v3; constants per device tier in
+# catalog.yaml): compressor -> (profile field of its ns, what the ns multiply). Top-K's field is
+# chosen by whether the 4·d-byte vector fits the tier's cache_bytes.
+SELECT_RULES: dict[str, tuple[str, str]] = {
+    "topk": ("topk_ns_in_cache|topk_ns_out_of_cache", "d"),
+    "randomk": ("randomk_ns_per_kept", "k"),
+    "periodick": ("periodick_ns_per_kept", "k"),
+    "qsgd8": ("quant_ns_per_elem", "d"),
+}
+VALUE_BYTES = 4  # float32: what decides whether a d-vector fits the cache
+
+
+def select_seconds(compressor: str, d: int, k: int, profile) -> float:
+    """Seconds of compressing a d-vector to K on ``profile``'s device; NaN when the profile does
+    not give the constant (a user tier without the select fields) or ``compressor`` has no rule
+    here (the caller then prices it with its op count)."""
+    rule = SELECT_RULES.get(compressor)
+    if rule is None:
+        return math.nan
+    fields, per = rule
+    if "|" in fields:
+        inside, outside = fields.split("|")
+        cache = float(getattr(profile, "cache_bytes", math.nan))
+        fields = inside if VALUE_BYTES * d <= cache else outside  # NaN cache: out of cache
+    ns = float(getattr(profile, fields, math.nan))
+    return ns * 1e-9 * (d if per == "d" else k)
+
+
+def ops_for_seconds(seconds, gflops):
+    """The op count that :func:`compress_seconds` prices at ``seconds`` on a ``gflops`` device."""
+    return np.asarray(seconds, dtype=np.float64) * np.asarray(gflops, dtype=np.float64) * 1e9 / OPS_TO_FLOPS
 
 
 def _ids(profiles: ProfileTable, client_ids) -> np.ndarray:

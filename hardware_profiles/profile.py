@@ -27,6 +27,15 @@ BANDWIDTH_MAX_MBPS = 500.0
 #   "prob" : finite and in [0, 1]
 #   "bw"   : like "pos", plus the catalog bandwidth range unless allowed
 #   "power": NaN (not given) or finite and >= 0
+#   "select": NaN (not given) or finite and >= 0
+# The selection-cost model (hardware_profiles.clock.select_seconds, ASCEND's selection cost v3):
+# ns per element of d for Top-K in and out of cache (which applies: 4·d bytes against
+# cache_bytes), per kept element for Random-K / Periodic-K, per element for quantisation. NaN in
+# a profile means "not given": the method then prices selection with its op-count model.
+SELECT_FIELDS: tuple[str, ...] = (
+    "cache_bytes", "topk_ns_in_cache", "topk_ns_out_of_cache", "randomk_ns_per_kept",
+    "periodick_ns_per_kept", "quant_ns_per_elem",
+)
 NUMERIC_FIELDS: tuple[str, ...] = (
     "gflops",
     "down_mbps",
@@ -36,6 +45,7 @@ NUMERIC_FIELDS: tuple[str, ...] = (
     "availability",
     "dropout",
     *("train_w", "idle_w", "rx_w", "tx_w", "tail_j", "battery_wh"),
+    *SELECT_FIELDS,
 )
 # The power model (hardware_profiles.energy): NaN in a profile means "not given" (a user tier
 # without power numbers); its energy columns are then NaN, never a made-up 0.
@@ -51,7 +61,9 @@ FIELD_RULES: dict[str, str] = {
     "dropout": "prob",
     **{f: "power" for f in POWER_FIELDS},
     "battery_wh": "nonneg",  # 0: no battery (mains-powered)
+    **{f: "select" for f in SELECT_FIELDS},
 }
+OPTIONAL_RULES = ("power", "select")  # NaN allowed: not given
 
 RANGE_HINT = "pass allow_out_of_range=True to permit bandwidths outside the catalog range"
 
@@ -63,10 +75,12 @@ def rule_violation(field: str, value: float, allow_out_of_range: bool = False) -
     """
     rule = FIELD_RULES[field]
     v = float(value)
-    if rule == "power" and math.isnan(v):
+    if rule in OPTIONAL_RULES and math.isnan(v):
         return None
     if rule == "power" and v < 0:
         return f"{field}={v!r} is not allowed: a power or energy must be >= 0 (or left out)"
+    if rule == "select" and v < 0:
+        return f"{field}={v!r} is not allowed: a selection cost or cache size must be >= 0 (or left out)"
     if not math.isfinite(v):
         return f"{field}={v!r} is not allowed: must be a finite number"
     if rule in ("pos", "bw") and v <= 0:
@@ -102,6 +116,13 @@ class HardwareProfile(BaseModel):
     tx_w: float = math.nan  # radio power while transmitting, on top of idle_w, W
     tail_j: float = math.nan  # radio tail energy after each transfer, J
     battery_wh: float = 0.0  # battery capacity; 0: mains-powered
+    # selection cost (see SELECT_FIELDS); NaN: not given
+    cache_bytes: float = math.nan
+    topk_ns_in_cache: float = math.nan
+    topk_ns_out_of_cache: float = math.nan
+    randomk_ns_per_kept: float = math.nan
+    periodick_ns_per_kept: float = math.nan
+    quant_ns_per_elem: float = math.nan
     tier: str = ""
     net_tier: str = ""
     allow_out_of_range: bool = False

@@ -43,7 +43,9 @@ from .profile import (
     FIELD_RULES,
     LABEL_FIELDS,
     NUMERIC_FIELDS,
+    OPTIONAL_RULES,
     POWER_FIELDS,
+    SELECT_FIELDS,
     HardwareProfile,
     rule_violation,
 )
@@ -56,7 +58,7 @@ SALT_DEVICES = 0x0DE5
 SALT_NETWORK = 0x0E7
 SALT_BANDWIDTH = 0xB4D
 
-DEVICE_FIELDS = ("gflops", "memory_gb", "availability", "dropout", "train_w", "idle_w", "battery_wh")
+DEVICE_FIELDS = ("gflops", "memory_gb", "availability", "dropout", "train_w", "idle_w", "battery_wh", *SELECT_FIELDS)
 NETWORK_FIELDS = ("down_mbps", "up_mbps", "latency_s", "rx_w", "tx_w", "tail_j")
 RADIO_FIELDS = ("rx_w", "tx_w", "tail_j")
 TABLE_COLUMNS = NUMERIC_FIELDS + LABEL_FIELDS  # canonical column order
@@ -121,6 +123,12 @@ class ProfileOverride(BaseModel):
     tx_w: float | None = None
     tail_j: float | None = None
     battery_wh: float | None = None
+    cache_bytes: float | None = None
+    topk_ns_in_cache: float | None = None
+    topk_ns_out_of_cache: float | None = None
+    randomk_ns_per_kept: float | None = None
+    periodick_ns_per_kept: float | None = None
+    quant_ns_per_elem: float | None = None
 
 
 def _check_mix(name: str, mix: dict[str, float] | None) -> dict[str, float] | None:
@@ -214,10 +222,17 @@ class ProfileTable:
     tx_w: np.ndarray | None = None
     tail_j: np.ndarray | None = None
     battery_wh: np.ndarray | None = None
+    # the selection-cost model; None: not given (NaN)
+    cache_bytes: np.ndarray | None = None
+    topk_ns_in_cache: np.ndarray | None = None
+    topk_ns_out_of_cache: np.ndarray | None = None
+    randomk_ns_per_kept: np.ndarray | None = None
+    periodick_ns_per_kept: np.ndarray | None = None
+    quant_ns_per_elem: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.gflops)
-        for f in POWER_FIELDS + ("battery_wh",):
+        for f in POWER_FIELDS + ("battery_wh",) + SELECT_FIELDS:
             if getattr(self, f) is None:
                 setattr(self, f, np.full(n, 0.0 if f == "battery_wh" else np.nan))
         for f in NUMERIC_FIELDS:
@@ -239,10 +254,10 @@ class ProfileTable:
         lo, hi = BANDWIDTH_MIN_MBPS, BANDWIDTH_MAX_MBPS
         for order, f in enumerate(NUMERIC_FIELDS):
             a, rule = getattr(self, f), FIELD_RULES[f]
-            bad = np.isinf(a) if rule == "power" else ~np.isfinite(a)
+            bad = np.isinf(a) if rule in OPTIONAL_RULES else ~np.isfinite(a)
             if rule in ("pos", "bw"):
                 bad |= a <= 0
-            elif rule in ("nonneg", "power"):
+            elif rule in ("nonneg", *OPTIONAL_RULES):
                 bad |= a < 0
             elif rule == "prob":
                 bad |= (a < 0) | (a > 1)
@@ -281,7 +296,8 @@ class ProfileTable:
     def from_frame(cls, df: pd.DataFrame, *, allow_out_of_range: bool = False) -> "ProfileTable":
         """Full table (every column required); ``client_id`` optional, reorders rows."""
         df = _order_by_client_id(df, len(df))
-        optional = POWER_FIELDS + ("battery_wh",)  # folders written before the power model lack them
+        # folders written before the power and selection-cost models lack them
+        optional = POWER_FIELDS + ("battery_wh",) + SELECT_FIELDS
         missing = [c for c in NUMERIC_FIELDS if c not in df.columns and c not in optional]
         if missing:
             raise ProfileValidationError(f"profile table is missing columns {missing}")

@@ -1,14 +1,15 @@
 """The ``hetsim`` command line: the layer above ``engine`` and ``sweeps`` (neither imports it).
 
 Exit status: 0 success; 2 a mistake the user can fix (one message, no traceback: a bad config,
-a missing file, an unreachable cluster, ...); 3 the run diverged (``train.on_nonfinite: stop``);
-130 interrupted; 1 an unexpected error, i.e. a bug: a short message, and the traceback in
-``error.log`` inside the run folder (or a temporary file) whose path is printed; ``--debug``
-also prints it.
+a missing file, an unreachable cluster, a full or read-only disk, a damaged run folder, ...);
+3 the run diverged (``train.on_nonfinite: stop``); 130 interrupted; 1 an unexpected error,
+i.e. a bug: a short message, and the traceback in ``error.log`` inside the run folder (or a
+temporary file) whose path is printed; ``--debug`` also prints it.
 """
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import math
 import os
@@ -106,10 +107,11 @@ def cmd_validate(args) -> int:
     # yaml, and torch behind validate_experiment: only validate needs them
     import yaml
 
-    from engine import check_device_request, validate_experiment
+    from engine import check_device_request, check_gpu_requests, validate_experiment
 
     cfg = _load(args)
     check_device_request(cfg)  # e.g. device: cuda on a machine without CUDA
+    check_gpu_requests(cfg)  # a Ray run's GPUs, as `run` checks them
     warnings = validate_experiment(cfg)
     print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
     for text in warnings:
@@ -275,6 +277,22 @@ def _user_errors() -> tuple[type[BaseException], ...]:
             IsADirectoryError, PermissionError)
 
 
+def _environment_message(err: Exception) -> str | None:
+    """The message of an OSError the machine caused (full disk, read-only, name too long)
+    outside a run folder's own writes, which raise a ``StorageFault`` themselves; None for a bug."""
+    if not isinstance(err, OSError):
+        return None
+    from engine import storage_fault  # stdlib only behind it
+
+    where = Path(err.filename).parent if err.filename else Path.cwd()  # if it names a temporary
+    fault = storage_fault(err, "a file", where)
+    if fault is not None:
+        return str(fault)
+    if err.errno == errno.ENAMETOOLONG:
+        return f"{err.filename}: the file name is too long ({err.strerror}); give a shorter one"
+    return None
+
+
 def _interrupted(args) -> str:
     path = getattr(args, "run_path", None)
     if path is None:
@@ -339,7 +357,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hetsim: {message}", file=sys.stderr)
         return 2
     except Exception as err:  # noqa: BLE001 - the error boundary
-        return _unexpected(err, args, argv)
+        message = _environment_message(err)
+        if message is None:
+            return _unexpected(err, args, argv)
+        print(f"hetsim: {message}", file=sys.stderr)
+        return 2
     finally:
         logger.removeHandler(handler)
         logger.propagate = True

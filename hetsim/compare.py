@@ -3,7 +3,11 @@
 A PATH is a run folder, or a sweep folder (every trial that ran becomes one entry, labelled by
 its hyperparameter values, e.g. the fleet of a what-if). The table has, per run: final and best
 global / personalized accuracy, the simulated time (and rounds) to reach a target accuracy,
-bytes up/down and the total simulated time. Text in the terminal; HTML with ``-o``.
+bytes up/down and the total simulated time. Text in the terminal; HTML with ``-o``, which also shows
+what differs: the config keys that differ and each run's fleet side by side.
+
+Over 400 lines: the table, the rules of its default target, the config diff and the page are one
+command's output, read together.
 """
 from __future__ import annotations
 
@@ -14,20 +18,26 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import yaml
 
 import sweeps
+from engine import UserError
 from engine.results import load_run
 from hetsim import plots
 from hetsim.common import human_bytes, is_sweep_folder
 from hetsim.page import Page
 from hetsim.report_energy import energy_to_target
+from hetsim.report_participation import participation_summary, run_warnings
 
 COMPARE_FIGURES = (
     "table-compare",
+    "table-config-diff",
+    "table-fleets",
     "fig-compare-accuracy-round",
     "fig-compare-accuracy-time",
     "fig-compare-round-time",
     "fig-compare-bytes",
+    "fig-compare-participation",
 )
 
 
@@ -85,18 +95,61 @@ def run_summary(run) -> dict[str, Any]:
     }
 
 
+def starting_value(r: pd.DataFrame, col: str) -> float:
+    """The first evaluated (non-NaN) value of a rounds column: where the run started from."""
+    s = _series(r, col).dropna()
+    return float(s.iloc[0]) if len(s) else math.nan
+
+
 def default_target(entries: list[Entry], metric: str) -> float:
-    """The highest level every run reaches: the lowest of the runs' best values, floored to 0.01."""
-    bests = [best_value(e.run.rounds, metric) for e in entries]
-    bests = [b for b in bests if np.isfinite(b)]
-    if not bests:
+    """The highest level every run reaches, among the runs that rose above every run's starting value:
+    the lowest of their best values, floored to 0.01 (but kept above the starts). NaN when no run rose
+    above the starts: a target there would be "reached" in the first round and compare nothing."""
+    starts = [v for v in (starting_value(e.run.rounds, metric) for e in entries) if np.isfinite(v)]
+    bests = [v for v in (best_value(e.run.rounds, metric) for e in entries) if np.isfinite(v)]
+    floor = max(starts, default=-math.inf)
+    above = [b for b in bests if b > floor]
+    if not above:
         return math.nan
-    return math.floor(min(bests) * 100 + 1e-9) / 100
+    target = math.floor(min(above) * 100 + 1e-9) / 100
+    return target if target > floor else min(above)
+
+
+def target_notes(entries: list[Entry], table: pd.DataFrame, metric: str, target: float,
+                 given: bool) -> list[str]:
+    """Plain sentences under the table: which runs did not reach the target, and a target that
+    compares nothing (none could be chosen, or a given one at or below a run's starting value)."""
+    starts = {e.label: starting_value(e.run.rounds, metric) for e in entries}
+    if not np.isfinite(target):
+        known = [v for v in starts.values() if np.isfinite(v)]
+        if not known:
+            return [f"no run has values of {metric}: time to target is not computed"]
+        return [f"no target: no run's {metric} rose above the highest starting value "
+                f"({_fmt_value(max(known), metric)}), so time to target is not computed; give --target"]
+    notes = []
+    if given:
+        low = [lab for lab, v in starts.items() if np.isfinite(v) and v >= target]
+        if low:
+            notes.append(f"target {target:g} is at or below the starting {metric} of {', '.join(low)}: "
+                         "reaching it in the first round says nothing")
+    best_col = f"best_{metric}"
+    for _, row in table[table["time_to_target_s"].isna()].iterrows():
+        best = row.get(best_col, math.nan)
+        why = (f"{metric} best {_fmt_value(best, metric)} < target {_fmt_value(target, metric)}"
+               if np.isfinite(best) else f"no {metric} values")
+        notes.append(f"{row['run']}: not reached ({why})")
+    return notes
+
+
+def _fmt_value(v: float, metric: str) -> str:
+    return _fmt_pct(v) if "acc" in metric else f"{v:.4g}"
 
 
 def compare_table(entries: list[Entry], metric: str = "global_acc",
                   target: float | None = None) -> tuple[pd.DataFrame, float]:
     """One row per run; returns the table and the target used (``target`` or the default)."""
+    check_metric(entries, metric)
+    given = target is not None
     if target is None:
         target = default_target(entries, metric)
     rows = []
@@ -113,8 +166,34 @@ def compare_table(entries: list[Entry], metric: str = "global_acc",
         row.update({"time_to_target_s": t_s, "rounds_to_target": t_rounds, "energy_to_target_j": e_to,
                     "sim_time_s": s["sim_time_s"], "bytes_up": s["bytes_up"], "bytes_down": s["bytes_down"],
                     "energy_j": _total(e.run.rounds, "energy_j")})
+        f = participation_summary(e.run).fairness
+        row.update({"aggregated_once": f["share_aggregated_once"], "gini_aggregations": f["gini_aggregations"]})
         rows.append(row)
-    return pd.DataFrame(rows), target
+    table = pd.DataFrame(rows)
+    # kept with the table (copies keep attrs): the text table and the page print them
+    table.attrs["notes"] = target_notes(entries, table, metric, target, given)
+    return table, target
+
+
+def check_metric(entries: list[Entry], metric: str) -> None:
+    """Refuse a metric that no run has (the table would be all dashes)."""
+    if not any(metric in e.run.rounds.columns for e in entries):
+        columns = sorted({c for e in entries for c in e.run.rounds.columns
+                          if c != "round" and pd.api.types.is_numeric_dtype(e.run.rounds[c])})
+        raise UserError(f"compare: --metric {metric!r} is not a column of rounds.parquet in any of the "
+                        f"runs; give one of: {', '.join(columns)}")
+
+
+def check_target(metric: str, target: float | None) -> None:
+    """Refuse a ``--target`` the metric cannot take (the command line's check: from Python, a
+    target above 1 is a way to ask for "never reached")."""
+    if target is None:
+        return
+    accuracy = "acc" in metric  # global_acc, pers_acc, pers_acc_worst, ...: fractions
+    if not math.isfinite(target) or (accuracy and not 0 <= target <= 1):
+        allowed = (f"an accuracy in [0, 1] (0.8 = 80%), as {metric} is" if accuracy
+                   else f"a finite number in the units of {metric}")
+        raise UserError(f"compare: --target {target:g} is outside the allowed range: give {allowed}")
 
 
 # ---------------------------------------------------------------- loading
@@ -159,6 +238,50 @@ def _unique_labels(entries: list[Entry]) -> None:
             seen[e.label] = 1
 
 
+# ---------------------------------------------------------------- what differs
+
+
+def flatten(cfg: Any, prefix: str = "") -> dict[str, str]:
+    """A nested config as dotted keys -> YAML flow text (lists and scalars are leaves)."""
+    if isinstance(cfg, dict) and cfg:
+        out: dict[str, str] = {}
+        for k, v in cfg.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: yaml.safe_dump(cfg, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()}
+
+
+def config_diff(entries: list[Entry]) -> pd.DataFrame:
+    """Only the config keys whose values differ between the runs: one row per key, a column per run
+    ("" where a run lacks the key)."""
+    flat = pd.DataFrame({e.label: pd.Series(flatten(e.run.config or {}), dtype=object) for e in entries})
+    flat = flat.fillna("")
+    differs = flat.nunique(axis=1) > 1
+    out = flat[differs].sort_index()
+    return out.rename_axis("key").reset_index()
+
+
+def fleet_text(run) -> str:
+    """A run's fleet: its clients.profiles (YAML) and what was drawn: clients per device and network
+    tier, median GFLOP/s and Mbit/s."""
+    profiles = ((run.config or {}).get("clients") or {}).get("profiles") or {}
+    profiles = {k: v for k, v in profiles.items() if v is not None and v != {}}  # the resolved defaults: noise
+    text = yaml.safe_dump(profiles, sort_keys=False, default_flow_style=None, width=60).strip()
+    p = run.profiles
+    if p is None or p.empty:
+        return text
+    drawn = ["", f"# drawn: {len(p)} clients"]
+    for col, what in (("tier", "device"), ("net_tier", "network")):
+        if col in p:
+            counts = p[col].astype(str).value_counts().sort_index()
+            drawn.append(f"#   {what}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    med = [f"{what} {p[col].median():g}" for col, what in (("gflops", "GFLOP/s"), ("down_mbps", "down Mbit/s"),
+                                                            ("up_mbps", "up Mbit/s")) if col in p]
+    if med:
+        drawn.append("#   median: " + ", ".join(med))
+    return text + "\n".join(drawn)
+
+
 # ---------------------------------------------------------------- output
 
 
@@ -197,7 +320,11 @@ def formats(table: pd.DataFrame) -> dict[str, Any]:
         elif c == "sim_time_s":
             out[c] = lambda v: f"{v:.2f}" if np.isfinite(v) else "–"
         elif c == "rounds_to_target":
-            out[c] = _fmt_int
+            out[c] = lambda v: "not reached" if v is None or not np.isfinite(v) else _fmt_int(v)
+        elif c == "aggregated_once":
+            out[c] = _fmt_pct
+        elif c == "gini_aggregations":
+            out[c] = lambda v: "–" if v is None or not np.isfinite(v) else f"{v:.3f}"
         elif c in ("bytes_up", "bytes_down"):
             out[c] = human_bytes
     return out
@@ -211,6 +338,9 @@ def text_table(table: pd.DataFrame, metric: str, target: float) -> str:
     if np.isfinite(target):
         lines.append(f"\ntime_to_target_s / rounds_to_target / energy_to_target_j: simulated seconds / "
                      f"rounds / the fleet's joules until {metric} >= {target:g}")
+    lines.append(("" if np.isfinite(target) else "\n") + "aggregated_once / gini_aggregations: share of the "
+                 "fleet aggregated at least once / Gini of the clients' aggregation counts (0 = equal)")
+    lines.extend(table.attrs.get("notes", []))
     return "\n".join(lines)
 
 
@@ -219,11 +349,23 @@ def compare_page(entries: list[Entry], metric: str = "global_acc", target: float
     table, target = compare_table(entries, metric, target)
     page = Page(title, f"{len(entries)} runs; target {metric} ≥ {target:g}" if np.isfinite(target)
                 else f"{len(entries)} runs")
+    summaries = {e.label: participation_summary(e.run) for e in entries}
+    page.warnings([f"{e.label}: {w}" for e in entries for w in run_warnings(e.run, summaries[e.label])])
     page.section("Side by side")
     page.table("table-compare", table, formats(table),
                caption=(f"time_to_target_s, energy_to_target_j: simulated seconds and the fleet's "
                         f"energy until {metric} ≥ {target:g}"
                         if np.isfinite(target) else ""))
+    for note in table.attrs.get("notes", []):
+        page.text(note)
+    page.section("What differs")
+    diff = config_diff(entries)
+    if diff.empty:
+        page.omit("table-config-diff", "table-config-diff: every run has the same config")
+    else:
+        page.table("table-config-diff", diff, caption="config.yaml keys whose values differ between the runs")
+    page.side_by_side("table-fleets", {e.label: fleet_text(e.run) for e in entries},
+                      caption="each run's fleet: clients.profiles as configured, then as drawn (profiles.parquet)")
     colours = plots.colour_map([e.label for e in entries])
     styles = ["-", "--", "-.", ":"]
     page.section("Curves")
@@ -277,4 +419,38 @@ def compare_page(entries: list[Entry], metric: str = "global_acc", target: float
     ax.set_title("Upload against simulated time", loc="left", fontsize=11)
     page.figure("fig-compare-bytes", fig)
     page.row(False)
+    page.guarded(("fig-compare-participation",), participation_by_tier, entries, summaries)
     return page, table, target
+
+
+def participation_by_tier(page: Page, entries: list[Entry], summaries: dict) -> None:
+    """Per device and network tier, the share of its selections aggregated, a bar per run: who a
+    fleet leaves out."""
+    groupings = [g for g in ("device tier", "network tier") if any(g in p.shares for p in summaries.values())]
+    if not groupings:
+        page.omit("fig-compare-participation", "fig-compare-participation: no run has client rows")
+        return
+    colours = plots.colour_map([e.label for e in entries])
+    fig, axes = plots.figure(ncols=len(groupings), height=3.6)
+    width = 0.8 / len(entries)
+    for ax, what in zip(axes, groupings):
+        tiers = list(dict.fromkeys(t for p in summaries.values() if what in p.shares for t in p.shares[what].index))
+        y = np.arange(len(tiers))[::-1]  # the slowest on top
+        for i, e in enumerate(entries):
+            share = summaries[e.label].shares.get(what)
+            if share is None:
+                continue
+            # a tier none of whose selections was aggregated has no column: 0, marked (a bar of 0 is invisible)
+            v = (share["aggregated"] if "aggregated" in share else share["clients"] * 0.0).reindex(tiers)
+            at = y + 0.4 - (i + 0.5) * width
+            ax.barh(at, v.fillna(0).to_numpy(dtype=float), width, color=colours[e.label], label=e.label)
+            for where in at[(v == 0).to_numpy()]:  # a few tiers per run
+                ax.text(0.01, where, "0 (none aggregated)", va="center", fontsize=7, color=colours[e.label],
+                        fontweight="bold")
+        ax.set_yticks(y, tiers)
+        ax.set_xlim(0, 1)
+        ax.set_xlabel("share of the tier's selections aggregated")
+        ax.set_title(f"Aggregated by {what}", loc="left", fontsize=11)
+    plots.fig_legend(fig, axes[0])
+    page.figure("fig-compare-participation", fig, "0: none of the tier's selections was aggregated; "
+                "no bar: the run has no client of that tier")

@@ -33,6 +33,10 @@ th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: right; }
 th { background: #f4f4f4; }
 td.text, th.text { text-align: left; }
 table.kv td:first-child { text-align: left; color: #555; }
+div.warnings { background: #fdecea; border: 2px solid #c62828; border-radius: 4px; padding: 6px 14px;
+               margin: 10px 0 16px; }
+div.warnings p { color: #8e1c1c; margin: 6px 0; font-weight: 600; }
+td pre { margin: 0; font-size: 0.82em; text-align: left; white-space: pre; }
 details pre { background: #f7f7f7; padding: 8px; font-size: 0.85em; overflow-x: auto; }
 """
 
@@ -48,6 +52,12 @@ class Page:
         self.figures: dict[str, bytes] = {}  # id -> PNG
         self.omitted: dict[str, str] = {}  # id -> why
         self.open_rows = 0
+
+    def warnings(self, items: list[str], block_id: str = "warnings") -> None:
+        """A red banner of warnings (nothing when there are none): what makes the page's numbers mean little."""
+        if items:
+            body = "".join(f'<p class="warning">Warning: {html.escape(w)}</p>' for w in items)
+            self.parts.append(f'<div class="warnings" id="{block_id}">{body}</div>')
 
     def section(self, title: str) -> None:
         self.parts.append(f"<h2>{html.escape(title)}</h2>")
@@ -116,6 +126,14 @@ class Page:
     def key_values(self, table_id: str, items: list[tuple[str, str]]) -> None:
         rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in items)
         self.parts.append(f'<table class="kv" id="{table_id}"><tbody>{rows}</tbody></table>')
+
+    def side_by_side(self, table_id: str, texts: dict[str, str], caption: str = "") -> None:
+        """Preformatted texts in one row, a column each (e.g. every run's fleet definition)."""
+        head = "".join(f'<th class="text">{html.escape(k)}</th>' for k in texts)
+        cells = "".join(f"<td><pre>{html.escape(v)}</pre></td>" for v in texts.values())
+        cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
+        self.parts.append(f'<table id="{table_id}">{cap}<thead><tr>{head}</tr></thead>'
+                          f"<tbody><tr>{cells}</tr></tbody></table>")
 
     def preformatted(self, summary: str, text: str) -> None:
         self.parts.append(f"<details><summary>{html.escape(summary)}</summary>"

@@ -157,6 +157,14 @@ def stacked_bars(ax, index, parts: list[tuple[str, np.ndarray, str]], width: flo
         bottom += heights
 
 
+def byte_unit(max_bytes: float) -> tuple[float, str]:
+    """(divisor, unit) that shows ``max_bytes`` as 1 to 999 of B, KB, MB or GB (decimal, as human_bytes)."""
+    for div, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "KB")):
+        if np.isfinite(max_bytes) and max_bytes >= div:
+            return div, unit
+    return 1.0, "B"
+
+
 def numeric(s: pd.Series) -> pd.Series:
     return pd.to_numeric(s, errors="coerce")
 

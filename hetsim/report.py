@@ -5,13 +5,15 @@ it, in ``<page stem>_figures/<figure id>.png``. Figure ids are stable (:data:`RU
 :data:`ASCEND_FIGURES`, :data:`FEDCSPACK_FIGURES`, :data:`CONDITIONS_FIGURES`, :data:`SWEEP_FIGURES`); a
 panel whose data is missing is replaced by a note. See docs/reports.md.
 
-This module holds the run report and the figures every run has; the method-specific figures
-(ASCEND, FedCSPACK) are in :mod:`hetsim.report_methods`, the conditions over virtual time in
-:mod:`hetsim.report_conditions`, the sweep report in :mod:`hetsim.report_sweep`. All figure ids
-are importable from here.
+This module holds the run report and the figures every run has; the participation and fairness
+section and the banner's warnings are in :mod:`hetsim.report_participation`, the method-specific
+figures (ASCEND, FedCSPACK) in :mod:`hetsim.report_methods`, the conditions over virtual time in
+:mod:`hetsim.report_conditions`, the energy section in :mod:`hetsim.report_energy`, the sweep report
+in :mod:`hetsim.report_sweep`. All figure ids are importable from here.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +30,8 @@ from hetsim.report_conditions import availability_figure, drops_figure, has_cond
 from hetsim.report_energy import ENERGY_FIGURES as ENERGY_FIGURES
 from hetsim.report_energy import energy_section, has_energy
 from hetsim.report_methods import ASCEND_FIGURES, FEDCSPACK_FIGURES, ascend_figures, fedcspack_figures
+from hetsim.report_participation import PARTICIPATION_FIGURES as PARTICIPATION_FIGURES
+from hetsim.report_participation import participation_section, participation_summary, run_warnings
 from hetsim.report_sweep import SWEEP_FIGURES as SWEEP_FIGURES
 from hetsim.report_sweep import sweep_page
 from hetsim.report_sweep import sweep_param_figure_id as sweep_param_figure_id
@@ -38,7 +42,9 @@ RUN_FIGURES = (
     "fig-time-device-tier",
     "fig-time-network-tier",
     "fig-bytes",
+    "fig-bytes-time",
     "fig-participation",
+    *(fig_id for fig_id in PARTICIPATION_FIGURES if fig_id.startswith("fig-")),  # every run has them too
 )
 REPORT_FILE = "report.html"
 
@@ -70,9 +76,11 @@ def run_page(path: Path) -> Page:
     cfg = run.config or {}
     algo = (cfg.get("algorithm") or {}).get("name") or run.manifest.get("algorithm", "?")
     dataset = (cfg.get("dataset") or {}).get("name") or run.manifest.get("dataset", "?")
-    page = Page(f"hetsim run: {path.name}",
+    page = Page(f"hetsim run: {path.name}{_trial_params(path)}",
                 f"{algo} on {dataset}, {run.manifest.get('num_clients', '?')} clients, "
                 f"status {run.manifest.get('status', '?')}")
+    participation = participation_summary(run)
+    page.warnings(run_warnings(run, participation))
     s = run_summary(run)
     page.key_values("table-run-summary", [
         ("run folder", str(path)),
@@ -97,8 +105,9 @@ def run_page(path: Path) -> Page:
     page.section("Where the simulated time goes")
     page.guarded(("fig-time-device-tier", "fig-time-network-tier"), time_figures, run)
     page.section("Traffic and participation")
-    page.guarded(("fig-bytes",), bytes_figure, run)
+    page.guarded(("fig-bytes", "fig-bytes-time"), bytes_figure, run)
     page.guarded(("fig-participation",), participation_figure, run)
+    participation_section(page, run, participation)
     if "arm" in run.clients.columns or algo == "ascend":
         page.section("ASCEND: compressor choice")
         page.guarded(ASCEND_FIGURES, ascend_figures, run)
@@ -115,6 +124,17 @@ def run_page(path: Path) -> Page:
         energy_section(page, run)
     page.preformatted("resolved config (config.yaml)", yaml.safe_dump(cfg, sort_keys=False))
     return page
+
+
+def _trial_params(path: Path) -> str:
+    """`` (fleet slow)`` / `` (lr=0.01)`` for a sweep's or what-if's trial folder (its trial.json), else ""."""
+    try:
+        params = json.loads((path / "trial.json").read_text()).get("params") or {}
+    except (OSError, ValueError, AttributeError):
+        return ""
+    # a what-if's one dimension is clients.profiles, named by its fleet
+    text = ", ".join(f"fleet {v}" if k == "clients.profiles" else f"{k}={v}" for k, v in params.items())
+    return f" ({text})" if text else ""
 
 
 def _pct(v: float) -> str:
@@ -138,6 +158,7 @@ def accuracy_figures(page: Page, run) -> None:
         for fig_id in ("fig-accuracy-round", "fig-accuracy-time"):
             page.omit(fig_id, f"{fig_id}: no evaluated round (global_acc and pers_acc are empty)")
         return
+    evaluated = r[metrics + arch_cols].apply(plots.numeric).notna().any(axis=1)
     page.row()
     for fig_id, x, xlabel in (("fig-accuracy-round", "round", "round"),
                               ("fig-accuracy-time", "sim_time_s", "simulated time (s)")):
@@ -145,7 +166,8 @@ def accuracy_figures(page: Page, run) -> None:
         for col, label, colour, style in ACCURACY_LINES:
             if col not in metrics:
                 continue
-            ev = r[[x, col]].assign(v=plots.numeric(r[col])).dropna(subset=["v"])
+            # evaluated rounds only; a metric missing in one of them is a gap, not a line across it
+            ev = r.loc[evaluated, [x]].assign(v=plots.numeric(r.loc[evaluated, col]))
             ax.plot(ev[x], ev["v"], style, color=colour, label=label,
                     marker=plots.marker_for(len(ev)), markersize=3.5)
             if col == "pers_acc" and plots.has_values(r, "pers_acc_std"):
@@ -153,7 +175,7 @@ def accuracy_figures(page: Page, run) -> None:
                 ax.fill_between(ev[x], (ev["v"] - std).clip(0, 1), (ev["v"] + std).clip(0, 1), color=colour, alpha=0.15,
                                 linewidth=0, label="personalized ± 1 std")
         for i, col in enumerate(arch_cols):
-            ev = r[[x]].assign(v=plots.numeric(r[col])).dropna(subset=["v"])
+            ev = r.loc[evaluated, [x]].assign(v=plots.numeric(r.loc[evaluated, col]))
             ax.plot(ev[x], ev["v"], ":", color=plots.PALETTE[(i + 4) % len(plots.PALETTE)],
                     label=f"global: {col[len('global_acc_'):]}")
         if x == "round":
@@ -221,19 +243,38 @@ def _phase_panels(page, fig_id, ran, rounds, groups, order, what) -> None:
 def bytes_figure(page: Page, run) -> None:
     r = run.rounds
     if not {"bytes_up", "bytes_down"} <= set(r.columns):
-        page.omit("fig-bytes", "fig-bytes: rounds.parquet has no bytes_up / bytes_down")
+        for fig_id in ("fig-bytes", "fig-bytes-time"):
+            page.omit(fig_id, f"{fig_id}: rounds.parquet has no bytes_up / bytes_down")
         return
-    fig, (ax,) = plots.figure(height=3.2)
     x = r["round"].to_numpy()
-    ax.bar(x - 0.2, r["bytes_down"] / 1e6, 0.4, label="download", color="#4C72B0")
-    ax.bar(x + 0.2, r["bytes_up"] / 1e6, 0.4, label="upload", color="#C44E52")
-    plots.round_ticks(ax)
-    ax.set_ylabel("MB per round")
-    ax.legend(fontsize=8)
-    ax.set_title(f"Bytes per round (total: {human_bytes(r['bytes_down'].sum())} down, "
-                 f"{human_bytes(r['bytes_up'].sum())} up)", loc="left", fontsize=11)
+    down, up = plots.numeric(r["bytes_down"]).fillna(0), plots.numeric(r["bytes_up"]).fillna(0)
+    # up and down on their own scales: compression cuts the upload, invisible beside the broadcast
+    fig, axes = plots.figure(ncols=2, height=3.2)
+    for ax, values, what, colour in ((axes[0], down, "download", "#4C72B0"), (axes[1], up, "upload", "#C44E52")):
+        div, unit = plots.byte_unit(values.max())
+        ax.bar(x, values / div, 0.8, color=colour, linewidth=0)
+        plots.round_ticks(ax)
+        ax.set_ylabel(f"{unit} per round")
+        ax.set_title(f"{what.capitalize()} per round (total {human_bytes(values.sum())})", loc="left", fontsize=11)
     page.figure("fig-bytes", fig, "download: broadcast to the clients that ran; upload: payloads "
-                "of the clients that arrived (exact payload bytes)")
+                "of the clients that arrived (exact payload bytes); each panel on its own scale")
+    fig, (ax,) = plots.figure(width=7.5, height=3.4)
+    t = plots.numeric(r["sim_time_s"]).to_numpy()
+    for values, what, colour in ((down, "download", "#4C72B0"), (up, "upload", "#C44E52")):
+        cum = values.cumsum().to_numpy(dtype=float)
+        ax.plot(t, np.where(cum > 0, cum, np.nan), "-", color=colour, label=what,
+                marker=plots.marker_for(len(t)), markersize=3)
+    if (down.sum() > 0) or (up.sum() > 0):
+        from matplotlib.ticker import FuncFormatter  # matplotlib: only drawing needs it (see plots.figure)
+
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: human_bytes(v)))
+    ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel("cumulative bytes (log)")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title("Cumulative bytes against simulated time", loc="left", fontsize=11)
+    page.figure("fig-bytes-time", fig, "cumulative download and upload at the end of each round, against "
+                "cumulative simulated seconds; log axis: both stay visible when one is much smaller")
 
 
 def _outcome(clients: pd.DataFrame) -> pd.Series:

@@ -70,8 +70,9 @@ def cmd_report(args) -> int:
 
 def cmd_compare(args) -> int:
     # pandas and pyarrow: hetsim.cli imports this module, --help must not load them
-    from hetsim.compare import compare_page, compare_table, load_entries, text_table
+    from hetsim.compare import check_target, compare_page, compare_table, load_entries, text_table
 
+    check_target(args.metric, args.target)  # before the runs are loaded
     entries = load_entries(args.paths)
     if not entries:
         print("hetsim compare: no run with finished rounds in the given folders", file=sys.stderr)

@@ -4,15 +4,15 @@
     hetsim whatif whatif.yaml          # base, overrides, fleets, target, storage in one file
 
 Writes the sweep folder (``trials.parquet`` / ``rounds.parquet`` with a ``fleet`` column, one run
-folder per fleet) and ``compare.html`` in it; prints the compare table and whether accuracy and
-arrivals are the same in every fleet.
+folder per fleet, named by a link ``fleets/<fleet>``) and ``compare.html`` in it; prints the compare
+table and whether accuracy and arrivals are the same in every fleet.
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from hetsim.compare import compare_page, load_entries, text_table
+from hetsim.compare import check_target, compare_page, load_entries, text_table
 from sweeps import whatif
 
 COMPARE_FILE = "compare.html"
@@ -33,6 +33,7 @@ def run_whatif_command(args) -> int:
     overrides = [*(spec.overrides if spec else []), *args.overrides]
     target = args.target if args.target is not None else (spec.target if spec else None)
     metric = spec.metric if spec else "global_acc"
+    check_target(metric, target)  # before the sweep runs, not after
     storage = args.storage or (spec.storage if spec else None)
     extra = {}
     if spec:
@@ -54,7 +55,9 @@ def report_whatif(sweep, metric: str = "global_acc", target: float | None = None
     if not entries:
         print("hetsim whatif: no fleet finished a round", file=sys.stderr)
         return 1
-    page, table, target = compare_page(entries, metric, target, title=f"hetsim whatif: {sweep.path.name}")
+    fleets = " vs ".join(e.label for e in entries)
+    page, table, target = compare_page(entries, metric, target,
+                                       title=f"hetsim whatif: {Path(sweep.path).name}: {fleets}")
     print(text_table(table, metric, target))
     for d in whatif.fleet_differences(sweep):
         acc = ("the same accuracy" if d["same_accuracy"]
@@ -63,7 +66,11 @@ def report_whatif(sweep, metric: str = "global_acc", target: float | None = None
                else f"different arrivals from round {d['first_round_arrivals']}")
         print(f"{d['fleet']} vs {d['reference']}: {acc}, {arr}")
     out = page.write(Path(sweep.path) / COMPARE_FILE)
+    links = whatif.link_fleet_folders(sweep)
     print(f"\nresults: {sweep.path}  (trials.parquet, rounds.parquet with a `fleet` column)")
+    if links:
+        print(f"run folders by fleet: {Path(sweep.path) / whatif.FLEETS_DIR}/<fleet> "
+              f"({', '.join(links)})")
     print(f"report: {out}")
     if not sweep.complete:
         print(f"interrupted: continue with `hetsim sweep --resume {sweep.path}`", file=sys.stderr)

@@ -23,11 +23,26 @@ Experiments (``--experiments``; each one answers one claim):
 * ``qsgd8``  a fourth arm, 8-bit stochastic quantisation: ``ascend4`` (arms topk, randomk,
   periodick, qsgd8) and uniform ``qsgd8`` at K = 10000.
 
+``--design v3`` runs the study design of the spec's version 3 instead (``plan_v3``): K as a ratio
+of d (``--ratios``), every client of a cell on one bandwidth (``--bandwidths`` 5 / 50 / 500
+Mbps), >= 60 rounds, >= 5 paired seeds; cells ``v3main`` (ASCEND v3 against EXP3 with the same
+reward, the uniform compressors, ASCEND v2 and v1), ``v3alpha`` (Dirichlet 0.1 and 1), ``v3steps``
+(2 local SGD steps instead of an epoch), ``v3joint`` (joint (compressor, K) arms). Uniform
+baselines there are ASCEND with a fixed arm and reward v3: the same held-out probe, measurement
+forwards and selection pricing as ASCEND, so a difference is the choice alone. Results add, per
+cell, the ground truth (the uniform compressor with the best mean AUC) and paired differences
+of AUC (ASCEND minus each other variant, same seeds) with bootstrap 95 % intervals.
+
 Outputs under ``--out``: one run folder per (experiment, K, variant, seed), ``summary.parquet``
 (one row per run), ``arms.parquet`` (arm shares per group and run) and ``results.md`` (the tables:
 mean and [min, max] over seeds). Finished runs are kept when the study is started again.
 
     nice -n 3 .venv/bin/python studies/ascend_study.py --quick --jobs 2 --out runs/ascend_claims
+    nice -n 3 .venv/bin/python studies/ascend_study.py --design v3 --jobs 2 --out runs/ascend_v3
+    nice -n 3 .venv/bin/python studies/ascend_study.py --design v3 --smoke --out /tmp/ascend_v3_smoke
+
+Over 400 lines because both study designs share one runner, one metric set and one report; the
+v3 design is its plan, its config changes and two extra tables.
 """
 from __future__ import annotations
 
@@ -45,11 +60,14 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-ADAPTIVE = ("ascend", "ascend_v1", "ascend_rho0", "exp3", "ascend4")
+ADAPTIVE = ("ascend", "ascend_v1", "ascend_v2", "ascend_rho0", "exp3", "ascend4", "ascend_joint")
 UNIFORM = ("topk", "randomk", "periodick", "qsgd8")
 ARMS4 = ("topk", "randomk", "periodick", "qsgd8")
 POLICY_REASONS = ("explore", "exploit", "sample")  # the policy's own choices (not warm-up / forced)
 EXPERIMENTS = ("main", "alpha", "k", "model", "qsgd8")
+EXPERIMENTS_V3 = ("v3main", "v3alpha", "v3steps", "v3joint")
+JOINT_ARMS = [[a, r] for a in ("topk", "randomk") for r in (0.01, 0.05, 0.25)]  # the spec's example
+BOOTSTRAP = 2000  # resamples of the paired seeds
 TARGETS = (0.7, 0.8, 0.85)  # accuracies whose simulated time-to-reach is reported
 
 
@@ -69,6 +87,27 @@ def plan(args: argparse.Namespace) -> list[tuple[str, int, str, dict[str, Any]]]
             out += [("model", 10000, "ascend", {"model": "three", "num_clients": 6})]
         elif exp == "qsgd8":
             out += [("qsgd8", 10000, v, {}) for v in ("ascend4", "qsgd8")]
+    return out
+
+
+def plan_v3(args: argparse.Namespace) -> list[tuple[str, Any, str, dict[str, Any]]]:
+    """(experiment, K/d, variant, config changes) of the v3 design; every cell on one bandwidth."""
+    uniform = ["topk", "randomk", "periodick"]
+    main = ["ascend", "exp3", *uniform, "ascend_v2", "ascend_v1"]
+    out: list[tuple[str, Any, str, dict[str, Any]]] = []
+    for bw in args.bandwidths:
+        net = {"network": f"{bw}mbps"}
+        for exp in args.experiments:
+            if exp == "v3main":
+                out += [(f"v3main-{bw}mbps", r, v, net) for r in args.ratios for v in main]
+            elif exp == "v3alpha":
+                out += [(f"v3alpha{a:g}-{bw}mbps", args.ratios[0], v, {**net, "alpha": a})
+                        for a in (0.1, 1.0) for v in ["ascend", "exp3", *uniform]]
+            elif exp == "v3steps":
+                out += [(f"v3steps-{bw}mbps", r, v, {**net, "local_steps": 2}) for r in args.ratios
+                        for v in ["ascend", *uniform]]
+            elif exp == "v3joint":
+                out += [(f"v3joint-{bw}mbps", args.ratios[0], v, net) for v in ["ascend_joint", "ascend"]]
     return out
 
 
@@ -93,6 +132,11 @@ def base_config(args: argparse.Namespace, change: dict[str, Any]) -> dict[str, A
         "evaluation": {"eval_every": 1, "personalized": False},
         "executor": {"kind": "inprocess", "threads_per_actor": 1},
     }
+    if "network" in change:  # one bandwidth for every client of the cell
+        cfg["clients"]["profiles"]["network"] = {change["network"]: 1.0}
+    if "local_steps" in change:
+        cfg["train"] = {**cfg["train"], "local_steps": change["local_steps"]}
+        del cfg["train"]["local_epochs"]
     if change.get("model") == "three":  # same device and link for all; only the model differs
         n = cfg["clients"]["num_clients"]
         arch = ["lenet5_half", "lenet5", "cifar_cnn"]
@@ -101,12 +145,18 @@ def base_config(args: argparse.Namespace, change: dict[str, Any]) -> dict[str, A
     return cfg
 
 
-def variant_algorithm(variant: str, k: int, args: argparse.Namespace) -> dict[str, Any]:
-    algo: dict[str, Any] = {"name": "ascend", "k": k, "distill_steps": args.distill_steps}
+def variant_algorithm(variant: str, k: int | float, args: argparse.Namespace) -> dict[str, Any]:
+    # the v2 design reproduces the v2 study: its variants say reward v2 (the default is now v3)
+    algo: dict[str, Any] = {"name": "ascend", "k": k, "distill_steps": args.distill_steps,
+                            "reward": "v3" if args.design == "v3" else "v2"}
     if variant == "ascend":
         algo["policy"] = "egreedy"
     elif variant == "ascend_v1":
         algo.update(policy="egreedy", reward="v1")
+    elif variant == "ascend_v2":
+        algo.update(policy="egreedy", reward="v2")
+    elif variant == "ascend_joint":
+        algo.update(policy="egreedy", arms=JOINT_ARMS)
     elif variant == "ascend_rho0":
         algo.update(policy="egreedy", rho=0.0)
     elif variant == "ascend4":
@@ -169,7 +219,7 @@ def run_metrics(run) -> dict[str, Any]:
         out["reward_clipped"] = float(clipped.mean())
         if "reward_lost" in closed:
             out["reward_lost"] = float(closed["reward_lost"].astype(bool).mean())
-        for part in ("reward_df", "reward_dd"):
+        for part in ("reward_df", "reward_dd", "reward_phi", "reward_psi"):
             v = closed[part].replace([np.inf, -np.inf], np.nan).dropna()
             if len(v):
                 out[f"{part}_median"] = float(v.median())
@@ -177,7 +227,51 @@ def run_metrics(run) -> dict[str, Any]:
                 out[f"{part}_max"] = float(v.max())
     own = c[c["arm_reason"].isin(POLICY_REASONS)] if "arm_reason" in c else c.iloc[:0]
     out["exploit_frac"] = float((own["arm_reason"] == "exploit").mean()) if len(own) else float("nan")
+    if "sim_T_select" in c and c["sim_T_select"].notna().any():  # v3: the time term's spread and parts
+        out["tbar_over_t_p05"] = float((c["sim_Tbar"] / c["sim_T"]).quantile(0.05))
+        out["tbar_over_t_p95"] = float((c["sim_Tbar"] / c["sim_T"]).quantile(0.95))
+        out["select_share"] = float((c["sim_T_select"] / c["sim_T"]).median())
+        out["measure_share"] = float((c["sim_T_measure"] / c["sim_total_s"]).median())
     return out
+
+
+def paired_differences(summary: pd.DataFrame, metric: str = "auc", ref: str = "ascend",
+                       resamples: int = BOOTSTRAP, seed: int = 0) -> pd.DataFrame:
+    """Per (experiment, K) and other variant: the mean over seeds of ``ref``'s ``metric`` minus
+    the other's on the same seed, with a percentile-bootstrap 95 % interval (seeds resampled)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for (exp, k), cell in summary.groupby(["experiment", "k"], sort=False):
+        wide = cell.pivot_table(index="seed", columns="variant", values=metric)
+        if ref not in wide:
+            continue
+        for other in [v for v in wide.columns if v != ref]:
+            d = (wide[ref] - wide[other]).dropna().to_numpy()
+            if len(d) == 0:
+                continue
+            boot = d[rng.integers(len(d), size=(resamples, len(d)))].mean(1)
+            lo, hi = np.percentile(boot, [2.5, 97.5])
+            rows.append({"experiment": exp, "k": k, "vs": other, "seeds": len(d), f"d_{metric}": d.mean(),
+                         "ci95_lo": lo, "ci95_hi": hi, "holds": bool(lo > 0), "fails": bool(hi < 0)})
+    return pd.DataFrame(rows)
+
+
+def ground_truth(summary: pd.DataFrame, arms: pd.DataFrame) -> pd.DataFrame:
+    """Per (experiment, K): the uniform compressor with the best mean AUC (the arm that should
+    win there) and the share of ASCEND's exploit choices that went to it."""
+    rows = []
+    uni = summary[summary["variant"].isin(UNIFORM)]
+    for (exp, k), cell in uni.groupby(["experiment", "k"], sort=False):
+        auc = cell.groupby("variant")["auc"].mean().sort_values(ascending=False)
+        best = auc.index[0]
+        rec = {"experiment": exp, "k": k, "best_uniform": best, "auc_best": auc.iloc[0],
+               "auc_runner_up": auc.iloc[1] if len(auc) > 1 else float("nan")}
+        if len(arms) and f"exploit_{best}" in arms:
+            a = arms[(arms["experiment"] == exp) & (arms["k"] == k) & (arms["variant"] == "ascend")
+                     & (arms["by"] == "all")]
+            rec["ascend_exploits_best"] = float(a[f"exploit_{best}"].mean()) if len(a) else float("nan")
+        rows.append(rec)
+    return pd.DataFrame(rows)
 
 
 def curve_metrics(run_dir: str, budget: float) -> dict[str, float]:
@@ -217,7 +311,7 @@ def arm_shares(rows: pd.DataFrame) -> pd.DataFrame:
                 exploit = sub[sub["arm_reason"] == "exploit"]
                 rec = {"experiment": row.experiment, "k": row.k, "variant": row.variant, "seed": row.seed,
                        "by": by or "all", "group": g, "n": len(own), "n_exploit": len(exploit)}
-                for a in ARMS4 if row.variant == "ascend4" else ARMS4[:3]:
+                for a in ARMS4 if row.variant == "ascend4" else ARMS4[:3]:  # joint arms: by compressor
                     rec[f"share_{a}"] = float((own["arm"] == a).mean()) if len(own) else float("nan")
                     rec[f"exploit_{a}"] = float((exploit["arm"] == a).mean()) if len(exploit) else float("nan")
                 parts.append(rec)
@@ -260,8 +354,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", default="runs/ascend_claims", help="output folder")
     ap.add_argument("--dataset", default="mnist5k", choices=["mnist5k", "fashion_mnist"])
     ap.add_argument("--quick", action="store_true", help="a setting sized for 2 shared cores")
-    ap.add_argument("--experiments", nargs="+", default=list(EXPERIMENTS), choices=list(EXPERIMENTS))
+    ap.add_argument("--design", choices=("v2", "v3"), default="v2", help="v3: the spec's version-3 study design")
+    ap.add_argument("--smoke", action="store_true", help="v3 design, tiny: checks the pipeline in ~1 minute")
+    ap.add_argument("--experiments", nargs="+", choices=list(EXPERIMENTS) + list(EXPERIMENTS_V3))
     ap.add_argument("--ks", type=int, nargs="+", help="K values of the main experiment (coordinate counts)")
+    ap.add_argument("--ratios", type=float, nargs="+", help="v3: K as a ratio of each model's d")
+    ap.add_argument("--bandwidths", type=int, nargs="+", help="v3: Mbps of the cells (one per cell)")
     ap.add_argument("--seeds", type=int, nargs="+", help="seeds")
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--num-clients", type=int)
@@ -276,8 +374,16 @@ def parse_args(argv=None) -> argparse.Namespace:
              "distill_steps": 20}
     full = {"ks": [100, 1000, 5000, 10000], "seeds": [0, 1, 2], "rounds": 100, "num_clients": 20,
             "participation": 0.5, "distill_steps": 50}
-    for key, val in (quick if args.quick else full).items():
-        if getattr(args, key) is None:
+    v3 = {"experiments": list(EXPERIMENTS_V3), "ratios": [0.01, 0.1], "bandwidths": [5, 50, 500],
+          "seeds": [0, 1, 2, 3, 4], "rounds": 60, "num_clients": 12, "participation": 1.0, "distill_steps": 20}
+    smoke = {**v3, "experiments": ["v3main"], "ratios": [0.01], "bandwidths": [5], "seeds": [0, 1],
+             "rounds": 3, "num_clients": 4, "distill_steps": 3}
+    if args.smoke:
+        args.design = "v3"
+    chosen = smoke if args.smoke else v3 if args.design == "v3" else quick if args.quick else full
+    chosen.setdefault("experiments", list(EXPERIMENTS))
+    for key, val in chosen.items():
+        if getattr(args, key, None) is None:
             setattr(args, key, val)
     return args
 
@@ -287,8 +393,11 @@ def main(argv=None) -> Path:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     jobs = []
+    cells = plan_v3(args) if args.design == "v3" else plan(args)
+    if args.smoke:  # the pipeline on a few variants only
+        cells = [c for c in cells if c[2] in ("ascend", "topk", "randomk")]
     for seed in args.seeds:  # every experiment's first seed first: partial results are usable
-        for exp, k, variant, change in plan(args):
+        for exp, k, variant, change in cells:
             run_dir = out / "runs" / exp / f"k{k}" / f"{variant}-s{seed}"
             cfg = {**base_config(args, change), "seed": seed, "algorithm": variant_algorithm(variant, k, args),
                    "output": {"dir": str(run_dir.parent), "name": run_dir.name, "overwrite": True}}
@@ -310,18 +419,25 @@ def main(argv=None) -> Path:
     arms = arm_shares(summary)
     summary.to_parquet(out / "summary.parquet", index=False)
     arms.to_parquet(out / "arms.parquet", index=False)
-    write_markdown(out, args, summary, arms, time.perf_counter() - t0)
+    extra = {}
+    if args.design == "v3":
+        extra = {"paired": paired_differences(summary), "truth": ground_truth(summary, arms)}
+        for name, df in extra.items():
+            df.to_parquet(out / f"{name}.parquet", index=False)
+    write_markdown(out, args, summary, arms, time.perf_counter() - t0, **extra)
     print((out / "results.md").read_text())
     return out
 
 
-def write_markdown(out: Path, args, summary: pd.DataFrame, arms: pd.DataFrame, wall: float) -> None:
+def write_markdown(out: Path, args, summary: pd.DataFrame, arms: pd.DataFrame, wall: float,
+                   paired: pd.DataFrame | None = None, truth: pd.DataFrame | None = None) -> None:
     keys = ["experiment", "k", "variant"]
     acc_cols = ["final_acc", "auc", "acc_at_budget"] + [f"t_to_{t:g}" for t in TARGETS]
     other = ["final_acc_lenet5_half", "final_acc_lenet5", "final_acc_cifar_cnn", "sim_time_s", "mb_up",
              "rollbacks", "exploit_frac"]
     reward = ["reward_mean", "reward_clipped", "reward_lost", "reward_df_median", "reward_dd_median",
-              "reward_dd_min", "reward_dd_max"]
+              "reward_dd_min", "reward_dd_max", "reward_phi_median", "reward_psi_median", "tbar_over_t_p05",
+              "tbar_over_t_p95", "select_share", "measure_share"]
     have = lambda cols: [c for c in cols if c in summary.columns and summary[c].notna().any()]  # noqa: E731
     lines = [
         "# ASCEND study results",
@@ -372,6 +488,14 @@ def write_markdown(out: Path, args, summary: pd.DataFrame, arms: pd.DataFrame, w
             markdown(mean),
             "",
         ]
+    if truth is not None and len(truth):
+        lines += ["## Ground truth per cell (v3)", "",
+                  "`best_uniform`: the uniform compressor with the best mean AUC; `ascend_exploits_best`: the "
+                  "share of ASCEND's exploit choices that went to it.", "", markdown(truth), ""]
+    if paired is not None and len(paired):
+        lines += ["## Paired differences of AUC, ASCEND minus the other (v3)", "",
+                  f"Same seeds; mean and percentile-bootstrap 95 % interval ({BOOTSTRAP} resamples of the "
+                  "seeds); `holds`: the interval is above 0, `fails`: below 0.", "", markdown(paired, ".4f"), ""]
     (out / "results.md").write_text("\n".join(lines))
 
 

@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from engine import ConfigError, apply_overrides, load_config, parse_yaml
 from engine.results import ROUND_COLUMNS, Storage, load_run, open_storage, read_table
@@ -180,7 +179,8 @@ def summarize_trial(
     info = run.read_json("trial.json") if run.exists("trial.json") else {}
     manifest = run.read_json("manifest.json") if run.exists("manifest.json") else {}
     if run.exists("config.yaml"):
-        rounds_total = int((yaml.safe_load(run.read_text("config.yaml")) or {}).get("rounds", rounds_total))
+        config = parse_yaml(run.read_text("config.yaml"), f"{run}/config.yaml") or {}
+        rounds_total = int(config.get("rounds", rounds_total))
     rounds = read_table(run, "rounds") if run.exists() else None
     if rounds is None:
         rounds = state.tune_rounds if state.tune_rounds is not None else pd.DataFrame()

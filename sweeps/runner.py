@@ -4,9 +4,10 @@
 written before they pass), writes ``<storage>/sweep.yaml``, starts or joins Ray, runs one Tune
 trial per configuration (:func:`sweeps.trainable.hetsim_trial`) and writes ``trials.parquet``
 and ``rounds.parquet``. ``resume_sweep(storage)`` rebuilds the trainable from ``sweep.yaml`` and
-continues with ``Tuner.restore``: finished trials are not rerun, unfinished ones continue from
-their last checkpoint (from round 0 without one), errored ones are kept as errors unless
-``retry_errored`` (then they continue the same way, keeping their trial id).
+continues with ``Tuner.restore``: finished trials are not rerun (also those Tune's saved state
+missed, see :func:`trial_or_reuse`), unfinished ones continue from their last checkpoint (from
+round 0 without one), errored ones are kept as errors unless ``retry_errored`` (then they
+continue the same way, keeping their trial id).
 
 Whether a trial fits the cluster and where results are stored: :mod:`sweeps.cluster`. What the
 sweep prints (quiet by default: no Tune tables, one progress bar) and Tune's callback hooks:
@@ -17,8 +18,10 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Iterable
 
+import pandas as pd
 import yaml
 
 QUIET_TUNE_ENV = {"RAY_AIR_NEW_OUTPUT": "0"}  # with verbose=0: no progress tables
@@ -31,7 +34,7 @@ from ray.tune.schedulers import ASHAScheduler, PopulationBasedTraining  # noqa: 
 from ray.tune.search.basic_variant import BasicVariantGenerator  # noqa: E402
 
 from engine import check_while_ray_starts, init_ray, mark  # noqa: E402
-from engine.results import Storage, check_writable  # noqa: E402
+from engine.results import Storage, check_writable, read_table  # noqa: E402
 from sweeps.callbacks import (  # noqa: E402
     ACTIVE,
     FailureNotices,
@@ -74,10 +77,49 @@ def _init_ray(resolved: ResolvedSweep):
 
 def _trainable(resolved: ResolvedSweep):
     # torch (sweeps.trainable imports the Ray executor): not when this module is imported
-    from sweeps.trainable import hetsim_trial, trial_resources
+    from sweeps.trainable import trial_resources
 
-    bound = tune.with_parameters(hetsim_trial, sweep=resolved.to_dict())
+    bound = tune.with_parameters(trial_or_reuse, sweep=resolved.to_dict())
     return tune.with_resources(bound, trial_resources(resolved))
+
+
+def trial_or_reuse(params: dict[str, Any], sweep: dict[str, Any]) -> None:
+    """The sweep's Tune trainable: :func:`sweeps.trainable.hetsim_trial`, unless this trial's
+    run folder already holds its finished run. Tune saves its experiment state only every few
+    seconds, so a sweep killed soon after a trial ended restores that trial as unfinished; its
+    rounds are then reported to Tune again from the run folder instead of being recomputed."""
+    # torch: as in _trainable
+    from sweeps.trainable import TrialFolder, TuneReporter, hetsim_trial
+
+    folder = TrialFolder(tune.get_context().get_trial_id())
+    rounds = _finished_rounds(folder)
+    if rounds is None:
+        hetsim_trial(params, sweep)
+        return
+    spec = ResolvedSweep.from_dict(sweep).spec
+    reporter = TuneReporter(last_round=len(rounds) - 1, carry=(spec.metric, spec.scheduler.metric or spec.metric))
+    run = SimpleNamespace(info={}, path=None)  # what the reporter reads of a live run: no checkpoint
+    for row in rounds.to_dict("records"):
+        reporter.on_round_end(run, SimpleNamespace(round=int(row["round"]), row=row))
+    reporter.flush()
+
+
+def _finished_rounds(folder) -> pd.DataFrame | None:
+    """The rounds of the trial's run if it ended (finished or diverged: ``trial.json`` and the
+    run's manifest agree, every round is there), else None."""
+    info = folder.previous_info()
+    if info.get("status") not in ("finished", "diverged"):
+        return None
+    try:
+        manifest = folder.remote.read_json("manifest.json")
+        rounds = read_table(folder.remote, "rounds")
+    except (OSError, ValueError):  # a damaged folder: run the trial again
+        return None
+    if manifest.get("status") != info["status"] or rounds is None or rounds.empty:
+        return None
+    if rounds["round"].tolist() != list(range(len(rounds))):
+        return None
+    return rounds
 
 
 def _scheduler(resolved: ResolvedSweep):

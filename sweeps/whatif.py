@@ -33,8 +33,9 @@ import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from engine import ConfigError, absolute_trace_files, apply_overrides, load_config
+from engine import ConfigError, absolute_trace_files, apply_overrides, load_config, parse_yaml
 from hardware_profiles.sampler import assign_profiles
+from sweeps.results import RUNS_DIR
 from sweeps.spec import (
     RaySpec,
     ResourcesSpec,
@@ -46,6 +47,7 @@ from sweeps.spec import (
 )
 
 FLEET_COLUMN = "fleet"
+FLEETS_DIR = "fleets"  # <what-if folder>/fleets/<fleet name> -> ../runs/<trial id>
 PROFILES_KEY = "clients.profiles"
 DEFAULT_STORAGE = "whatif_out"
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
@@ -82,8 +84,8 @@ def read_fleet_file(path: str | Path, where: str) -> dict[str, Any]:
     if not path.is_file():
         raise _error(where, f"fleet file {str(path)!r} does not exist")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
+        raw = parse_yaml(path.read_text(), str(path)) or {}
+    except (yaml.YAMLError, ValueError) as err:  # ValueError: the strict loader's YamlError
         raise _error(where, f"fleet file {str(path)!r} is not valid YAML: {err}") from None
     if not isinstance(raw, dict):
         raise _error(where, f"fleet file {str(path)!r} must hold a mapping (the clients.profiles section)")
@@ -217,6 +219,26 @@ def run_whatif(base_raw: dict[str, Any], fleets: dict[str, dict[str, Any]], *, n
 
     spec = whatif_sweep_spec(base_raw, fleets, name=name, overrides=list(overrides), storage=storage, **spec_kw)
     return run_sweep(spec, address=address, quiet=quiet, command=command)
+
+
+def link_fleet_folders(sweep) -> dict[str, Path]:
+    """Name each fleet's run folder: ``<what-if folder>/fleets/<fleet>`` links to ``runs/<trial id>``
+    (Tune names trial folders by id). Local folders only; returns fleet -> link."""
+    root = Path(sweep.path)
+    if "://" in str(sweep.path) or not (root / RUNS_DIR).is_dir() or FLEET_COLUMN not in sweep.trials:
+        return {}
+    out = {}
+    (root / FLEETS_DIR).mkdir(exist_ok=True)
+    for fleet, trial_id in zip(sweep.trials[FLEET_COLUMN].astype(str), sweep.trials["trial_id"].astype(str)):
+        if not _NAME_RE.fullmatch(fleet) or not (root / RUNS_DIR / trial_id).is_dir():
+            continue
+        link = root / FLEETS_DIR / fleet
+        if link.is_symlink():
+            link.unlink()  # a resumed what-if: the trial may be another one now
+        if not link.exists():
+            link.symlink_to(Path("..") / RUNS_DIR / trial_id, target_is_directory=True)
+            out[fleet] = link
+    return out
 
 
 def fleet_differences(sweep) -> list[dict[str, Any]]:

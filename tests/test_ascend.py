@@ -92,9 +92,9 @@ def test_registered_and_params_validation():
     assert ALGORITHMS["ascend"] is SPEC and SPEC.client is AscendClient
     p = AscendParams(k="1e-2")  # YAML 1.1 reads 1e-2 as a string
     assert p.k == 0.01 and p.policy == "egreedy" and p.arms == ("topk", "randomk", "periodick")
-    assert ((p.warmup, p.eps_c, p.eps_min, p.ema_lambda, p.rho, p.gamma, p.forced_rounds)
-            == (2, 1.0, 0.03, 0.3, 0.5, 0.2, 3))
-    assert p.reward == "v2" and AscendParams(reward="v1").reward == "v1"
+    assert ((p.warmup, p.eps_c, p.eps_min, p.ema_lambda, p.rho_value, p.gamma, p.forced_rounds)
+            == (2, 1.0, 0.03, 0.3, 0.6, 0.2, 3))
+    assert p.reward == "v3" and AscendParams(reward="v1").reward == "v1"
     assert AscendParams(arms=["topk", "randomk", "periodick", "qsgd8"]).arms[-1] == "qsgd8"
     assert ((p.distill_steps, p.distill_lr, p.temperature, p.teacher, p.public_probe_size)
             == (50, 1e-3, 1.0, "aggregates", 512))
@@ -102,7 +102,7 @@ def test_registered_and_params_validation():
     for bad, field in [({"policy": "greedy"}, "policy"), ({"policy": "fixed"}, "arm"), ({"arm": "topk"}, "arm"),
                        ({"arms": ["topk", "topk"]}, "arms"), ({"gamma": -0.1}, "gamma"), ({"epsilon": 1.5}, "epsilon"),
                        ({"teacher": "x"}, "teacher"), ({"k": 0}, "k"), ({"arms": ["bestk"]}, "arms"),
-                       ({"reward": "v3"}, "reward")]:
+                       ({"reward": "v4"}, "reward")]:
         with pytest.raises(ValueError, match=field):
             AscendParams(**bad)
 
@@ -223,7 +223,7 @@ def test_clients_teacher_uses_every_reconstructed_model():
 
 # ------------------------------------------------------------------------------ rollback
 def test_loss_spike_rolls_back_once_restores_bit_for_bit_and_forces_topk():
-    params, server = make_server(k=0.2, distill_steps=5, gamma=0.2, forced_rounds=3)
+    params, server = make_server(k=0.2, distill_steps=5, gamma=0.2, forced_rounds=3, reward="v2")
     client = AscendClient(params)
     states: dict[int, dict] = {}
     cids = [0, 1, 2, 3]
@@ -331,11 +331,11 @@ def test_v1_lost_upload_restores_residual_discards_reward_and_keeps_the_choice(l
     seen, used = {}, {}
     compress_delta = client.compress_delta
 
-    def spy(ctx, delta, arm):  # the accumulated vector a = e + delta of this fit
+    def spy(ctx, delta, arm, k=None):  # the accumulated vector a = e + delta of this fit
         r = ctx.state.get("residual")
         used[ctx.round] = None if r is None else r.copy()
         seen[ctx.round] = delta.clone() if r is None else torch.from_numpy(r.copy()) + delta
-        return compress_delta(ctx, delta, arm)
+        return compress_delta(ctx, delta, arm, k=k)
 
     client.compress_delta = spy
     st = {}
@@ -418,7 +418,7 @@ def test_engine_run_traces_and_warmup_round_robin(tmp_path):
     from engine.results.tables import load_run
     from engine.run.api import run_experiment
 
-    run = load_run(run_experiment(_engine_cfg(tmp_path, "plain", "algorithm.gamma=null")))
+    run = load_run(run_experiment(_engine_cfg(tmp_path, "plain", "algorithm.gamma=null", "algorithm.reward=v2")))
     c = run.clients
     assert set(TRACE) <= set(c.columns)
     assert set(c["arch"]) == {"lenet5", "lenet5_half"}
@@ -504,7 +504,7 @@ def _probe_ce(client, ctx, flat):
 def test_v2_local_term_is_measured_on_the_update_actually_sent():
     from algorithms.compressed_fedavg import decode_upload
 
-    client = AscendClient(AscendParams(k=5, distill_steps=0, gamma=None))
+    client = AscendClient(AscendParams(k=5, distill_steps=0, gamma=None, reward="v2"))
     st = {}
     model = tiny("a", seed=11)
     w_t = flat_params(model)
@@ -529,7 +529,7 @@ def test_v2_local_term_is_measured_on_the_update_actually_sent():
 
 
 def test_v2_reward_closes_with_the_servers_dd_and_the_clients_running_mean_T():
-    client = AscendClient(AscendParams(k=5, distill_steps=0, gamma=None))
+    client = AscendClient(AscendParams(k=5, distill_steps=0, gamma=None, reward="v2"))
     st = {}
     Ts, dfs = [], []
     dd = {0: 0.05, 2: -0.3}  # the server's dD of this client's uploads of rounds 0 and 2
@@ -563,7 +563,7 @@ def test_v2_reward_closes_with_the_servers_dd_and_the_clients_running_mean_T():
 
 
 def test_v2_lost_upload_earns_minus_one_for_its_arm():
-    client = AscendClient(AscendParams(k=5, distill_steps=0, gamma=None))
+    client = AscendClient(AscendParams(k=5, distill_steps=0, gamma=None, reward="v2"))
     st = {}
     ctx = make_ctx(0, 0, st)
     bc = _bc("a", 0)
@@ -582,7 +582,7 @@ def test_v2_lost_upload_earns_minus_one_for_its_arm():
     assert st["policy"].warmup_sum.tolist() == [-1.0, 0.0, 0.0]  # fed to the lost arm
     assert m["arm"] == "randomk"  # the warm-up moves on
     # with a larger clip the lost reward is -clip; EXP3 gets it with the probability of its choice
-    exp3 = AscendClient(AscendParams(k=5, policy="exp3", distill_steps=0, gamma=None, reward_clip=2.0))
+    exp3 = AscendClient(AscendParams(k=5, policy="exp3", distill_steps=0, gamma=None, reward_clip=2.0, reward="v2"))
     st = {}
     ctx = make_ctx(0, 0, st)
     client_bc = _bc("a", 0)
@@ -604,7 +604,7 @@ def test_v2_lost_upload_earns_minus_one_for_its_arm():
 def test_epsilon_decays_in_the_clients_own_choices_not_in_global_rounds():
     """A client that takes part every 7th round: after its warm-up (3 arms x 2) its t-th choice
     uses eps = max(0.03, min(1, 1 * 3 / t)) whatever the global round number."""
-    client = AscendClient(AscendParams(k=5, distill_steps=0, gamma=None))
+    client = AscendClient(AscendParams(k=5, distill_steps=0, gamma=None, reward="v2"))
     st, eps, reasons = {}, [], []
     for i in range(16):
         rnd = 7 * i
@@ -619,7 +619,7 @@ def test_epsilon_decays_in_the_clients_own_choices_not_in_global_rounds():
     assert st["policy"].post_choices == 10
     assert "exploit" in reasons[6:]  # it does reach exploitation
     # a fixed epsilon stays fixed
-    fixed = AscendClient(AscendParams(k=5, distill_steps=0, gamma=None, epsilon=0.2, warmup=0))
+    fixed = AscendClient(AscendParams(k=5, distill_steps=0, gamma=None, epsilon=0.2, warmup=0, reward="v2"))
     st = {}
     ctx = make_ctx(2, 40, st)
     fixed.receive(ctx, _bc("b", 40))
@@ -632,7 +632,7 @@ def test_server_dd_per_upload_against_the_previous_teacher():
     from algorithms.compressed_fedavg import decode_upload
     from algorithms.training import load_flat_params
 
-    params, server = make_server(k=6, distill_steps=3, gamma=None)
+    params, server = make_server(k=6, distill_steps=3, gamma=None, reward="v2")
     client, states = AscendClient(params), {}
     r0 = run_clients(client, server.broadcast(0), 0, states, [0, 1, 2])
     server.aggregate(0, r0)
@@ -667,7 +667,7 @@ def test_server_dd_per_upload_against_the_previous_teacher():
     m = client.fit(ctx, bc2["a"]).metrics
     assert m["reward_round"] == 1 and m["reward_dd"] == rows[1]["dd"] and m["reward_rho"] == 0.5
     # entries older than d_history rounds leave the broadcast
-    server.params = AscendParams(k=6, distill_steps=3, gamma=None, d_history=2)
+    server.params = AscendParams(k=6, distill_steps=3, gamma=None, d_history=2, reward="v2")
     assert set(server.broadcast(3)["a"].meta["dd"]) == {0, 1}  # round 1 >= 3 - 2
     assert server.broadcast(4)["a"].meta["dd"] == {} and server.broadcast(4)["a"].nbytes == 4 * 83 + 4 * 2
 

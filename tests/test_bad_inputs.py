@@ -39,6 +39,10 @@ GOOD_SPEC = {"base": "exp.yaml", "space": {"train.lr": {"grid": [0.01, 0.1]}}}
 EXP = ("dataset: {name: digits}\nmodel: {name: mlp}\nrounds: 2\nclients: {num_clients: 10}\n"
        "output: {dir: runs}\n")
 
+# 10 levels of 9 aliases: 9^9 nodes once expanded, from 300 bytes
+BOMB = "a0: &a0 [lol]\n" + "".join(
+    f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 10))
+
 # (id, command, argv after the command, files to create, words the message must contain)
 CASES = [
     # ---- YAML: files, syntax, duplicates, empty, binary, --set values and keys
@@ -63,6 +67,17 @@ CASES = [
     ("yaml-scalar", "validate", ["-c", "s.yaml"], {"s.yaml": "hello\n"}, ["s.yaml", "mapping", "str"]),
     ("yaml-python-tag", "run", ["-c", "t.yaml"], {"t.yaml": "rounds: !!python/object:os.system x\n"},
      ["t.yaml:1:9", "invalid YAML"]),
+    # ---- YAML limits: alias bombs, cycles, deep nesting (tests/test_environment_faults.py: size, time)
+    ("yaml-billion-laughs", "validate", ["-c", "bomb.yaml"], {"bomb.yaml": BOMB},
+     ["bomb.yaml:6:", "YAML refused", "aliases expand to more than 100,000 nodes"]),
+    ("yaml-recursive-alias", "run", ["-c", "cyc.yaml"], {"cyc.yaml": "rounds: 2\nx: &a [1, *a]\n"},
+     ["cyc.yaml:2:11", "YAML refused", "alias *a refers to a node that contains it"]),
+    ("yaml-deep-nesting", "validate", ["-c", "deep.yaml"], {"deep.yaml": "x: " + "[" * 5000 + "]" * 5000 + "\n"},
+     ["deep.yaml:1:", "YAML refused", "nested deeper than 100 levels"]),
+    ("set-deep-nesting", "run", ["--set", "train=" + "[" * 300 + "]" * 300], {},
+     ["--set train", "nested deeper than 100 levels"]),
+    ("sweep-billion-laughs", "sweep", ["s.yaml"], {"s.yaml": BOMB},
+     ["s.yaml:6:", "aliases expand to more than 100,000 nodes"]),
     ("set-no-equals", "run", ["--set", "train.lr"], {}, ["train.lr", "key.path=value"]),
     ("set-double-dot", "run", ["--set", "train..lr=0.1"], {}, ["train..lr", "empty part"]),
     ("set-leading-dot", "validate", ["--set", ".lr=0.1"], {}, [".lr", "empty part"]),
@@ -239,9 +254,15 @@ CASES = [
      ["no client can ever arrive"]),
     ("fleet-deadline-impossible", "run", sets("clock.deadline_s=0.000001"), {},
      ["clock.deadline_s = 1e-06", "no client can finish a round in time", "deadline_s >="]),
+    # latencies alone (2 x 0.05 s) fit 0.12 s; the MLP's 19 KB each way at 5 Mbit/s do not
+    ("fleet-deadline-counts-transfers", "run",
+     sets("clients.profiles={devices: {laptop_cpu: 1.0}, network: {5mbps: 1.0}}", "clock.deadline_s=0.12"), {},
+     ["clock.deadline_s = 0.12", "no client can finish", "needs at least 0.162 s"]),
     ("fleet-deadline-impossible-slow-devices", "run",
      sets("clients.profiles.devices={rpi4: 1.0}", "clock.deadline_s=0.01", "train.local_epochs=50"), {},
      ["clock.deadline_s = 0.01", "no client can finish"]),
+    ("whatif-target-out-of-range", "whatif", ["--fleet", "a=f.yaml", "--target", "2"],
+     {"f.yaml": "devices: {rpi4: 1.0}"}, ["--target 2 is outside the allowed range", "[0, 1]"]),
     # ---- output folders
     ("output-dir-is-a-file", "run", sets("output.dir=afile/runs"), {"afile": "x"},
      ["output.dir = 'afile/runs'", "'afile' is a file"]),
@@ -252,6 +273,12 @@ CASES = [
      {"data/precious.txt": "keep"}, ["data is not empty", "no manifest.json", "refusing to delete"]),
     ("output-name-existing", "run", sets("output.name=r1"), {"runs/r1/manifest.json": "{}"},
      ["run folder runs/r1 already exists", "output.name"]),
+    ("output-name-nul", "run", sets('output.name="a\\0b"'), {},
+     ["output.name = 'a\\x00b'", "control character(s) '\\x00'"]),
+    ("output-name-300-chars", "validate", sets("output.name=" + "n" * 300), {},
+     ["output.name = 'nnnn", "300 bytes long", "at most 255 bytes"]),
+    ("output-name-separator", "run", sets("output.name=a/b"), {}, ["output.name = 'a/b'", "one folder name"]),
+    ("out-name-too-long", "run", ["-o", "y" * 300], {}, ["yyyy", "the file name is too long"]),
     # ---- show: missing and broken run folders
     ("show-missing", "show", ["nowhere"], {}, ["nowhere does not exist"]),
     ("show-a-file", "show", ["f.txt"], {"f.txt": "x"}, ["f.txt is a file"]),

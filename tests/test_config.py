@@ -64,3 +64,12 @@ def test_missing_file_and_bad_override_syntax(tmp_path):
     bad.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(bad)
+
+
+def test_a_time_of_day_stays_a_string_not_a_base_60_number(tmp_path):
+    # YAML 1.1 reads 22:30 as 1350 and 11:59:58 as 43198; clock.start needs the text
+    assert load_config(None, ["clock.start=22:30"]).clock.start_s == 22 * 3600 + 30 * 60
+    path = tmp_path / "c.yaml"
+    path.write_text("clock:\n  start: 11:59:58\nrounds: 1_0\n")
+    cfg = load_config(path)
+    assert cfg.clock.start == "11:59:58" and cfg.rounds == 10

@@ -330,7 +330,9 @@ def test_to_frame_and_roundtrip():
     df = t.to_frame()
     assert list(df.columns) == ["client_id", "gflops", "down_mbps", "up_mbps", "latency_s", "memory_gb",
                                 "availability", "dropout", "train_w", "idle_w", "rx_w", "tx_w", "tail_j",
-                                "battery_wh", "tier", "net_tier"]
+                                "battery_wh", "cache_bytes", "topk_ns_in_cache", "topk_ns_out_of_cache",
+                                "randomk_ns_per_kept", "periodick_ns_per_kept", "quant_ns_per_elem",
+                                "tier", "net_tier"]
     # a profiles.parquet written before the power model: its power is unknown, no battery
     old = ProfileTable.from_frame(df.drop(columns=["train_w", "idle_w", "rx_w", "tx_w", "tail_j", "battery_wh"]))
     assert np.isnan(old.train_w).all() and (old.battery_wh == 0).all()
@@ -352,5 +354,5 @@ def test_large_fleet_is_small_and_fast():
                          "bandwidth": {"distribution": "loguniform"}}, 100_000, 0)
     assert time.perf_counter() - start < 2.0
     assert len(t) == 100_000
-    assert t.nbytes <= 100_000 * 8 * 15  # 13 float64 (6 of the power model) + 2 pointer columns
+    assert t.nbytes <= 100_000 * 8 * 21  # 19 float64 (6 of the power model, 6 selection costs) + 2 pointers
     assert np.count_nonzero(t.tier == "edge_gpu") == 20_000

@@ -142,4 +142,5 @@ def test_the_section_renders_in_a_headless_browser(cond_run, tmp_path):
         return float(((img.max(axis=2) - img.min(axis=2)) > 60).mean())
 
     with_section, without = coloured_share(only(CONDITIONS_FIGURES), "section"), coloured_share(only(()), "blank")
-    assert with_section > 0.001 and with_section > 10 * without, (with_section, without)
+    # the blank page keeps what is not a figure (e.g. a warning banner): the figures add to it
+    assert with_section > 0.01 and with_section > without + 0.01, (with_section, without)

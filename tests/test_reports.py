@@ -8,6 +8,7 @@ import subprocess
 from contextlib import contextmanager
 from html.parser import HTMLParser
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -204,7 +205,7 @@ def test_a_panel_that_fails_becomes_a_note_and_the_page_goes_on(fedavg_run, tmp_
     assert set(RUN_FIGURES) - page.omitted <= set(page.figures)
     text = out.read_text()
     assert "could not be drawn from this data (ValueError: boom)" in text
-    assert text.count('<div class="row">') == text.count("</div>")
+    assert text.count('<div class="row">') >= 1 and text.count('<div ') == text.count("</div>")  # balanced
     assert "ValueError: boom" in capsys.readouterr().err
 
 
@@ -241,10 +242,13 @@ def test_compare_two_runs_gives_pandas_numbers_in_text_and_html(fedavg_run, tmp_
     # a target nobody reaches
     table, _ = compare_table(entries, target=1.01)
     assert table["time_to_target_s"].isna().all()
-    # default target: the best accuracy every run reaches, floored to 0.01
+    # default target: the best accuracy every run reaches, floored to 0.01, above every start
     _, target = compare_table(entries)
-    bests = [pd.read_parquet(p / "rounds.parquet")["global_acc"].max() for p in (fedavg_run, other)]
-    assert target == math.floor(min(bests) * 100) / 100
+    accs = [pd.read_parquet(p / "rounds.parquet")["global_acc"].dropna() for p in (fedavg_run, other)]
+    start = max(a.iloc[0] for a in accs)
+    above = [a.max() for a in accs if a.max() > start]
+    floored = math.floor(min(above) * 100) / 100
+    assert target == (floored if floored > start else min(above)) and target > start
 
     out = tmp_path / "cmp" / "compare.html"
     assert main(["compare", str(fedavg_run), str(other), "--target", "0.3", "-o", str(out)]) == 0
@@ -254,6 +258,84 @@ def test_compare_two_runs_gives_pandas_numbers_in_text_and_html(fedavg_run, tmp_
     assert "global_acc >= 0.3" in text
     page = parse_page(out)
     assert_figures(page, out, COMPARE_FIGURES)
+    html_text = out.read_text()
+    # what differs: the keys (and only those) and both fleets side by side
+    assert "train.lr" in html_text and "clients.profiles.network.5mbps" in html_text
+    assert "rounds</td>" not in html_text.split('id="table-config-diff"')[1].split("</table>")[0]
+    assert "# drawn: 8 clients" in html_text
+
+
+def fake_entry(label, accs, config=None):
+    """A compare entry from an accuracy curve (one client per round, aggregated)."""
+    from hetsim.compare import Entry
+
+    n = len(accs)
+    rounds = pd.DataFrame({"round": range(n), "global_acc": accs, "sim_time_s": np.arange(1.0, n + 1),
+                           "sim_round_s": 1.0, "bytes_up": 10, "bytes_down": 20, "num_arrived": 1})
+    clients = pd.DataFrame({"round": range(n), "client_id": 0, "drop_reason": "", "tier": "rpi4",
+                            "net_tier": "5mbps", "made_deadline": True})
+    run = SimpleNamespace(rounds=rounds, clients=clients, profiles=None, path=Path(label), manifest={},
+                          config=config or {"dataset": {"name": "digits"}})
+    return Entry(label, run)
+
+
+def test_compare_never_picks_a_target_at_or_below_the_starting_accuracy():
+    from hetsim.compare import compare_table, default_target, text_table
+
+    good, flat = fake_entry("good", [0.3, 0.45, 0.6]), fake_entry("flat", [0.1, 0.1, 0.1])
+    # the old rule (lowest best, 0.1) is the flat run's start: every run "reached" it in round 1
+    assert default_target([good, flat], "global_acc") == 0.6
+    table, target = compare_table([good, flat])
+    assert target == 0.6 and table.loc[0, "rounds_to_target"] == 3 and np.isnan(table.loc[1, "time_to_target_s"])
+    text = text_table(table, "global_acc", target)
+    assert "flat: not reached (global_acc best 10.00% < target 60.00%)" in text
+    assert text.count("not reached") >= 3  # time, rounds, energy columns and the note
+    # floored to 0.01 unless that falls to a start: then the best itself
+    assert default_target([fake_entry("a", [0.2, 0.8137]), fake_entry("b", [0.3, 0.55])], "global_acc") == 0.55
+    assert default_target([fake_entry("a", [0.5, 0.503]), fake_entry("b", [0.1, 0.2])], "global_acc") == 0.503
+    # nobody rose above the starts: no target, said plainly
+    table, target = compare_table([flat, fake_entry("flat2", [0.12, 0.11])])
+    assert np.isnan(target) and "no target: no run's global_acc rose above the highest starting value (12.00%)" \
+        in text_table(table, "global_acc", target)
+    # a given target at or below a start is kept, with a note
+    table, _ = compare_table([good, flat], target=0.2)
+    assert any("at or below the starting global_acc of good" in n for n in table.attrs["notes"])
+    # fairness columns per run
+    assert table["aggregated_once"].tolist() == [1.0, 1.0]
+
+
+def test_config_diff_and_fleets_side_by_side():
+    from hetsim.compare import config_diff, fleet_text
+
+    a = fake_entry("a", [0.1], {"seed": 0, "train": {"lr": 0.1, "batch_size": 16},
+                                "clients": {"profiles": {"network": {"5mbps": 1.0}, "table": None}}})
+    b = fake_entry("b", [0.1], {"seed": 0, "train": {"lr": 0.2, "batch_size": 16},
+                                "clients": {"profiles": {"network": {"500mbps": 1.0}, "table": None}}})
+    diff = config_diff([a, b])
+    assert diff.to_dict("records") == [
+        {"key": "clients.profiles.network.500mbps", "a": "", "b": "1.0"},
+        {"key": "clients.profiles.network.5mbps", "a": "1.0", "b": ""},
+        {"key": "train.lr", "a": "0.1", "b": "0.2"},
+    ]
+    assert config_diff([a, a]).empty
+    b.run.profiles = pd.DataFrame({"client_id": [0, 1], "tier": ["rpi4", "rpi4"], "net_tier": ["500mbps"] * 2,
+                                   "gflops": [3.0, 5.0], "down_mbps": [500.0, 500.0], "up_mbps": [500.0, 500.0]})
+    text = fleet_text(b.run)
+    assert text.startswith("network: {500mbps: 1.0}") and "table" not in text  # resolved nulls left out
+    assert "#   device: rpi4 2" in text and "median: GFLOP/s 4, down Mbit/s 500" in text
+
+
+def test_whatif_run_folders_are_linked_by_fleet_name(tmp_path):
+    from sweeps.whatif import link_fleet_folders
+
+    for trial in ("t_0", "t_1"):
+        (tmp_path / "runs" / trial).mkdir(parents=True)
+    sweep = SimpleNamespace(path=tmp_path, trials=pd.DataFrame({"trial_id": ["t_0", "t_1"],
+                                                                "fleet": ["fast", "slow"]}))
+    links = link_fleet_folders(sweep)
+    assert sorted(links) == ["fast", "slow"]
+    assert (tmp_path / "fleets" / "slow").resolve() == (tmp_path / "runs" / "t_1").resolve()
+    assert link_fleet_folders(sweep) == links  # again (a resumed what-if): relinked
 
 
 def test_compare_cli_errors(tmp_path, capsys):
@@ -388,6 +470,12 @@ def test_whatif_with_a_deadline_changes_who_arrives(tmp_path, local_ray, capsys)
     late = runs["slow"].clients.query("drop_reason == 'deadline'")
     assert len(late) and (late["sim_total_s"] > 0.1).all()
     assert set(late["client_id"].map(runs["slow"].profiles.set_index("client_id")["net_tier"])) == {"5mbps"}
+    # run folders and headings carry the fleet names; the page says what differs
+    assert load_run(tmp_path / "wi" / "fleets" / "slow").profiles.equals(runs["slow"].profiles)
+    text = (tmp_path / "wi" / "compare.html").read_text()
+    assert "<h1>hetsim whatif: wi: fast vs slow</h1>" in text and 'id="table-fleets"' in text
+    assert "clients.profiles.network.5mbps" in text  # the config diff
+    assert "(fleet slow)" in build_report(tmp_path / "wi" / "fleets" / "slow").read_text()
 
 
 def test_whatif_inputs_are_checked_before_anything_starts(tmp_path, capsys):

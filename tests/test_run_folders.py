@@ -10,11 +10,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from engine.config.schema import load_config
 from engine.results.manifest import run_status
-from engine.results.tables import load_run, read_table
+from engine.results.tables import RunWriter, load_run, read_table
 from engine.run.folders import make_run_dir
 from hetsim.cli import main
 
@@ -241,3 +242,61 @@ def test_a_table_read_while_its_run_compacts_it_is_read_again(tmp_path, monkeypa
         got = read_table(run, "rounds")
     assert compacted and (run / "rounds.parquet").exists()
     pd.testing.assert_frame_equal(got, pd.DataFrame({"round": [0, 1, 2], "x": [0.0, 1.0, 2.0]}))
+
+
+def test_parts_are_merged_as_they_come_so_a_long_run_keeps_few_files(tmp_path, monkeypatch):
+    import engine.results.tables as tables
+
+    monkeypatch.setattr(tables, "COMPACT_PARTS", 8)
+    monkeypatch.setattr(tables, "CHUNK_BYTES", 2_000)  # a few merges fill a chunk
+    run = tmp_path / "run"
+    writer = RunWriter(run)
+    for r in range(400):
+        writer.append("rounds", [{"round": r, "x": float(r)}])
+        writer.append("clients", [{"round": r, "client_id": c, "x": r * c} for c in range(3)])
+    parts = run / "_parts" / "rounds"
+    names = sorted(p.name for p in parts.iterdir())
+    assert len(names) < 40 and sum("-" in n for n in names) > 1  # a few chunks, not 400 parts
+    assert read_table(run, "rounds")["round"].tolist() == list(range(400))
+    assert read_table(run, "clients")["client_id"].tolist() == [0, 1, 2] * 400
+
+    # killed during a merge: the chunk is written, the parts it holds are still there
+    chunk = next(n for n in names if "-" in n)
+    first, last = (int(x) for x in chunk[:-len(".parquet")].split("-"))
+    leftover = pd.read_parquet(parts / chunk).iloc[:1]
+    leftover.to_parquet(parts / f"{first:07d}.parquet", index=False)
+    assert read_table(run, "rounds")["round"].tolist() == list(range(400))  # not read twice
+
+    resumed = RunWriter(run)
+    dropped = resumed.rewind(150, {"rounds": 150, "clients": 150})
+    assert dropped == {"rounds": 250, "clients": 750}
+    assert not (parts / f"{first:07d}.parquet").exists()  # the leftover is cleaned up
+    for r in range(150, 400):
+        resumed.append("rounds", [{"round": r, "x": float(r)}])
+    assert read_table(run, "rounds")["round"].tolist() == list(range(400))
+    resumed.finalize()
+    assert read_table(run, "rounds")["x"].tolist() == [float(r) for r in range(400)]
+    assert not (run / "_parts").exists()
+
+
+@pytest.mark.parametrize("shape", sorted(ROW_SHAPES))
+def test_merged_parts_compact_to_the_same_table_as_parts_compacted_once(tmp_path, monkeypatch, shape):
+    import engine.results.tables as tables
+
+    rows = [{"round": r, **row} for r in range(12) for row in ROW_SHAPES[shape]]
+    out = {}
+    for every in (3, 10**9):  # merged as they come; compacted only at the end (as before)
+        monkeypatch.setattr(tables, "COMPACT_PARTS", every)
+        writer = RunWriter(tmp_path / str(every))
+        for row in rows:  # one part per row: every change of type across parts is met
+            writer.append("t", [row])
+        try:
+            writer.finalize()
+        except Exception as err:  # noqa: BLE001 - a table Parquet cannot hold fails alike both ways
+            out[every] = type(err)
+        else:
+            out[every] = read_table(tmp_path / str(every), "t")
+    if isinstance(out[3], type):
+        assert out[3] is out[10**9]
+    else:
+        pd.testing.assert_frame_equal(out[3], out[10**9])

@@ -197,3 +197,53 @@ def test_reporter_attaches_only_checkpoints_written_in_this_run(monkeypatch, tmp
     run.info["checkpoint"] = {"latest": "checkpoints/round-000005", "next_round": 5}  # saved this round
     reporter.on_round_end(run, SimpleNamespace(round=4, row={"round": 4}))
     assert reports[1] is not None and reports[1].path.endswith("round-000005")
+
+
+KILLED_AFTER_TWO_TRIALS = """
+import json, os, signal, sys
+from sweeps import run_sweep
+
+class KillAfterTwoTrials:  # SIGKILL of the sweep's own process, once two trials completed
+    def __init__(self):
+        self.done = []
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self.done.append(trial.trial_id)
+        if len(self.done) == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+spec = json.loads(sys.argv[1])
+run_sweep(spec, storage=sys.argv[2], quiet=True, callbacks=[KillAfterTwoTrials()])
+"""
+
+
+@pytest.mark.ray
+def test_a_sweep_killed_after_two_trials_finished_resumes_without_running_them_again(tmp_path, local_ray):
+    import json
+    import subprocess
+    import sys
+
+    from sweeps import resume_sweep
+
+    spec = {"name": "kill2", "base": {**BASE, "rounds": 3}, "space": {"train.lr": {"grid": [0.05, 0.1, 0.2]}},
+            "max_concurrent_trials": 1}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, "-c", KILLED_AFTER_TWO_TRIALS, json.dumps(spec), str(tmp_path / "sw")],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    runs = tmp_path / "sw" / "runs"
+    info = {d.name: json.loads((d / "trial.json").read_text()) for d in runs.iterdir() if (d / "trial.json").exists()}
+    finished = sorted(t for t, i in info.items() if i["status"] == "finished")
+    assert len(finished) == 2
+    before = {t: (runs / t / "manifest.json").read_text() for t in finished}
+
+    resumed = resume_sweep(tmp_path / "sw", quiet=True)
+    trials = resumed.trials.set_index("trial_id")
+    assert len(trials) == 3 and (trials["status"] == "finished").all(), trials[["status", "error"]]
+    for t in finished:  # reused: the run folder and its trial record are untouched
+        assert (runs / t / "manifest.json").read_text() == before[t]
+        assert json.loads((runs / t / "trial.json").read_text())["attempts"] == 1
+        assert trials.loc[t, "rounds_done"] == 3
+        assert resumed.run(t).rounds["round"].tolist() == [0, 1, 2]
+    rounds = resumed.rounds
+    assert sorted(rounds.groupby("trial_id")["round"].count().tolist()) == [3, 3, 3]

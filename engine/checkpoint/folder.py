@@ -9,8 +9,17 @@ from pathlib import Path
 
 from engine.atomic import write_json_atomic
 from engine.checkpoint.format import CheckpointError
-from engine.checkpoint.snapshot import FORMAT, META, read_meta, write_checkpoint
+from engine.checkpoint.snapshot import (
+    FORMAT,
+    META,
+    config_changes,
+    is_result_neutral,
+    read_meta,
+    results_fingerprint,
+    write_checkpoint,
+)
 from engine.config.schema import ExperimentConfig
+from engine.errors import CorruptRunFolderError, storage_fault
 from engine.loop.callbacks import RoundRecord, RunCallback, RunContext
 from engine.loop.simulation import Simulation
 from engine.results.tables import RunWriter
@@ -42,6 +51,38 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
             continue
         return d
     return None
+
+
+def check_resume_point(run_dir: str | Path, cfg: ExperimentConfig) -> None:
+    """Refuse to resume ``run_dir`` with ``cfg`` from a checkpoint it cannot continue: one
+    written with other results-relevant fields (``config.yaml`` edited after it), or one past
+    the config's last round. Checkpoints that fail to load are skipped by the resume itself."""
+    run_dir = Path(run_dir)
+    for _, d in reversed(list_checkpoints(run_dir)):
+        try:
+            meta = read_meta(d, verify=True)
+        except CheckpointError:
+            continue
+        break
+    else:
+        return
+    how = (f"to resume, put those values back in {run_dir / 'config.yaml'}; to rerun with the new "
+           f"values, remove {run_dir / CHECKPOINTS} (the run restarts from round 0) or start a new run "
+           f"with `hetsim run -c {run_dir / 'config.yaml'}`")
+    if meta.get("results_fingerprint") != results_fingerprint(cfg):
+        lines = []
+        if isinstance(meta.get("config"), dict):  # older checkpoints do not store it
+            lines = [f"  {k}: {o!r} in the checkpoint, now {v!r}"
+                     for k, o, v in config_changes(meta["config"], cfg.to_dict()) if not is_result_neutral(k)]
+        if not lines:  # e.g. only the torch threads per client host differ (float rounding)
+            lines = ["  (a field that changes results, or executor.threads_per_actor)"]
+        raise CorruptRunFolderError(
+            f"cannot resume {run_dir}: its config differs from the one checkpoint {d.name} was "
+            "written with:\n" + "\n".join(lines) + "\n" + how)
+    if int(meta["next_round"]) > cfg.rounds:
+        raise CorruptRunFolderError(
+            f"cannot resume {run_dir}: checkpoint {d.name} continues at round {meta['next_round']}, past "
+            f"the run's rounds = {cfg.rounds}; the checkpoint or config.yaml was edited; {how}")
 
 
 def write_index(run_dir: str | Path) -> None:
@@ -79,8 +120,9 @@ class CheckpointCallback(RunCallback):
     """Writes the run's checkpoints (placed after the Parquet recorder: what it saves is on disk).
 
     Every ``checkpoint.every`` rounds (not after the last round), and when the run ends early
-    between rounds (interrupted, stopped, diverged; not after a round that raised, whose state
-    is incomplete). Tells the executor where replacement client hosts restore from.
+    between rounds (interrupted, stopped, diverged; not when it failed: a round or a callback
+    raised, and the state or the tables may be incomplete). Tells the executor where
+    replacement client hosts restore from.
     """
 
     def __init__(self, cfg: ExperimentConfig, writer: RunWriter | None = None):
@@ -108,7 +150,9 @@ class CheckpointCallback(RunCallback):
 
     def on_run_end(self, run: RunContext, status: str) -> None:
         sim = self.sim
-        if (status == "finished" or sim is None or sim.in_round or not sim.started
+        # "failed": a callback may have raised after the round (e.g. its rows hit a full
+        # disk), so a checkpoint now could claim a round the tables lack
+        if (status in ("finished", "failed") or sim is None or sim.in_round or not sim.started
                 or sim.next_round >= self.cfg.rounds or sim.next_round == self.last):
             return
         try:
@@ -121,10 +165,16 @@ class CheckpointCallback(RunCallback):
         assert sim is not None and self.path is not None
         dest = self.path / CHECKPOINTS / checkpoint_name(sim.next_round)
         tables = self.writer.sequence() if self.writer is not None else {}
-        meta = write_checkpoint(sim, dest, tables=tables, reason=reason)
-        self.last = sim.next_round
-        sim.executor.recovery_checkpoint = dest
-        prune_checkpoints(self.path, self.cfg.checkpoint.keep)
-        write_index(self.path)
+        try:
+            meta = write_checkpoint(sim, dest, tables=tables, reason=reason)
+            self.last = sim.next_round
+            sim.executor.recovery_checkpoint = dest
+            prune_checkpoints(self.path, self.cfg.checkpoint.keep)
+            write_index(self.path)
+        except Exception as err:
+            fault = storage_fault(err, f"the checkpoint after round {sim.next_round - 1}", dest, self.path)
+            if fault is None:
+                raise
+            raise fault from err
         run.info["checkpoint"] = {"latest": f"{CHECKPOINTS}/{dest.name}", "next_round": sim.next_round}
         return meta

@@ -55,9 +55,9 @@ RESULT_NEUTRAL_FIELDS = (
     "ray.num_cpus",
     "ray.num_gpus",
     "ray.connect_timeout_s",
+    "ray.allow_missing_gpus",  # only lifts a start-up check
     "clock.max_sleep_s",  # only caps the sleep of realtime mode
 )
-
 
 
 # ------------------------------------------------------------------------------ config checks
@@ -78,7 +78,8 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: d}
 
 
-def _neutral(path: str) -> bool:
+def is_result_neutral(path: str) -> bool:
+    """Whether the dotted config field ``path`` cannot change results."""
     return any(path == f or path.startswith(f + ".") for f in RESULT_NEUTRAL_FIELDS)
 
 
@@ -92,7 +93,7 @@ def config_changes(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
 
 def check_resumable(saved: ExperimentConfig, new: ExperimentConfig) -> None:
     """Refuse a config change that could change results (ConfigError naming the fields)."""
-    bad = [(k, o, n) for k, o, n in config_changes(saved.to_dict(), new.to_dict()) if not _neutral(k)]
+    bad = [(k, o, n) for k, o, n in config_changes(saved.to_dict(), new.to_dict()) if not is_result_neutral(k)]
     lines = [f"  {k}: {o!r} -> {n!r}" for k, o, n in bad]
     if host_threads(saved) != host_threads(new):
         lines.append(
@@ -109,7 +110,7 @@ def check_resumable(saved: ExperimentConfig, new: ExperimentConfig) -> None:
 
 def results_fingerprint(cfg: ExperimentConfig) -> str:
     """A hash of every config field that can change results."""
-    flat = {k: v for k, v in _flatten(cfg.to_dict()).items() if not _neutral(k)}
+    flat = {k: v for k, v in _flatten(cfg.to_dict()).items() if not is_result_neutral(k)}
     flat["<host_threads>"] = host_threads(cfg)
     return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -150,7 +151,9 @@ def write_checkpoint(
     try:
         server_bytes = save_blob(
             {"server": sim.server.checkpoint_state(), "rng": _rng_state(), "sim_time_s": sim.sim_time_s,
-             "batteries": sim.batteries.state() if sim.batteries is not None else None},
+             "batteries": sim.batteries.state() if sim.batteries is not None else None,
+             # asynchronous runs: the event loop (updates in flight, buffer, base versions)
+             "asynchronous": sim.asynchronous.state() if sim.asynchronous is not None else None},
             tmp / SERVER_FILE, path=f"{type(sim.server).__name__}",
         )
         shards = sim.executor.save_client_states(tmp)
@@ -162,6 +165,7 @@ def write_checkpoint(
             "algorithm": sim.cfg.algorithm.name,
             "seed": sim.cfg.seed,
             "results_fingerprint": results_fingerprint(sim.cfg),
+            "config": sim.cfg.to_dict(),  # to name the fields of a config edited after it
             "written": dt.datetime.now(dt.timezone.utc).isoformat(),
             "reason": reason,
             "tables": dict(tables or {}),
@@ -232,6 +236,8 @@ def restore_checkpoint(sim: Simulation, directory: str | Path, *, allow_config_c
     sim.sim_time_s = state["sim_time_s"]
     if sim.batteries is not None:
         sim.batteries.restore(state["batteries"])
+    if sim.asynchronous is not None:
+        sim.asynchronous.restore(state["asynchronous"])
     sim.next_round = int(meta["next_round"])
     sim.executor.load_client_states(directory, meta["client_states"])
     return meta

@@ -120,6 +120,7 @@ class ClientHost:
         t = cfg.train
         self.train_settings = TrainSettings(
             local_epochs=t.local_epochs,
+            local_steps=t.local_steps,
             batch_size=t.batch_size,
             lr=t.lr,
             momentum=t.momentum,
@@ -249,7 +250,7 @@ class ClientHost:
                 jobs = []
                 for c in members:
                     ctx = started[c].ctx
-                    batches = draw_batches(ctx.rng, started[c].train_ids, s.batch_size, s.local_epochs)
+                    batches = draw_batches(ctx.rng, started[c].train_ids, s.batch_size, s.local_epochs, s.local_steps)
                     jobs.append(BatchJob(snapshots[c][0], snapshots[c][1], batches))
                 updates = train_batched(
                     model, jobs, self.x, self.y, lr=round_lr(started[members[0]].ctx),

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from algorithms.asynchronous import ASYNC_METHODS, SYNCHRONOUS_ONLY
 from algorithms.params import ALGORITHM_PARAMS
 from engine.config.yamlio import check_values, parse_yaml, read_yaml_file
 from engine.data.datasets import DATASETS
@@ -170,6 +171,9 @@ class ClientsConfig(Section):
 
 class TrainConfig(Section):
     local_epochs: int = Field(1, ge=1)
+    local_steps: int | None = Field(
+        None, ge=1, description="a number of SGD steps per round instead of local_epochs (the batches of the "
+        "same epoch stream; give one of the two)")
     batch_size: int = Field(16, ge=1)
     lr: float = Field(0.05, gt=0)
     momentum: float = Field(0.0, ge=0, lt=1)
@@ -179,12 +183,23 @@ class TrainConfig(Section):
         "stop", description="an upload or global model with NaN/inf: end the run as 'diverged', "
         "drop that client's upload (drop reason 'nonfinite'), or keep it")
 
+    @model_validator(mode="after")
+    def _epochs_or_steps(self) -> "TrainConfig":
+        # local_epochs: 1 is the default many config files spell out; any other value with steps is a conflict
+        if self.local_steps is not None and self.local_epochs != 1:
+            raise ValueError(f"train.local_epochs = {self.local_epochs} and train.local_steps = {self.local_steps}: "
+                             "give one of the two (local_steps replaces the epochs; leave local_epochs out or at 1)")
+        return self
+
 
 class EvaluationConfig(Section):
     eval_every: int = Field(1, ge=1)
     personalized: bool = True
     global_model: bool = True
     batch_size: int = Field(1024, ge=1)
+
+
+MAX_NAME_BYTES = 255  # of one path component (output.name)
 
 
 class OutputConfig(Section):
@@ -201,9 +216,18 @@ class OutputConfig(Section):
     @field_validator("name")
     @classmethod
     def _plain_name(cls, v: str | None) -> str | None:
-        if v is not None and (not v or "/" in v or v in (".", "..")):
+        if v is None:
+            return v
+        if not v or "/" in v or v in (".", ".."):
             raise ValueError(f"name {v!r} must be one folder name (no '/'), not a path; "
                              "put the parent folder in output.dir")
+        bad = sorted({c for c in v if ord(c) < 32 or ord(c) == 127})
+        if bad:  # NUL cannot be in a file name; other control characters break terminals and shells
+            raise ValueError(f"name {v!r} contains control character(s) {', '.join(repr(c) for c in bad)}; "
+                             "give a printable folder name")
+        if len(v.encode()) > MAX_NAME_BYTES:  # the usual file-system limit (ext4, xfs, tmpfs)
+            raise ValueError(f"name is {len(v.encode())} bytes long ({v[:40]!r}...); a folder name may have "
+                             f"at most {MAX_NAME_BYTES} bytes")
         return v
 
 
@@ -242,12 +266,18 @@ class ExecutorConfig(Section):
 
     @model_validator(mode="after")
     def _gpus_match_device(self) -> "ExecutorConfig":
-        if self.kind == "ray" and self.device == "cuda" and self.gpus_per_actor == 0:
-            raise ValueError("executor.device = 'cuda' with executor.kind = 'ray' needs "
-                             "executor.gpus_per_actor > 0: a client actor without a GPU share has no GPU")
         if self.device == "cpu" and (self.gpus_per_actor > 0 or self.driver_gpus > 0):
             raise ValueError("executor.gpus_per_actor / driver_gpus reserve GPUs that executor.device "
                              "= 'cpu' never uses; set device: auto or cuda, or the GPUs to 0")
+        for field in ("gpus_per_actor", "driver_gpus"):  # they are Ray resources: silently ignored otherwise
+            if self.kind == "inprocess" and getattr(self, field) > 0:
+                raise ValueError(
+                    f"executor.{field} = {getattr(self, field):g} reserves a GPU share for a Ray actor, but "
+                    "executor.kind = 'inprocess' starts no actors; to train in this process on a GPU set "
+                    f"executor.device: cuda (or auto) and {field}: 0, or set executor.kind: ray")
+        if self.kind == "ray" and self.device == "cuda" and self.gpus_per_actor == 0:
+            raise ValueError("executor.device = 'cuda' with executor.kind = 'ray' needs "
+                             "executor.gpus_per_actor > 0: a client actor without a GPU share has no GPU")
         return self
 
 
@@ -268,6 +298,9 @@ class RayConfig(Section):
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a local Ray")
     num_gpus: int | None = Field(None, ge=0, description="GPUs of a local Ray (default: detected)")
     connect_timeout_s: float = Field(30.0, gt=0, description="give up joining ray.address after this")
+    allow_missing_gpus: bool = Field(
+        False, description="accept GPU requests this machine cannot meet: num_gpus beyond its CUDA devices "
+        "(declared to Ray, e.g. for tests), gpus_per_actor when only other cluster nodes have GPUs")
 
     @field_validator("address")
     @classmethod
@@ -276,6 +309,67 @@ class RayConfig(Section):
             return None if v == "local" else v
         raise ValueError(f"address {v!r} is not allowed: give null (a private local Ray), 'auto', "
                          "host:port or ray://host:port")
+
+
+class StalenessConfig(Section):
+    """The staleness weight ``s(tau)`` of asynchronous updates (algorithms/asynchronous.py)."""
+
+    kind: Literal["constant", "polynomial", "hinge"] = "polynomial"
+    a: float = Field(0.5, ge=0, description="polynomial: (1+tau)^-a; hinge: slope after b")
+    b: float = Field(4.0, ge=0, description="hinge: updates at most b versions old weigh 1")
+
+
+class AsyncConfig(Section):
+    """Asynchronous server steps on the virtual clock (docs/async.md); absent: synchronous rounds."""
+
+    mode: Literal["fedbuff", "fedasync"] = "fedbuff"
+    concurrency: int = Field(10, ge=1, description="clients in flight at any time")
+    buffer_size: int = Field(5, ge=1, description="fedbuff: updates per server step (<= concurrency)")
+    staleness: StalenessConfig = Field(default_factory=StalenessConfig)
+    server_lr: float = Field(1.0, gt=0, description="fedbuff: the server's step on the buffered deltas")
+    mixing: float = Field(0.5, gt=0, le=1, description="fedasync: alpha, the weight of a fresh update")
+    max_staleness: int | None = Field(None, ge=0, description="older updates are dropped (reason stale)")
+    idle_retry_s: float = Field(60.0, gt=0, description="nobody in flight and nobody online: retry after")
+
+    @model_validator(mode="after")
+    def _fits_mode(self) -> "AsyncConfig":
+        other = {"fedbuff": ("mixing",), "fedasync": ("buffer_size", "server_lr")}[self.mode]
+        for name in other:  # a resolved config (config.yaml) holds every field at its default
+            if getattr(self, name) != type(self).model_fields[name].default:
+                raise ValueError(f"asynchronous.{name} does not apply to mode {self.mode!r}; "
+                                 f"remove it (fedbuff uses buffer_size and server_lr, fedasync mixing)")
+        if self.mode == "fedbuff" and self.buffer_size > self.concurrency:
+            raise ValueError(f"asynchronous.buffer_size = {self.buffer_size} is not allowed: must be <= "
+                             f"concurrency ({self.concurrency}), or the buffer never fills")
+        return self
+
+
+def async_problems(a: AsyncConfig, sections: dict[str, Any]) -> list[str]:
+    """What an asynchronous run cannot do with the other (validated) sections (field, value, why)."""
+    if not {"algorithm", "clients", "clock", "train"} <= set(sections):
+        return []  # one of them is invalid: its own error is reported
+    cfg, out = types.SimpleNamespace(**sections), []
+    name = cfg.algorithm.name
+    if name in SYNCHRONOUS_ONLY:
+        out.append(f"algorithm.name = {name!r} cannot run asynchronously: {SYNCHRONOUS_ONLY[name]}; "
+                   f"allowed with asynchronous: {', '.join(ASYNC_METHODS)}")
+    if a.concurrency > cfg.clients.num_clients:
+        out.append(f"asynchronous.concurrency = {a.concurrency}: more than the {cfg.clients.num_clients} "
+                   "clients (clients.num_clients)")
+    clock = cfg.clock
+    for field, value, ok in (("deadline_s", clock.deadline_s, None), ("over_selection", clock.over_selection, 1.0)):
+        if value != ok:
+            out.append(f"clock.{field} = {value!r} does not apply to asynchronous runs (there are no rounds "
+                       f"to cut); allowed: {ok!r}")
+    if clock.mode == "realtime":
+        out.append("clock.mode = 'realtime' is not supported with asynchronous; allowed: virtual, measured")
+    if cfg.clients.profiles.battery is not None:
+        out.append("clients.profiles.battery is not supported with asynchronous (batteries advance per "
+                   "round); the energy ledger still applies per update")
+    if cfg.train.lr_decay != 1.0:
+        out.append(f"train.lr_decay = {cfg.train.lr_decay!r} is per round, and asynchronous runs have "
+                   "none; allowed: 1.0")
+    return out
 
 
 def _algorithm_union():
@@ -298,6 +392,16 @@ class ExperimentConfig(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
+    asynchronous: AsyncConfig | None = Field(None, description="docs/async.md; null: synchronous rounds")
+
+    @field_validator("asynchronous")
+    @classmethod
+    def _asynchronous_fits(cls, v: AsyncConfig | None, info: ValidationInfo) -> AsyncConfig | None:
+        # a field validator (declared last: every other section is validated) names this field
+        problems = async_problems(v, info.data) if v is not None else []
+        if problems:
+            raise ValueError("; ".join(problems))
+        return v
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

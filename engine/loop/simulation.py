@@ -24,6 +24,7 @@ from engine.data.partition import FederatedData
 from engine.execution.base import Executor
 from engine.execution.inprocess import InProcessExecutor
 from engine.loop import guards, rows
+from engine.loop.asynchronous import AsyncLoop
 from engine.loop.callbacks import CallbackLike, CallbackList, RoundRecord, RunContext, Stop
 from engine.loop.evaluation import GlobalEvaluation, global_columns, is_evaluation_round
 from engine.loop.selection import select_clients
@@ -85,6 +86,8 @@ class Simulation:
         self.in_round = False  # True while a round runs (its state is then incomplete)
         self._warned_sleep = False
         self._started = False
+        # asynchronous: server steps from a discrete-event loop instead of rounds (docs/async.md)
+        self.asynchronous = AsyncLoop(self) if cfg.asynchronous is not None else None
 
     # ------------------------------------------------------------------ set-up
     def host_setup(self) -> HostSetup:
@@ -152,7 +155,10 @@ class Simulation:
     def run_round(self, r: int) -> RoundRecord:
         """One round: select, run the selected clients, time them on the virtual clock, keep
         those that arrive, aggregate; the record holds its rows (global evaluation is the
-        :class:`~engine.loop.evaluation.GlobalEvaluation` callback's)."""
+        :class:`~engine.loop.evaluation.GlobalEvaluation` callback's). Asynchronous runs: the
+        next server step instead."""
+        if self.asynchronous is not None:
+            return self.asynchronous.step(r)
         cfg, policy = self.cfg, self.cfg.clock
         wall0 = time.perf_counter()
         start_s = policy.start_s + self.sim_time_s  # virtual time: the round starts S_r

@@ -21,7 +21,7 @@ from engine.checkpoint.folder import latest_checkpoint
 from engine.checkpoint.snapshot import read_meta
 from engine.clients.device import set_ray_gpu_ids
 from engine.config.schema import ExperimentConfig
-from engine.errors import ConfigError
+from engine.errors import UserError
 from engine.loop.callbacks import CallbackLike, CallbackList, RoundRecord, RunCallback, RunContext, Stop
 from engine.ray.cluster import DriverDiedError, ExecutorError, init_ray
 from engine.results.manifest import read_manifest, update_manifest, utc_now
@@ -170,7 +170,7 @@ def run_on_driver_actor(
         try:
             result = Path(ray.get(done))
         except ray.exceptions.RayTaskError as err:
-            if isinstance(err.cause, ConfigError):  # a user mistake (e.g. device): plain message
+            if isinstance(err.cause, UserError):  # a user mistake or the environment (full disk): plain message
                 raise err.cause from None
             raise err.as_instanceof_cause() from None
         status = _manifest_status(result)

@@ -11,6 +11,7 @@ from engine.results.manifest import (
     utc_now,
     write_manifest,
 )
+from engine.results.remote import StorageUnreachable
 from engine.results.storage import (
     DirectoryMirror,
     MirrorCallback,
@@ -36,6 +37,7 @@ from engine.results.tables import (
 __all__ = [
     "CLIENT_COLUMNS", "FAULT_COLUMNS", "HEARTBEAT_S", "PROFILE_COLUMNS", "ROUND_COLUMNS", "SCHEMA_VERSION",
     "WALL_COLUMNS", "DirectoryMirror", "MirrorCallback", "Run", "RunFolderError", "RunWriter", "Storage",
-    "StorageError", "check_writable", "is_uri", "load_run", "open_storage", "read_manifest", "read_table",
-    "redact", "run_status", "update_manifest", "utc_now", "write_json_atomic", "write_manifest",
+    "StorageError", "StorageUnreachable", "check_writable", "is_uri", "load_run", "open_storage",
+    "read_manifest", "read_table", "redact", "run_status", "update_manifest", "utc_now", "write_json_atomic",
+    "write_manifest",
 ]

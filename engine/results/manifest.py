@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.atomic import write_json_atomic
+from engine.errors import CorruptRunFolderError, StorageFault, storage_fault
 from engine.loop.callbacks import RoundRecord, RunCallback, RunContext
 
 MANIFEST = "manifest.json"
@@ -55,10 +56,21 @@ def process_identity(pid: int | None = None) -> dict[str, Any]:
 
 
 def read_manifest(run_dir: str | Path) -> dict[str, Any]:
-    """The manifest of ``run_dir`` (OSError / ValueError if it is missing or unreadable)."""
-    manifest = json.loads((Path(run_dir) / MANIFEST).read_text())
+    """The manifest of ``run_dir``: OSError if it is missing or unreadable,
+    :class:`CorruptRunFolderError` (a ValueError) if it is not a JSON object."""
+    path = Path(run_dir) / MANIFEST
+    text = path.read_text(errors="replace")
+    try:
+        manifest = json.loads(text)
+    except ValueError as err:
+        raise CorruptRunFolderError(
+            f"{path} is damaged ({'empty' if not text.strip() else f'not valid JSON: {err}'}; was it "
+            f"cut by a full disk or a power loss?); restore it, or start the run again with "
+            f"`hetsim run -c {Path(run_dir) / 'config.yaml'}`") from None
     if not isinstance(manifest, dict):
-        raise ValueError(f"{Path(run_dir) / MANIFEST} does not hold a JSON object")
+        raise CorruptRunFolderError(
+            f"{path} holds a JSON {type(manifest).__name__}, not a manifest (a JSON object); restore "
+            f"it, or start the run again with `hetsim run -c {Path(run_dir) / 'config.yaml'}`")
     return manifest
 
 
@@ -131,10 +143,19 @@ class ManifestKeeper(RunCallback):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def write(self) -> None:
-        with _lock(self.run_dir / MANIFEST):
+    def write(self, round_: int | None = None) -> None:
+        """Write the manifest (after round ``round_``); a full or read-only disk raises a
+        :class:`StorageFault`."""
+        path = self.run_dir / MANIFEST
+        with _lock(path):
             self.manifest["heartbeat"] = utc_now()
-            write_json_atomic(self.run_dir / MANIFEST, self.manifest)
+            try:
+                write_json_atomic(path, self.manifest)
+            except Exception as err:
+                fault = storage_fault(err, "manifest.json", path, self.run_dir, round_)
+                if fault is None:
+                    raise
+                raise fault from err
 
     def start(self) -> None:
         self.write()
@@ -143,7 +164,10 @@ class ManifestKeeper(RunCallback):
 
     def _beat(self) -> None:
         while not self._stop.wait(self.interval):
-            self.write()
+            try:
+                self.write()
+            except StorageFault:  # a full disk: the round's own write reports it
+                pass
 
     def stop(self) -> None:
         self._stop.set()
@@ -152,4 +176,4 @@ class ManifestKeeper(RunCallback):
 
     def on_round_end(self, run: RunContext, record: RoundRecord) -> None:
         self.manifest["rounds_done"] = record.round + 1
-        self.write()
+        self.write(record.round)

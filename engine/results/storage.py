@@ -14,6 +14,13 @@ is a pyarrow filesystem plus a path on it.
 * ``gs://bucket/prefix``: :class:`pyarrow.fs.GcsFileSystem` (options are its arguments);
   any other URI: :meth:`pyarrow.fs.FileSystem.from_uri`.
 
+**Time-outs** (:mod:`engine.results.remote`): on ``s3://`` and ``gs://`` a listing, probe,
+creation or deletion gives up after ``HETSIM_STORAGE_TIMEOUT_S`` seconds (default 10); S3
+connects within a third of it, a stalled request fails after half of it; GCS stops retrying
+after a third of it (``storage_options`` may set ``connect_timeout``, ``request_timeout``,
+``retry_time_limit``). Failures are a :class:`StorageUnreachable` naming the URI, the
+filesystem and the likely cause.
+
 Runs are always written on the local disk of the process that runs them; a run whose storage is
 elsewhere is written to a local staging folder and copied there by :class:`DirectoryMirror`
 (new and changed files only). :func:`engine.ray.node_disk.node_disk_filesystem` makes a local
@@ -23,6 +30,7 @@ that do not share it).
 """
 from __future__ import annotations
 
+import datetime as dt
 import io
 import json
 import os
@@ -40,6 +48,13 @@ import pyarrow.fs as pafs
 from engine.atomic import write_atomic
 from engine.errors import UserError
 from engine.loop.callbacks import RunCallback
+from engine.results.remote import (
+    TIMEOUT_OPTIONS,
+    StorageUnreachable,
+    bounded,
+    storage_timeout_s,
+    timeout_defaults,
+)
 
 _BOOL_OPTIONS = ("allow_bucket_creation", "allow_bucket_deletion", "force_virtual_addressing",
                  "background_writes", "anonymous")
@@ -91,15 +106,35 @@ class Storage:
         return self.uri
 
     # ------------------------------------------------------------ reading
+    @property
+    def bounded(self) -> bool:
+        """Operations here are bounded by time-outs (object storage: :func:`bounded`)."""
+        return isinstance(self.fs, (pafs.S3FileSystem, pafs.GcsFileSystem))
+
+    @property
+    def watchdog_s(self) -> float:
+        """How long one listing, probe or deletion may take: the configured bound, or longer
+        where ``storage_options`` gave the filesystem longer time-outs of its own (``options``
+        are the given ones; the defaults of :func:`timeout_defaults` stay within the bound)."""
+        own = [v.total_seconds() if isinstance(v, dt.timedelta) else v
+               for k, v in self.options.items() if k in TIMEOUT_OPTIONS and isinstance(v, (int, float, dt.timedelta))]
+        return max([storage_timeout_s(), *(2 * float(v) for v in own)])
+
+    def _info(self, rel: str, what: str) -> pafs.FileInfo:
+        return bounded(self, f"{what} {self._join(rel)!r}", lambda: self.fs.get_file_info(self._join(rel)))
+
     def exists(self, rel: str = "") -> bool:
-        return self.fs.get_file_info(self._join(rel)).type != pafs.FileType.NotFound
+        return self._info(rel, "looking up").type != pafs.FileType.NotFound
 
     def is_dir(self, rel: str = "") -> bool:
-        return self.fs.get_file_info(self._join(rel)).type == pafs.FileType.Directory
+        return self._info(rel, "looking up").type == pafs.FileType.Directory
 
     def read_bytes(self, rel: str) -> bytes:
-        with self.fs.open_input_stream(self._join(rel)) as f:
-            return f.read()
+        def read():
+            with self.fs.open_input_stream(self._join(rel)) as f:
+                return f.read()
+
+        return bounded(self, f"reading {self._join(rel)!r}", read, watchdog=False)
 
     def read_text(self, rel: str) -> str:
         return self.read_bytes(rel).decode()
@@ -108,12 +143,16 @@ class Storage:
         return json.loads(self.read_text(rel))
 
     def read_parquet(self, rel: str):
-        with self.fs.open_input_file(self._join(rel)) as f:
-            return pd.read_parquet(f)
+        def read():
+            with self.fs.open_input_file(self._join(rel)) as f:
+                return pd.read_parquet(f)
+
+        return bounded(self, f"reading {self._join(rel)!r}", read, watchdog=False)
 
     def list(self, rel: str = "", dirs: bool | None = None) -> list[str]:
         """Names in a folder (sorted; [] if missing). ``dirs``: only folders / only files."""
-        infos = self.fs.get_file_info(pafs.FileSelector(self._join(rel), allow_not_found=True))
+        infos = bounded(self, f"listing {self._join(rel)!r}", lambda: self.fs.get_file_info(
+            pafs.FileSelector(self._join(rel), allow_not_found=True)))
         out = []
         for info in infos:
             is_dir = info.type == pafs.FileType.Directory
@@ -124,12 +163,13 @@ class Storage:
     def files(self, rel: str = "") -> list[str]:
         """Every file under a folder, as paths relative to it."""
         base = self._join(rel).rstrip("/")
-        infos = self.fs.get_file_info(pafs.FileSelector(base, allow_not_found=True, recursive=True))
+        infos = bounded(self, f"listing {base!r}", lambda: self.fs.get_file_info(
+            pafs.FileSelector(base, allow_not_found=True, recursive=True)))
         return sorted(posixpath.relpath(i.path, base) for i in infos if i.type == pafs.FileType.File)
 
     # ------------------------------------------------------------ writing
     def makedirs(self, rel: str = "") -> None:
-        self.fs.create_dir(self._join(rel), recursive=True)
+        bounded(self, f"creating {self._join(rel)!r}", lambda: self.fs.create_dir(self._join(rel), recursive=True))
 
     def write_bytes(self, rel: str, data: bytes) -> None:
         """Write a file whole. Local files are replaced atomically (temp file + rename)."""
@@ -140,8 +180,12 @@ class Storage:
         if isinstance(self.fs, pafs.LocalFileSystem):
             write_atomic(target, lambda f: f.write(data))
             return
-        with self.fs.open_output_stream(target) as f:  # object stores: a PUT is atomic
-            f.write(data)
+
+        def put():
+            with self.fs.open_output_stream(target) as f:  # object stores: a PUT is atomic
+                f.write(data)
+
+        bounded(self, f"writing {target!r}", put, watchdog=False)
 
     def write_text(self, rel: str, text: str) -> None:
         self.write_bytes(rel, text.encode())
@@ -152,11 +196,12 @@ class Storage:
         self.write_bytes(rel, buf.getvalue())
 
     def delete(self, rel: str) -> None:
-        info = self.fs.get_file_info(self._join(rel))
+        info = self._info(rel, "looking up")
+        target = self._join(rel)
         if info.type == pafs.FileType.Directory:
-            self.fs.delete_dir(self._join(rel))
+            bounded(self, f"deleting {target!r}", lambda: self.fs.delete_dir(target))
         elif info.type == pafs.FileType.File:
-            self.fs.delete_file(self._join(rel))
+            bounded(self, f"deleting {target!r}", lambda: self.fs.delete_file(target))
 
     def upload(self, local_dir: str | Path) -> None:
         """Copy a local folder here (every file; see :class:`DirectoryMirror` for increments)."""
@@ -238,7 +283,7 @@ def open_storage(location: str | os.PathLike | Storage, options: dict[str, Any] 
         opts = {**_query_options(parsed.query), **options}
         if scheme in ("s3", "s3a"):
             opts = {**_aws_environment(), **opts}
-        fs = _filesystem_for(scheme, opts)
+        fs = _filesystem_for(scheme, timeout_defaults(scheme, opts))  # opts: as given, for readers
         path = (parsed.netloc + parsed.path).rstrip("/")
         uri = f"{scheme}://{path}"
         return Storage(fs, path, uri, opts)
@@ -259,6 +304,8 @@ def check_writable(storage: Storage) -> None:
         storage.write_bytes(probe, b"ok")
         ok = storage.read_bytes(probe) == b"ok"
         storage.delete(probe)
+    except StorageUnreachable:  # its message already names the URI and the likely cause
+        raise
     except Exception as err:  # noqa: BLE001 - whatever the filesystem raises, said with the hint below
         raise StorageError(
             f"storage {storage.uri}: cannot write there ({type(err).__name__}: {err}); check the "
@@ -295,6 +342,8 @@ class DirectoryMirror:
         for root, _, names in os.walk(self.local_dir):
             for name in names:
                 if ".tmp" in name:  # a file being written atomically (temp + rename)
+                    continue
+                if name.startswith("."):  # this machine's own (the run folder's lock)
                     continue
                 p = Path(root) / name
                 try:

@@ -8,10 +8,12 @@ import logging
 import sys
 from pathlib import Path
 
+from engine.checkpoint.folder import check_resume_point
 from engine.checkpoint.snapshot import check_resumable
 from engine.clients.device import check_device_request
 from engine.config.schema import ExperimentConfig, load_config
 from engine.loop.callbacks import CallbackLike
+from engine.results.manifest import read_manifest
 from engine.results.storage import is_uri
 from engine.results.tables import Run, load_run
 from engine.run.body import execute_run
@@ -107,16 +109,19 @@ def resume_config(
     overrides: list[str] | dict | None = None,
 ) -> ExperimentConfig:
     """The config to resume ``run_dir`` with: its own ``config.yaml``, or ``cfg`` (a config or a
-    YAML path), with ``overrides``; a change that could alter results raises ``ConfigError``."""
+    YAML path), with ``overrides``; a change that could alter results raises ``ConfigError``, a
+    damaged manifest or a checkpoint the config cannot continue ``CorruptRunFolderError``."""
     path = Path(run_dir)
     if not (path / "manifest.json").is_file() or not (path / "config.yaml").is_file():
         raise FileNotFoundError(f"{path} is not a run folder (no manifest.json / config.yaml)")
+    read_manifest(path)  # a truncated one or a JSON list: said before anything starts
     saved = load_config(path / "config.yaml")
     if isinstance(cfg, ExperimentConfig):
         new = load_config(cfg.to_dict(), overrides) if overrides else cfg
     else:
         new = load_config(cfg if cfg is not None else path / "config.yaml", overrides)
     check_resumable(saved, new)
+    check_resume_point(path, new)  # config.yaml edited after the checkpoint, or past its rounds
     return new
 
 

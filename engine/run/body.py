@@ -4,6 +4,7 @@ actor's): build the simulation, keep the manifest, record rounds, checkpoint, cl
 from __future__ import annotations
 
 import importlib.metadata as md
+import logging
 import os
 import platform
 import shutil
@@ -16,12 +17,15 @@ from engine.checkpoint.format import CheckpointError
 from engine.checkpoint.snapshot import restore_checkpoint
 from engine.clients.device import check_device_request
 from engine.config.schema import ExperimentConfig, dump_config
+from engine.errors import CorruptRunFolderError, StorageFault, storage_fault
 from engine.execution.inprocess import InProcessExecutor
 from engine.loop.callbacks import CallbackLike, RoundRecord, RunCallback, RunContext, around_recorder
 from engine.loop.simulation import Simulation
 from engine.results.manifest import SCHEMA_VERSION, ManifestKeeper, process_identity, read_manifest, utc_now
-from engine.results.tables import RunWriter
+from engine.results.tables import RunWriter, read_table
 from engine.trace import mark
+
+log = logging.getLogger("hetsim")
 
 
 def versions() -> dict[str, str]:
@@ -55,15 +59,23 @@ class RunRecorder(RunCallback):
         self.writer = writer
 
     def on_round_end(self, run: RunContext, record: RoundRecord) -> None:
-        self.writer.append("rounds", [record.row])
-        self.writer.append("clients", record.client_rows)
-        for name, rows in record.extra_tables.items():
-            self.writer.append(name, rows)
+        try:
+            self.writer.append("rounds", [record.row])
+            self.writer.append("clients", record.client_rows)
+            for name, rows in record.extra_tables.items():
+                self.writer.append(name, rows)
+        except Exception as err:
+            fault = storage_fault(err, f"the Parquet tables of round {record.round}", self.writer.dir,
+                                  self.writer.dir)
+            if fault is None:
+                raise
+            raise fault from err
         if record.extra_tables.get("faults"):
             run.info["faults"] = run.info.get("faults", 0) + len(record.extra_tables["faults"])
 
     def on_run_end(self, run: RunContext, status: str) -> None:
-        self.writer.finalize()
+        if status != "failed":  # a failed run is compacted by execute_run, which handles a full disk
+            self.writer.finalize()
 
 
 def execute_run(
@@ -92,16 +104,18 @@ def execute_run(
     else:
         shutil.rmtree(path / CHECKPOINTS, ignore_errors=True)  # an overwritten run's: not ours
         manifest = _new_manifest(cfg, command, warnings)
-    dump_config(cfg, path / "config.yaml")  # on resume: result-neutral fields may have changed
     keeper = ManifestKeeper(path, manifest)
-    keeper.start()
     wall0 = time.perf_counter()
     recorder = RunRecorder(writer)
     sim = None
-    try:
+    failure: BaseException | None = None
+    try:  # from the first write on: a full disk is reported and the folder closed
+        dump_config(cfg, path / "config.yaml")  # on resume: result-neutral fields may have changed
+        keeper.start()
         executor = executor if executor is not None else make_executor(cfg)
         sim = Simulation(cfg, executor)
         mark("run: simulation built")
+        manifest["num_classes"] = int(sim.data.num_classes)  # what "chance" is, for reports
         if not resume:
             profiles = sim.profiles.to_frame()
             if sim.conditions is not None:
@@ -122,21 +136,102 @@ def execute_run(
             manifest["error"] = sim.stop.message
         manifest["sim_time_s"] = sim.sim_time_s
     except BaseException as err:  # record, then re-raise: nothing finished is lost
+        failure = storage_fault(err, "the run folder", path, path,
+                                sim.next_round if sim is not None else None) or err
         manifest["status"] = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
-        manifest["error"] = "".join(traceback.format_exception_only(type(err), err)).strip()
-        raise
+        manifest["error"] = ("".join(traceback.format_exception_only(type(err), err)).strip()
+                             if failure is err else f"{type(failure).__name__}: {failure}")
+        if failure is err:
+            raise
+        raise failure from err
     finally:
         keeper.stop()
-        manifest["finished"] = utc_now()
-        manifest["wall_s"] = time.perf_counter() - wall0
+        failure = _close_folder(cfg, path, writer, keeper, manifest, sim, wall0, failure)
+        mark("run: folder complete")
+    if failure is not None:  # the run finished, but its folder could not be completed
+        raise failure
+    return path
+
+
+def _close_folder(cfg: ExperimentConfig, path: Path, writer: RunWriter, keeper: ManifestKeeper,
+                  manifest: dict, sim: Simulation | None, wall0: float,
+                  failure: BaseException | None) -> StorageFault | None:
+    """Compact the tables and write the final manifest. A full or read-only disk here is
+    reported without hiding ``failure`` (why the run ended): it gets a note instead, and a
+    run that had succeeded gets the fault back to raise."""
+    manifest["finished"] = utc_now()
+    manifest["wall_s"] = time.perf_counter() - wall0
+    late_fault = None
+    try:
         late = sim.executor.drain_faults() if sim is not None else []
         if late:  # a host died after the last round's record (e.g. while checkpointing)
             writer.append("faults", late)
             manifest["faults"] = manifest.get("faults", 0) + len(late)
         writer.finalize()  # idempotent: also covers a failure before the loop started
+    except Exception as err:
+        fault = storage_fault(err, "the compacted Parquet tables", path, path)
+        if fault is None and failure is None:
+            raise
+        if failure is None:
+            late_fault = fault
+            manifest.update(status="failed", error=f"{type(fault).__name__}: {fault}")
+    if failure is None and late_fault is None and manifest.get("status") == "finished":
+        _warn_about_results(cfg, path, manifest)
+    fault = failure if isinstance(failure, StorageFault) else late_fault
+    try:
         keeper.write()
-        mark("run: folder complete")
-    return path
+    except StorageFault as err:
+        fault = fault or err
+        fault.set_state("the run folder could not be marked failed: manifest.json cannot be written, "
+                        "so its last version, which says 'running', stays (`hetsim show` reports the "
+                        "run as crashed)")
+        return fault if failure is None else None
+    if fault is not None:
+        fault.set_state(f"the run folder {path} is marked failed")
+    return late_fault
+
+
+CHANCE_FACTOR = 1.5  # final accuracy at most this x 1/num_classes: "at chance" (as the report says)
+NEVER_AGGREGATED_SHARE = 0.1  # warn when at least this share of the fleet never took part
+
+
+def _warn_about_results(cfg: ExperimentConfig, path: Path, manifest: dict) -> None:
+    """Warnings for a finished run that cannot mean what it seems to: no update ever arrived,
+    a share of the fleet never aggregated, accuracy still at chance (terminal and manifest)."""
+    rounds = read_table(path, "rounds")
+    if rounds is None or rounds.empty:
+        return
+    texts = []
+    arrived = int(rounds["num_arrived"].sum())
+    skipped = int(rounds["num_nonfinite"].sum()) if "num_nonfinite" in rounds else 0
+    if arrived == 0 and cfg.train.on_nonfinite == "skip_client" and skipped:
+        texts.append(f"train.on_nonfinite: skip_client skipped every upload of the run ({skipped} non-finite "
+                     f"upload(s) in {len(rounds)} round(s)): the global model never changed from its "
+                     "initialisation, so its accuracy is chance; lower train.lr, or set "
+                     "train.on_nonfinite: stop to end such a run as diverged")
+    elif arrived == 0:
+        deadline = cfg.clock.deadline_s
+        texts.append(f"no client's update arrived in any of the {len(rounds)} round(s) (0 bytes aggregated): "
+                     "the model never trained"
+                     + (f"; no client met clock.deadline_s = {deadline:g} s (raise it, or see the fleet's "
+                        "links in the report)" if deadline is not None else ""))
+    else:
+        clients = read_table(path, "clients")
+        n = cfg.clients.num_clients
+        if clients is not None and not clients.empty and n:
+            once = clients.loc[clients["made_deadline"].astype(bool), "client_id"].nunique()
+            never = n - once
+            if never / n >= NEVER_AGGREGATED_SHARE:
+                texts.append(f"{never} of {n} clients ({100 * never / n:.0f} %) were never aggregated in "
+                             f"{len(rounds)} round(s); `hetsim report {path}` lists them with their profiles")
+    k = manifest.get("num_classes")
+    final = next((float(v.dropna().iloc[-1]) for col in ("global_acc", "pers_acc") if col in rounds
+                  for v in [rounds[col]] if v.notna().any()), None)
+    if k and final is not None and final <= CHANCE_FACTOR / k:
+        texts.append(f"the final accuracy {100 * final:.1f} % is at chance ({k} classes: {100 / k:.1f} %)")
+    for text in texts:
+        log.warning("hetsim: warning: %s", text)
+        manifest.setdefault("warnings", []).append(text)
 
 
 def _new_manifest(cfg: ExperimentConfig, command: list[str], warnings: list[str] | None) -> dict:
@@ -183,10 +278,14 @@ def _restore_for_resume(sim: Simulation, path: Path, writer: RunWriter, manifest
             break
         except (CheckpointError, OSError, RuntimeError, ValueError) as err:
             entry.setdefault("skipped", []).append({"checkpoint": candidate.name, "error": str(err)})
+            text = f"checkpoint {candidate} could not be loaded and is skipped: {str(err)[:300]}"
+            log.warning("hetsim: warning: %s", text)  # said, not only recorded
+            manifest.setdefault("warnings", []).append(text)
     if ckpt is None and entry.get("skipped"):
-        raise CheckpointError(
-            f"no checkpoint of {path} could be restored ({entry['skipped']}); remove "
-            f"{path / CHECKPOINTS} to rerun it from round 0")
+        raise CorruptRunFolderError(
+            f"no checkpoint of {path} could be restored ({len(entry['skipped'])} tried, each "
+            f"damaged: {entry['skipped'][0]['error'][:200]}); remove {path / CHECKPOINTS} to rerun "
+            "it from round 0")
     entry["from_round"] = sim.next_round
     entry["checkpoint"] = f"{CHECKPOINTS}/{ckpt.name}" if ckpt is not None else None
     entry["rows_dropped"] = writer.rewind(sim.next_round, meta["tables"] if meta else None)

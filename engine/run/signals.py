@@ -8,6 +8,7 @@ import sys
 import threading
 
 from engine.loop.callbacks import RunCallback, Stop
+from engine.run.folders import release_thread_folders
 
 
 class InterruptRequest(RunCallback):
@@ -27,11 +28,22 @@ class InterruptRequest(RunCallback):
 
 @contextlib.contextmanager
 def interrupt_signals(request: InterruptRequest | None):
-    """Route SIGINT/SIGTERM to ``request`` (None: SIGTERM raises KeyboardInterrupt, as Ctrl+C
-    does). Only in the main thread, and only where the default handlers are installed."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    """The caller's scope of one run: route SIGINT/SIGTERM to ``request`` (None: SIGTERM raises
+    KeyboardInterrupt, as Ctrl+C does), only in the main thread and only where the default
+    handlers are installed; on the way out, the run folder locks this thread took to claim or
+    resume the run are released (:func:`engine.run.folders.release_thread_folders`)."""
+    try:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+        else:
+            with _routed(request):
+                yield
+    finally:
+        release_thread_folders()
+
+
+@contextlib.contextmanager
+def _routed(request: InterruptRequest | None):
 
     def handler(signum, frame):
         if request is None or request.signal_name is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.config.schema import ExperimentConfig
+from engine.run.gpu_checks import gpu_problems
 from engine.run.validate import fail, static_problems, validate_with_data
 
 
@@ -20,8 +21,8 @@ def validate_while_ray_starts(cfg: ExperimentConfig, run_dir: str | Path | None 
     from engine.ray.cluster import check_while_ray_starts, init_ray, ray_is_up
     from engine.ray.driver import discard_early_driver, start_driver_early
 
-    fail(static_problems(cfg, run_dir))
     running = ray_is_up()
+    fail(static_problems(cfg, run_dir) + gpu_problems(cfg, running))  # before Ray starts
 
     def start():
         init_ray(cfg.ray.address, cfg.ray.num_cpus, num_gpus=cfg.ray.num_gpus,

@@ -15,6 +15,9 @@ into a client that is never selected, ...) give warnings, which the run prints a
 
 Not here: per-field rules (:mod:`engine.config.schema`), divergence during a run (``train.on_nonfinite``
 in :mod:`engine.loop.guards`).
+
+Over 400 lines because every check that needs several fields or the data is here, one short
+function per family, so that ``hetsim validate``, a run and a sweep refuse exactly the same things.
 """
 from __future__ import annotations
 
@@ -78,7 +81,7 @@ def validate_with_data(cfg: ExperimentConfig, *, ray_running: bool | None = None
     n = data.num_clients
     problems = _method_problems(cfg, sizes)
     problems += _pool_problems(cfg, n, ray_running)
-    problems += _fleet_problems(cfg, data, profiles, arch_names, client_arch, flops, warnings)
+    problems += _fleet_problems(cfg, data, profiles, arch_names, client_arch, flops, warnings, sizes)
     problems += _failure_injection_problems(cfg, n, profiles, warnings)
     if cfg.evaluation.global_model and len(data.global_test_idx) == 0:
         problems.append(f"  partition.global_test_fraction = {cfg.partition.global_test_fraction!r}: "
@@ -316,7 +319,7 @@ def _pool_problems(cfg: ExperimentConfig, n: int, ray_running: bool | None) -> l
     return []
 
 
-def _fleet_problems(cfg, data, profiles, arch_names, client_arch, flops, warnings) -> list[str]:
+def _fleet_problems(cfg, data, profiles, arch_names, client_arch, flops, warnings, sizes) -> list[str]:
     """Fleets in which no selected client can ever arrive."""
     policy, n = cfg.clock, data.num_clients
     can = np.ones(n, dtype=bool)
@@ -336,12 +339,24 @@ def _fleet_problems(cfg, data, profiles, arch_names, client_arch, flops, warning
         return [f"  clients.profiles: no client can ever arrive ({why}); give some clients "
                 "availability > 0 and dropout < 1, or set clock.apply_availability / "
                 "clock.apply_dropout: false"]
-    # Lower bound of a client's round: two latencies (download, upload) and, unless compute is
-    # measured, its training FLOPs; transfers and compression only add to it.
+    # Lower bound of a client's round: two latencies, the download of at least its model's
+    # parameters (every method broadcasts them), the upload of the whole model where the method
+    # sends it (FedAvg, FedProx) and, unless compute is measured, its training FLOPs; compression
+    # only adds to it. Links whose rate changes over time (conditions) get no transfer term.
     fastest = 2 * profiles.latency_s
+    params = np.asarray([sizes[a] for a in arch_names], dtype=np.float64)[client_arch]
+    if not _links_vary(cfg):
+        bits = 8.0 * FLOAT32_BYTES * params
+        up_bits = bits if cfg.algorithm.name in FULL_MODEL_UPLOADS else 0.0
+        fastest = fastest + bits / (profiles.down_mbps * 1e6) + up_bits / (profiles.up_mbps * 1e6)
     if policy.mode != "measured":
         per_sample = np.asarray([flops[a] for a in arch_names])[client_arch]
-        samples = data.client_num_train() * cfg.train.local_epochs
+        n_train = data.client_num_train()
+        steps = getattr(cfg.train, "local_steps", None)
+        if steps:  # only the whole epochs its steps surely cover
+            samples = (steps // np.maximum(np.ceil(n_train / cfg.train.batch_size), 1)) * n_train
+        else:
+            samples = n_train * cfg.train.local_epochs
         fastest = fastest + per_sample * samples / (profiles.gflops * 1e9)
     if policy.mode == "realtime" and "max_sleep_s" not in policy.model_fields_set:
         # (a max_sleep_s given on purpose caps the sleeps; the default one must not hide a typo)
@@ -365,6 +380,16 @@ def _fleet_problems(cfg, data, profiles, arch_names, client_arch, flops, warning
             f"clock.deadline_s = {policy.deadline_s!r}: only {int(meets.sum())} of {n} clients can "
             f"ever meet it, fewer than the {target} a round aims for")
     return []
+
+
+FLOAT32_BYTES = 4
+FULL_MODEL_UPLOADS = ("fedavg", "fedprox")  # methods whose upload is the whole model
+
+
+def _links_vary(cfg: ExperimentConfig) -> bool:
+    spec = cfg.clients.profiles.conditions
+    return spec is not None and any(not (isinstance(s.down, Constant) and isinstance(s.up, Constant))
+                                    for s in spec.sets.values())
 
 
 def _failure_injection_problems(cfg, n: int, profiles, warnings) -> list[str]:
