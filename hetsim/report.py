@@ -25,6 +25,8 @@ from hetsim import plots
 from hetsim.common import human_bytes, is_sweep_folder
 from hetsim.compare import run_summary
 from hetsim.page import Page
+from hetsim.report_async import ASYNC_FIGURES as ASYNC_FIGURES
+from hetsim.report_async import async_section, has_async
 from hetsim.report_conditions import CONDITIONS_FIGURES as CONDITIONS_FIGURES
 from hetsim.report_conditions import availability_figure, drops_figure, has_conditions, links_figure
 from hetsim.report_energy import ENERGY_FIGURES as ENERGY_FIGURES
@@ -119,6 +121,9 @@ def run_page(path: Path) -> Page:
         page.guarded(("fig-conditions-links",), links_figure, run)
         page.guarded(("fig-conditions-availability",), availability_figure, run)
         page.guarded(("fig-conditions-drops",), drops_figure, run)
+    if has_async(run):
+        page.section("Asynchronous rounds")
+        async_section(page, run)
     if has_energy(run):
         page.section("Energy")
         energy_section(page, run)

@@ -330,3 +330,35 @@ def test_sigkill_of_an_async_hetsim_run_then_resume_equals_an_uninterrupted_run(
         pd.testing.assert_frame_equal(left.drop(columns=list(WALL_COLUMNS), errors="ignore"),
                                       right.drop(columns=list(WALL_COLUMNS), errors="ignore"))
     assert resumed.manifest["resumes"][0]["previous_status"] == "running"
+
+
+def test_the_report_shows_staleness_and_clients_in_flight(tmp_path):
+    from hetsim.report import build_report
+
+    r = run(tmp_path, "run", "rounds=20", *FIXED, "clients.profiles={network: {5mbps: 0.5, 500mbps: 0.5}}",
+            "asynchronous={mode: fedasync, concurrency: 6, mixing: 0.6, max_staleness: 1}")
+    text = build_report(r.path, tmp_path / "rep.html").read_text()
+    assert "<h2>Asynchronous rounds</h2>" in text
+    for fig_id in ("fig-async-staleness", "fig-async-in-flight"):
+        assert f'id="{fig_id}"' in text and (tmp_path / "rep_figures" / f"{fig_id}.png").is_file()
+    assert "dropped as older than max_staleness" in text  # the staleness figure's caption
+    # a synchronous run has no such section
+    sync = run(tmp_path, "sync", "rounds=2", *FIXED)
+    assert "Asynchronous rounds" not in build_report(sync.path, tmp_path / "sync.html").read_text()
+
+
+def test_the_async_fields_are_sweepable(tmp_path):
+    from sweeps.spec import resolve
+
+    r = resolve({"base": {"dataset": {"name": "digits"}, "model": {"name": "mlp"}, "rounds": 2,
+                          "clients": {"num_clients": 10},
+                          "asynchronous": {"concurrency": 6, "buffer_size": 3}},
+                 "space": {"asynchronous.buffer_size": {"grid": [2, 3]},
+                           "asynchronous.staleness.a": {"grid": [0.5, 1.0]},
+                           "asynchronous.server_lr": {"grid": [0.5, 1.0]}}},
+                storage=tmp_path / "sw")
+    assert r.num_trials == 8
+    with pytest.raises(Exception, match="buffer_size"):  # a grid value the section refuses
+        resolve({"base": {"dataset": {"name": "digits"}, "model": {"name": "mlp"},
+                          "clients": {"num_clients": 10}, "asynchronous": {"concurrency": 6}},
+                 "space": {"asynchronous.buffer_size": {"grid": [2, 9]}}}, storage=tmp_path / "sw2")
