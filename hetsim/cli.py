@@ -20,7 +20,7 @@ from pathlib import Path
 
 from engine import RunCallback, UserError, mark  # light: no torch, no Ray
 from hetsim import results_cli
-from hetsim.common import human_bytes  # report / compare / whatif: argparse only at import
+from hetsim.common import human_bytes, resolve_latest  # report / compare / whatif: argparse only at import
 
 EPILOG = """examples:
   hetsim run                                   # the built-in default experiment
@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("show", help="summarise a run folder", parents=[common])
-    p.add_argument("run_dir", help="a run folder: a path or a URI (s3://bucket/runs/x)")
+    p.add_argument("run_dir", help="a run folder: a path or a URI (s3://bucket/runs/x); `latest` = the newest "
+                   "under ./runs, DIR/latest the newest under DIR")
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser(
@@ -91,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--storage", metavar="DIR", help="sweep folder, a path or a URI such as s3://bucket/sweeps/x "
                    "(default: spec storage or sweeps_out/<name>)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field of the base experiment, after the spec's overrides (repeatable)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate the spec (and its data) and print the trials; start nothing, write nothing")
     p.set_defaults(func=cmd_sweep)
 
     results_cli.add_commands(sub)
@@ -205,6 +210,11 @@ def cmd_sweep(args) -> int:
     mark("cli: sweep modules imported")
     if bool(args.spec) == bool(args.resume):
         raise UserError("sweep: give a spec file or --resume PATH (one of them)")
+    if args.resume and (args.overrides or args.dry_run):
+        raise UserError("sweep: --set and --dry-run do not apply to --resume (a sweep continues as it began)")
+    if args.dry_run:
+        print(runner.dry_run_text(args.spec, storage=args.storage, address=args.address, overrides=args.overrides))
+        return 0
     if args.resume:
         if args.storage:
             raise UserError("sweep: --storage does not apply to --resume")
@@ -212,7 +222,7 @@ def cmd_sweep(args) -> int:
                                     retry_errored=args.retry_errored)
     else:
         sweep = runner.run_sweep(args.spec, storage=args.storage, address=args.address,
-                                 quiet=args.quiet, command=sys.argv)
+                                 quiet=args.quiet, command=sys.argv, overrides=args.overrides)
     print(runner.summary_table(sweep))
     print(f"\nresults: {sweep.path}  (trials.parquet, rounds.parquet; sweeps.load_sweep)")
     if not runner.is_complete(sweep):
@@ -222,7 +232,7 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_show(args) -> int:
-    print(summary_table(args.run_dir))  # a path or a URI (s3://...)
+    print(summary_table(resolve_latest(args.run_dir)))  # a path or a URI (s3://...)
     return 0
 
 
@@ -348,6 +358,10 @@ def main(argv: list[str] | None = None) -> int:
     ray_before = _ray_initialized()
     try:
         return args.func(args)
+    except BrokenPipeError:  # `hetsim show ... | head`: the reader left; say nothing more
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush must not fail too
+        return 141  # 128 + SIGPIPE, as a shell reports a process a pipe stopped
     except KeyboardInterrupt:
         print(_interrupted(args), file=sys.stderr)
         return 130

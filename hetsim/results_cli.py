@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import sys
 
+from hetsim.common import resolve_latest
+
 EPILOG_LINES = """  hetsim report runs/fedavg-mnist5k-20261129-150000   # HTML report of a run (or a sweep folder)
   hetsim compare runs/a runs/b --target 0.8     # side by side; -o compare.html for the HTML
   hetsim whatif -c exp.yaml --fleet fast=fast.yaml --fleet slow=slow.yaml   # one run per fleet
@@ -20,7 +22,7 @@ def add_commands(sub) -> None:
         description="Write one self-contained HTML page with the figures of a run or a sweep, "
         "and the figures as PNG files beside it (docs/reports.md).",
     )
-    p.add_argument("path", help="run folder or sweep folder")
+    p.add_argument("path", help="run folder or sweep folder (`latest`: the newest run under ./runs)")
     p.add_argument("-o", "--out", metavar="FILE",
                    help="HTML file to write (default: PATH/report.html); figures go to FILE_figures/")
     p.set_defaults(func=cmd_report)
@@ -63,7 +65,7 @@ def add_commands(sub) -> None:
 def cmd_report(args) -> int:
     from hetsim.report import build_report  # pandas and pyarrow: hetsim.cli imports this module
 
-    out = build_report(args.path, args.out)
+    out = build_report(resolve_latest(args.path), args.out)
     print(f"report: {out}")
     return 0
 
@@ -73,7 +75,7 @@ def cmd_compare(args) -> int:
     from hetsim.compare import check_target, compare_page, compare_table, load_entries, text_table
 
     check_target(args.metric, args.target)  # before the runs are loaded
-    entries = load_entries(args.paths)
+    entries = load_entries([resolve_latest(p) for p in args.paths])
     if not entries:
         print("hetsim compare: no run with finished rounds in the given folders", file=sys.stderr)
         return 2

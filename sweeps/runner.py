@@ -15,6 +15,7 @@ sweep prints (quiet by default: no Tune tables, one progress bar) and Tune's cal
 """
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from pathlib import Path
@@ -253,6 +254,7 @@ def run_sweep(
     quiet: bool = False,
     callbacks: Iterable[Any] = (),
     command: list[str] | None = None,
+    overrides: list[str] | None = None,
 ) -> Sweep:
     """Validate ``source`` (a spec file or mapping), run it, return the loaded :class:`Sweep`.
 
@@ -261,7 +263,8 @@ def run_sweep(
     """
     data_checks: list = []
     resolved = resolve(source, storage=storage, address=address,
-                       command=command if command is not None else list(sys.argv), data_checks=data_checks)
+                       command=command if command is not None else list(sys.argv), data_checks=data_checks,
+                       overrides=overrides)
     store = resolved.open_storage()
     if store.exists(SWEEP_FILE):
         raise FileExistsError(
@@ -348,4 +351,30 @@ def summary_table(sweep: Sweep, top: int = 10) -> str:
         lines.append(f"{row['status']} {row['trial_id']}: {row['error']}")
     if len(errors) > 5:
         lines.append(f"... {len(errors) - 5} more errored or diverged trials in trials.parquet")
+    return "\n".join(lines)
+
+
+DRY_RUN_LIST = 50  # grid points listed by --dry-run; more are counted
+
+
+def dry_run_text(source, *, storage=None, address=None, overrides=None) -> str:
+    """What ``hetsim sweep --dry-run`` prints: the validated spec's folder, trial count, search
+    space and, for a space of grids only, every trial's values. Starts nothing, writes nothing."""
+    r = resolve(source, storage=storage, address=address, overrides=overrides)
+    lines = [f"sweep {r.name}: {r.num_trials if r.num_trials is not None else 'open-ended'} trial(s) of "
+             f"{r.rounds} round(s), results in {r.storage} (nothing written: --dry-run)"]
+    if r.spec.overrides:
+        lines.append(f"base overrides: {', '.join(r.spec.overrides)}")
+    for key, dist in r.spec.space.items():
+        (kind, args), = dist.items()
+        lines.append(f"  {r.param_columns[key]:<16} {key} ~ {kind} {args}")
+    kinds = {kind for dist in r.spec.space.values() for kind in dist}
+    if kinds == {"grid"}:  # a full grid: every point, each run num_samples times
+        keys = list(r.spec.space)
+        points = list(itertools.product(*(r.spec.space[k]["grid"] for k in keys)))
+        lines.append(f"grid points ({len(points)}, each run {r.spec.num_samples} time(s)):")
+        for i, values in enumerate(points[:DRY_RUN_LIST]):
+            lines.append(f"  {i:>3}  " + ", ".join(f"{r.param_columns[k]}={v!r}" for k, v in zip(keys, values)))
+        if len(points) > DRY_RUN_LIST:
+            lines.append(f"  ... and {len(points) - DRY_RUN_LIST} more")
     return "\n".join(lines)

@@ -506,8 +506,11 @@ def resolve(
     address: str | None = None,
     command: list[str] | None = None,
     data_checks: list[Callable[[], Any]] | None = None,
+    overrides: list[str] | None = None,
 ) -> ResolvedSweep:
     """Load and fully validate a sweep spec; nothing is started or written.
+
+    ``overrides``: ``key=value`` items applied to the base after the spec's own (``hetsim sweep --set``).
 
     ``data_checks``: if a list, the checks that load the data (the base and each probed value,
     validated as a run validates them: seconds of CPU) are appended to it instead of run here,
@@ -527,6 +530,8 @@ def resolve(
         raise SweepSpecError(_format_spec_errors(err)) from None
     if spec.name is None:
         spec.name = default_name or "sweep"
+    if overrides:
+        spec.overrides = [*spec.overrides, *overrides]
     if address is not None:
         spec.ray.address = address
 
