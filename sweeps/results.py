@@ -83,15 +83,23 @@ class Sweep:
     def mode(self) -> str:
         return self.spec.get("mode", "max")
 
+    @property
+    def rank_column(self) -> str:
+        """The trials.parquet column the spec ranks by (``rank_by``: best, final, time_to_target)."""
+        rank = self.spec.get("rank_by", "best")
+        if rank == "time_to_target":
+            return time_to_target_column(self.metric, self.spec["target"])
+        return f"{rank}_{self.metric}"
+
     def best(self, n: int = 1, by: str | None = None, mode: str | None = None) -> pd.DataFrame:
-        """The ``n`` best trials by ``best_<metric>`` (the spec's metric and mode), or by the
-        trials.parquet column ``by`` (e.g. ``total_energy_j``; ``mode`` default: min for
-        totals, times and losses, else max)."""
-        col = f"best_{self.metric}" if by is None else by
+        """The ``n`` best trials by the spec's ranking (``rank_by``: ``best_<metric>`` unless the
+        spec says ``final`` or ``time_to_target``), or by the trials.parquet column ``by`` (e.g.
+        ``total_energy_j``; ``mode`` default: min for totals, times and losses, else max)."""
+        col = self.rank_column if by is None else by
         if col not in self.trials.columns:
             raise KeyError(f"trials.parquet has no column {col!r}; it has: {', '.join(self.trials.columns)}")
         if by is None:
-            mode = self.mode
+            mode = "min" if col.startswith("time_to_") else self.mode
         elif mode is None:
             mode = "min" if col.startswith("total_") or "loss" in col or col.endswith("_s") else "max"
         if mode not in ("min", "max"):
@@ -103,6 +111,20 @@ class Sweep:
         """One trial's run folder as :class:`engine.results.tables.Run`."""
         store = self.storage or open_storage(self.path)
         return load_run(store.child(RUNS_DIR, trial_id))
+
+
+def time_to_target_column(metric: str, target: float) -> str:
+    return f"time_to_{metric}_{target:g}"
+
+
+def time_to_target_s(rounds: pd.DataFrame, metric: str, mode: str, target: float) -> float:
+    """Simulated seconds at the end of the first round whose ``metric`` reaches ``target``
+    (>= for mode max, <= for min); NaN if it never does."""
+    if rounds is None or metric not in rounds or "sim_time_s" not in rounds:
+        return math.nan
+    v = pd.to_numeric(rounds[metric], errors="coerce")
+    hit = (v >= target) if mode == "max" else (v <= target)
+    return float(rounds.loc[hit, "sim_time_s"].iloc[0]) if hit.any() else math.nan
 
 
 def _best_fn(metric: str, spec_metric: str, spec_mode: str):
@@ -205,6 +227,9 @@ def summarize_trial(
         row[f"final_{m}"] = float(s.iloc[-1]) if len(s) else math.nan
         row[f"best_{m}"] = float(_best_fn(m, metric, mode)(s)) if len(s) else math.nan
     row["total_sim_time_s"] = float(rounds["sim_time_s"].iloc[-1]) if n and "sim_time_s" in rounds else math.nan
+    target = spec.get("target")
+    if target is not None:
+        row[time_to_target_column(metric, target)] = time_to_target_s(rounds, metric, mode, target)
     row["total_bytes_up"] = int(rounds["bytes_up"].sum()) if n and "bytes_up" in rounds else 0
     row["total_bytes_down"] = int(rounds["bytes_down"].sum()) if n and "bytes_down" in rounds else 0
     for col in ("energy_j", "energy_wasted_j"):  # NaN: the run predates the ledger or a power number is unknown

@@ -337,11 +337,15 @@ def summary_table(sweep: Sweep, top: int = 10) -> str:
                                   ("finished", "early_stopped", "diverged", "error", "unfinished")
                                   if s in counts)
     metric = sweep.metric
+    rank = sweep.rank_column
     cols = ["trial_id", *sweep.param_columns.values(), "status", "rounds_done",
-            f"final_{metric}", f"best_{metric}", "total_sim_time_s"]
-    cols = [c for c in cols if c in t.columns]
+            f"final_{metric}", f"best_{metric}", rank, "total_sim_time_s", "total_bytes_up", "total_energy_j"]
+    cols = [c for c in dict.fromkeys(cols) if c in t.columns]
     best = sweep.best(top)[cols]
-    lines = [head, f"best {min(top, len(best))} by best_{metric} ({sweep.mode}):",
+    if "total_bytes_up" in best:
+        best = best.assign(total_bytes_up=[f"{v / 1e6:.3g} MB" for v in best["total_bytes_up"]])
+    order = "min" if rank.startswith("time_to_") else sweep.mode
+    lines = [head, f"best {min(top, len(best))} by {rank} ({order}):",
              best.to_string(index=False, float_format=lambda v: f"{v:.4g}")]
     retried = t[t["attempts"] > 1] if "attempts" in t.columns else t.iloc[0:0]
     if len(retried):

@@ -43,7 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from engine import (
     DEFAULT_CONFIG,
@@ -136,6 +136,10 @@ class SweepSpec(_Model):
     num_samples: int = Field(1, ge=1)
     metric: str = "global_acc"
     mode: Literal["max", "min"] = "max"
+    target: float | None = Field(
+        None, description="a value of metric: trials.parquet gets time_to_<metric>_<target> (simulated s)")
+    rank_by: Literal["best", "final", "time_to_target"] = Field(
+        "best", description="how the summary and Sweep.best rank trials (time_to_target needs target)")
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     max_concurrent_trials: int | None = Field(None, ge=1)
     resources_per_trial: ResourcesSpec = Field(default_factory=ResourcesSpec)
@@ -151,6 +155,14 @@ class SweepSpec(_Model):
     columns: dict[str, str] = Field(
         default_factory=dict, description="dotted key -> its column name in the tables (default: "
         "the key's last component)")
+
+    @model_validator(mode="after")
+    def _ranking(self) -> "SweepSpec":
+        if self.target is not None and not math.isfinite(self.target):
+            raise ValueError(f"target = {self.target!r}: give a finite value of the metric")
+        if self.rank_by == "time_to_target" and self.target is None:
+            raise ValueError("rank_by = 'time_to_target' needs a target (a value of metric, e.g. target: 0.8)")
+        return self
 
     @field_validator("scheduler", mode="before")
     @classmethod

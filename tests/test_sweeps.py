@@ -84,6 +84,9 @@ def spec(**kw):
         ({"space": {}}, r"space = \{\}: give at least one"),
         ({"base": {**BASE, "rounds": 0}}, r"base: rounds = 0: Input should be greater than or equal to 1"),
         ({"overrides": ["executor.kind=ray"]}, r"executor\.num_actors"),
+        ({"rank_by": "time_to_target"}, r"rank_by = 'time_to_target' needs a target"),
+        ({"target": float("nan")}, r"target = nan: give a finite value"),
+        ({"rank_by": "fastest"}, r"rank_by = 'fastest': Input should be 'best', 'final' or 'time_to_target'"),
     ],
 )
 def test_bad_specs_are_errors_naming_field_value_and_allowed(bad, pattern):
@@ -215,7 +218,7 @@ def test_grid_sweep_writes_parquet_and_matches_direct_runs(tmp_path, local_ray):
 
     home_results = Path.home() / "ray_results"
     had_home_results = home_results.exists()
-    sweep = run_sweep(spec(), storage=tmp_path / "sw", quiet=True)
+    sweep = run_sweep(spec(target=0.2, rank_by="time_to_target"), storage=tmp_path / "sw", quiet=True)
     trials, rounds = sweep.trials, sweep.rounds
 
     assert len(trials) == 4 and trials["trial_id"].is_unique
@@ -246,6 +249,18 @@ def test_grid_sweep_writes_parquet_and_matches_direct_runs(tmp_path, local_ray):
         run = load_run(sweep.path / t.run_dir)
         assert run.manifest["status"] == "finished" and run.config["train"]["lr"] == t.lr
 
+    # time to the target: the first round at or above it, ranked fastest first
+    for t in trials.itertuples():
+        r = rounds[rounds["trial_id"] == t.trial_id]
+        hit = r[r["global_acc"] >= 0.2]
+        want = hit["sim_time_s"].iloc[0] if len(hit) else float("nan")
+        assert trials.loc[trials["trial_id"] == t.trial_id, "time_to_global_acc_0.2"].item() == pytest.approx(
+            want, nan_ok=True)
+    assert sweep.rank_column == "time_to_global_acc_0.2"
+    assert sweep.best(4)["time_to_global_acc_0.2"].dropna().is_monotonic_increasing
+    from sweeps.runner import summary_table
+    text = summary_table(sweep)
+    assert "by time_to_global_acc_0.2 (min)" in text and " MB" in text
     by_energy = sweep.best(4, by="total_energy_j")
     assert by_energy["total_energy_j"].is_monotonic_increasing and len(by_energy) == 4
     with pytest.raises(KeyError, match="no column 'energy'"):
@@ -258,7 +273,7 @@ def test_grid_sweep_writes_parquet_and_matches_direct_runs(tmp_path, local_ray):
     assert loaded.spec["base"]["algorithm"]["name"] == "fedprox"
     assert (tmp_path / "sw" / "tune" / "tuner.pkl").is_file()
     assert home_results.exists() == had_home_results
-    assert sweep.best(1)["best_global_acc"].iloc[0] == trials["best_global_acc"].max()
+    assert sweep.best(1, by="best_global_acc")["best_global_acc"].iloc[0] == trials["best_global_acc"].max()
     # the folder cannot be reused by accident
     with pytest.raises(FileExistsError, match="--resume"):
         run_sweep(spec(), storage=tmp_path / "sw", quiet=True)
