@@ -19,7 +19,9 @@ from hetsim.page import Page
 SWEEP_FIGURES = (
     "table-sweep-best",
     "fig-sweep-curves",
-)  # plus one fig-sweep-param-<column> per hyperparameter (sweep_param_figure_id)
+)  # plus one fig-sweep-param-<column> per hyperparameter (sweep_param_figure_id), and
+#   fig-sweep-heatmap when exactly two hyperparameters were swept
+HEATMAP_FIGURE = "fig-sweep-heatmap"
 TOP_TRIALS = 10  # rows of the best-configurations table
 TOP_CURVES = 5  # learning curves drawn
 
@@ -61,7 +63,7 @@ def sweep_page(path: Path) -> Page:
         best = best[best[best_col].notna()][[c for c in cols if c in best]]
         fmt = {"total_bytes_up": human_bytes}
         page.table("table-sweep-best", best.reset_index(drop=True), fmt,
-                   caption=f"the {len(best)} best trials by {best_col}")
+                   caption=f"the {len(best)} best trials by {s.rank_column}")
     page.section(f"{metric} against each hyperparameter")
     page.row()
     for key, col in s.param_columns.items():
@@ -72,6 +74,9 @@ def sweep_page(path: Path) -> Page:
         kind = next(iter((s.spec.get("space") or {}).get(key, {"grid": []})))
         page.guarded((fig_id,), _param_figure, fig_id, ok, col, key, kind, metric)
     page.row(False)
+    kinds = [next(iter((s.spec.get("space") or {}).get(k, {"?": []}))) for k in s.param_columns]
+    if len(kinds) == 2 and set(kinds) <= {"grid", "choice", "named"} and not ok.empty:  # two discrete axes
+        page.guarded((HEATMAP_FIGURE,), _heatmap_figure, ok, list(s.param_columns.values()), metric, mode)
     page.section("Learning curves of the best trials")
     page.guarded(("fig-sweep-curves",), _sweep_curves, s, ok, metric)
     errors = t[t["status"] == "error"] if len(t) else t
@@ -117,6 +122,39 @@ def _param_figure(page, fig_id, ok, col, key, kind, metric) -> None:
     ax.set_title(f"{metric} against {col}", loc="left", fontsize=11)
     page.figure(fig_id, fig, f"one point per trial ({key}); filled: the trial's best value, hollow: "
                 "its last evaluated value")
+
+
+def _heatmap_figure(page, ok, cols, metric, mode) -> None:
+    """Two swept hyperparameters: the mean best value of the metric for each pair of values."""
+    a, b = cols
+    labels = {c: ok[c].map(format_param) for c in cols}
+    order = {}
+    for c in cols:
+        values = list(dict.fromkeys(labels[c]))
+        numeric = pd.to_numeric(pd.Series(values), errors="coerce")
+        order[c] = [v for _, v in sorted(zip(numeric.fillna(math.inf), values))] if numeric.notna().all() else values
+    best = plots.numeric(ok[f"best_{metric}"])
+    grid = (pd.DataFrame({"a": labels[a].values, "b": labels[b].values, "v": best.values})
+            .groupby(["b", "a"])["v"].mean().unstack("a").reindex(index=order[b], columns=order[a]))
+    fig, (ax,) = plots.figure(width=6.6, height=max(2.6, 0.55 * len(order[b]) + 1.4))
+    ax.grid(False)
+    image = ax.imshow(grid.to_numpy(dtype=float), cmap="viridis" if mode == "max" else "viridis_r", aspect="auto")
+    ax.set_xticks(range(len(order[a])), order[a], fontsize=8)
+    ax.set_yticks(range(len(order[b])), order[b], fontsize=8)
+    ax.set_xlabel(a)
+    ax.set_ylabel(b)
+    finite = grid.to_numpy(dtype=float)
+    middle = np.nanmean(finite) if np.isfinite(finite).any() else 0.0
+    for i in range(len(order[b])):
+        for j in range(len(order[a])):
+            v = finite[i, j]
+            if np.isfinite(v):
+                ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=8,
+                        color="white" if v < middle else "black")
+    fig.colorbar(image, ax=ax, label=f"best {metric} (mean over trials)")
+    ax.set_title(f"best {metric} by {a} × {b}", loc="left", fontsize=11)
+    page.figure(HEATMAP_FIGURE, fig, f"each cell: the mean over its trials of their best {metric} "
+                "(several seeds or samples of the same pair are averaged); blank: no finished trial")
 
 
 def _sweep_curves(page, s, ok, metric) -> None:
