@@ -152,7 +152,7 @@ def test_the_run_itself_warns_in_the_terminal_and_the_manifest(tmp_path, caplog,
     monkeypatch.setattr("engine.run.api.validate_experiment", lambda cfg, run_dir=None, **kw: [])
     run = load_run(run_experiment(load_config(None, [*base, "clock.deadline_s=0.041",
                                                      "clients.profiles.network={5mbps: 1.0}"]), tmp_path / "b"))
-    assert (run.rounds["num_arrived"] == 0).all()
+    assert (run.rounds["num_arrived"] == 0).all() and run.manifest["num_arrived"] == 0
     texts = run.manifest["warnings"]
     assert any(t.startswith("no client's update arrived in any of the 3 round(s)") and "clock.deadline_s = 0.041"
                in t for t in texts)

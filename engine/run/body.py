@@ -203,6 +203,7 @@ def _warn_about_results(cfg: ExperimentConfig, path: Path, manifest: dict) -> No
         return
     texts = []
     arrived = int(rounds["num_arrived"].sum())
+    manifest["num_arrived"] = arrived  # an explicit flag: 0 is a run whose model never trained
     skipped = int(rounds["num_nonfinite"].sum()) if "num_nonfinite" in rounds else 0
     if arrived == 0 and cfg.train.on_nonfinite == "skip_client" and skipped:
         texts.append(f"train.on_nonfinite: skip_client skipped every upload of the run ({skipped} non-finite "
