@@ -4,7 +4,11 @@ Exit status: 0 success; 2 a mistake the user can fix (one message, no traceback:
 a missing file, an unreachable cluster, a full or read-only disk, a damaged run folder, ...);
 3 the run diverged (``train.on_nonfinite: stop``); 130 interrupted; 1 an unexpected error,
 i.e. a bug: a short message, and the traceback in ``error.log`` inside the run folder (or a
-temporary file) whose path is printed; ``--debug`` also prints it.
+temporary file) whose path is printed; ``--debug`` also prints it; 141 the output's reader
+stopped early (``| head``).
+
+Over 400 lines because it is the one error boundary and the parser of the run, validate, show
+and sweep commands with their summaries; report, compare and what-if are :mod:`hetsim.results_cli`.
 """
 from __future__ import annotations
 

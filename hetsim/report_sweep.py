@@ -15,6 +15,7 @@ import sweeps
 from hetsim import plots
 from hetsim.common import human_bytes
 from hetsim.page import Page
+from sweeps.results import objective_column
 
 SWEEP_FIGURES = (
     "table-sweep-best",
@@ -22,6 +23,7 @@ SWEEP_FIGURES = (
 )  # plus one fig-sweep-param-<column> per hyperparameter (sweep_param_figure_id), and
 #   fig-sweep-heatmap when exactly two hyperparameters were swept
 HEATMAP_FIGURE = "fig-sweep-heatmap"
+PARETO_FIGURE = "fig-sweep-pareto"  # with objectives: the front in every pair of them
 TOP_TRIALS = 10  # rows of the best-configurations table
 TOP_CURVES = 5  # learning curves drawn
 
@@ -77,6 +79,17 @@ def sweep_page(path: Path) -> Page:
     kinds = [next(iter((s.spec.get("space") or {}).get(k, {"?": []}))) for k in s.param_columns]
     if len(kinds) == 2 and set(kinds) <= {"grid", "choice", "named"} and not ok.empty:  # two discrete axes
         page.guarded((HEATMAP_FIGURE,), _heatmap_figure, ok, list(s.param_columns.values()), metric, mode)
+    objectives = s.spec.get("objectives") or []
+    if objectives and "pareto" in t:
+        page.section("Trade-offs: the Pareto front")
+        page.guarded((PARETO_FIGURE,), _pareto_figure, s, objectives)
+        front = s.pareto_front()
+        cols = ["trial_id", *[c for c in s.param_columns.values() if c in t],
+                *[objective_column(o["name"]) for o in objectives]]
+        page.table("table-sweep-pareto", front[[c for c in cols if c in front]].reset_index(drop=True),
+                   {c: human_bytes for c in cols if "bytes" in c},
+                   caption=f"the {len(front)} Pareto-optimal trials: no other trial is at least as good in every "
+                   "objective and better in one")
     page.section("Learning curves of the best trials")
     page.guarded(("fig-sweep-curves",), _sweep_curves, s, ok, metric)
     errors = t[t["status"] == "error"] if len(t) else t
@@ -155,6 +168,34 @@ def _heatmap_figure(page, ok, cols, metric, mode) -> None:
     ax.set_title(f"best {metric} by {a} × {b}", loc="left", fontsize=11)
     page.figure(HEATMAP_FIGURE, fig, f"each cell: the mean over its trials of their best {metric} "
                 "(several seeds or samples of the same pair are averaged); blank: no finished trial")
+
+
+def _pareto_figure(page, s, objectives) -> None:
+    t = s.trials[~s.trials["status"].isin(("error", "diverged"))]
+    pairs = [(a, b) for i, a in enumerate(objectives) for b in objectives[i + 1:]][:3]
+    if not pairs:
+        page.omit(PARETO_FIGURE, f"{PARETO_FIGURE}: one objective has no trade-off to draw")
+        return
+    fig, axes = plots.figure(ncols=len(pairs), width=5.2 * len(pairs), height=3.8)
+    front = t["pareto"].astype(bool)
+    params = [c for c in s.param_columns.values() if c in t]
+    for ax, (a, b) in zip(axes, pairs):
+        x = plots.numeric(t[objective_column(a["name"])])
+        y = plots.numeric(t[objective_column(b["name"])])
+        ax.scatter(x[~front], y[~front], color="#BBBBBB", label="dominated", zorder=2)
+        ax.scatter(x[front], y[front], color="#C44E52", label="Pareto-optimal", zorder=3)
+        order = np.argsort(x[front].to_numpy())
+        ax.plot(x[front].to_numpy()[order], y[front].to_numpy()[order], color="#C44E52", linewidth=0.8, zorder=2)
+        for (_, row), xi, yi in zip(t[front].iterrows(), x[front], y[front]):
+            ax.annotate(", ".join(f"{c}={format_param(row[c])}" for c in params), (xi, yi), fontsize=7,
+                        xytext=(3, 3), textcoords="offset points")
+        ax.set_xlabel(f"{a['name']} ({a['mode']})")
+        ax.set_ylabel(f"{b['name']} ({b['mode']})")
+    plots.fig_legend(fig, axes[0])
+    fig.suptitle("Trade-offs: every trial, the Pareto-optimal ones labelled with their hyperparameters",
+                 x=0.01, ha="left", fontsize=11)
+    page.figure(PARETO_FIGURE, fig, "each panel: two of the spec's objectives; red: trials no other trial "
+                "dominates in all objectives together (a trial may be optimal only through a third one)")
 
 
 def _sweep_curves(page, s, ok, metric) -> None:

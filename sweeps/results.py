@@ -107,6 +107,12 @@ class Sweep:
         ok = self.trials[~self.trials["status"].isin(NOT_RANKED)]
         return ok.sort_values(col, ascending=mode == "min", na_position="last").head(n)
 
+    def pareto_front(self) -> pd.DataFrame:
+        """The Pareto-optimal trials of the spec's ``objectives`` (empty without objectives)."""
+        if "pareto" not in self.trials:
+            return self.trials.iloc[0:0]
+        return self.trials[self.trials["pareto"].astype(bool)]
+
     def run(self, trial_id: str):
         """One trial's run folder as :class:`engine.results.tables.Run`."""
         store = self.storage or open_storage(self.path)
@@ -288,7 +294,46 @@ def collect(storage: Storage, sweep: dict[str, Any], states: list[TrialState]) -
         rounds = _normalize_params(rounds, cols)
     else:
         rounds = pd.DataFrame({c: pd.Series(dtype=trials[c].dtype) for c in ["trial_id", *cols]})
+    objectives = sweep["spec"].get("objectives") or []
+    if objectives and len(trials):
+        trials = mark_pareto(trials, rounds, objectives)
     return trials, rounds
+
+
+def objective_column(name: str) -> str:
+    """The trials.parquet column an objective is read from (a total stands for itself)."""
+    return name if name.startswith(("total_", "time_to_")) or name == "wall_s" else f"objective_{name}"
+
+
+def mark_pareto(trials: pd.DataFrame, rounds: pd.DataFrame, objectives: list[dict[str, Any]]) -> pd.DataFrame:
+    """``objective_<name>`` (a rounds column's best value per trial, by its mode) and ``pareto``:
+    True for the ranked trials that no other ranked trial dominates (at least as good in every
+    objective, better in one). Trials with a missing objective value are never on the front."""
+    trials = trials.copy()
+    for o in objectives:
+        col = objective_column(o["name"])
+        if col != o["name"]:
+            values = pd.to_numeric(rounds[o["name"]], errors="coerce") if o["name"] in rounds else None
+            if values is None:
+                trials[col] = math.nan
+            else:
+                per = values.groupby(rounds["trial_id"]).agg("max" if o["mode"] == "max" else "min")
+                trials[col] = trials["trial_id"].map(per)
+            trials.loc[trials["status"] == "diverged", col] = math.nan
+    cols = [objective_column(o["name"]) for o in objectives]
+    sign = np.array([-1.0 if o["mode"] == "max" else 1.0 for o in objectives])  # all as minimisation
+    m = trials[cols].apply(pd.to_numeric, errors="coerce").to_numpy(dtype=float) * sign
+    eligible = ~trials["status"].isin(NOT_RANKED).to_numpy() & np.isfinite(m).all(axis=1)
+    front = np.zeros(len(trials), dtype=bool)
+    idx = np.flatnonzero(eligible)
+    if idx.size:
+        sub = m[idx]
+        no_worse = (sub[:, None, :] <= sub[None, :, :]).all(axis=2)  # [j, i]: j no worse than i everywhere
+        better = (sub[:, None, :] < sub[None, :, :]).any(axis=2)
+        dominated = (no_worse & better).any(axis=0)
+        front[idx] = ~dominated
+    trials["pareto"] = front
+    return trials
 
 
 def write(storage: Storage, trials: pd.DataFrame, rounds: pd.DataFrame) -> None:

@@ -71,7 +71,7 @@ RESERVED_KEYS = ("output", "ray", "checkpoint", "executor.kind", "executor.num_a
 TRIAL_COLUMNS = ("trial_id", "status", "error", "rounds_done", "total_sim_time_s",
                  "total_bytes_up", "total_bytes_down", "total_energy_j", "total_energy_wasted_j",
                  "wall_s", "node_id", "run_dir", "attempts",
-                 "resumed_from_round", "exploits", "restored_from")
+                 "resumed_from_round", "exploits", "restored_from", "pareto")
 
 # YAML 1.1 (PyYAML) reads `1e-3` as a string; numbers written that way are meant as floats.
 _FLOAT_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
@@ -127,6 +127,18 @@ class RaySpec(_Model):
     connect_timeout_s: float = Field(30.0, gt=0, description="give up joining the address after this")
 
 
+class Objective(_Model):
+    """One objective of a trade-off: a rounds.parquet column (its best value over the rounds,
+    by ``mode``) or a trials.parquet total (``total_bytes_up``, ``total_sim_time_s``, ...)."""
+
+    name: str
+    mode: Literal["max", "min"]
+
+
+TRIAL_OBJECTIVES = ("total_sim_time_s", "total_bytes_up", "total_bytes_down", "total_energy_j",
+                    "total_energy_wasted_j", "wall_s")
+
+
 class SweepSpec(_Model):
     name: str | None = Field(None, description="default: the spec file's name")
     base: str | dict[str, Any] | None = Field(
@@ -140,6 +152,8 @@ class SweepSpec(_Model):
         None, description="a value of metric: trials.parquet gets time_to_<metric>_<target> (simulated s)")
     rank_by: Literal["best", "final", "time_to_target"] = Field(
         "best", description="how the summary and Sweep.best rank trials (time_to_target needs target)")
+    objectives: list[Objective] = Field(
+        default_factory=list, description="trade-off objectives: trials.parquet marks the Pareto-optimal trials")
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     max_concurrent_trials: int | None = Field(None, ge=1)
     resources_per_trial: ResourcesSpec = Field(default_factory=ResourcesSpec)
@@ -600,6 +614,18 @@ def resolve(
                 f"invalid sweep spec:\n  columns.{key}: not a key of space; allowed: {', '.join(dims)}")
     param_columns = param_column_names(list(dims), spec.columns)
     check_metric(spec.metric, "metric")
+    for i, objective in enumerate(spec.objectives):
+        if objective.name not in TRIAL_OBJECTIVES and not objective.name.startswith("time_to_"):
+            try:
+                check_metric(objective.name, f"objectives[{i}].name")
+            except SweepSpecError as err:
+                raise SweepSpecError(f"{err}; or a trials.parquet total: {', '.join(TRIAL_OBJECTIVES)}") from None
+        elif objective.name.startswith("time_to_") and (
+                spec.target is None or objective.name != f"time_to_{spec.metric}_{spec.target:g}"):
+            raise SweepSpecError(f"invalid sweep spec:\n  objectives[{i}].name = {objective.name!r}: a time to a "
+                                 "target is the column time_to_<metric>_<target> of the spec's metric and target")
+    if len({o.name for o in spec.objectives}) != len(spec.objectives):
+        raise SweepSpecError("invalid sweep spec:\n  objectives: an objective is listed twice")
     if spec.scheduler.metric is not None:
         check_metric(spec.scheduler.metric, "scheduler.metric")
     max_t = spec.scheduler.max_t

@@ -1,5 +1,6 @@
 """Ray Tune sweeps: spec validation (no Ray), results equal to direct runs, failures, resume,
 the Ray executor inside trials and the CLI (multi-node clusters: test_cluster.py)."""
+import math
 import os
 import signal
 from contextlib import contextmanager
@@ -218,7 +219,9 @@ def test_grid_sweep_writes_parquet_and_matches_direct_runs(tmp_path, local_ray):
 
     home_results = Path.home() / "ray_results"
     had_home_results = home_results.exists()
-    sweep = run_sweep(spec(target=0.2, rank_by="time_to_target"), storage=tmp_path / "sw", quiet=True)
+    objectives = [{"name": "global_acc", "mode": "max"}, {"name": "total_sim_time_s", "mode": "min"}]
+    sweep = run_sweep(spec(target=0.2, rank_by="time_to_target", objectives=objectives),
+                      storage=tmp_path / "sw", quiet=True)
     trials, rounds = sweep.trials, sweep.rounds
 
     assert len(trials) == 4 and trials["trial_id"].is_unique
@@ -264,6 +267,11 @@ def test_grid_sweep_writes_parquet_and_matches_direct_runs(tmp_path, local_ray):
     from hetsim.report import build_report  # two grids: the report's heat map of the pairs
     html = build_report(sweep.path, tmp_path / "sweep.html").read_text()
     assert 'id="fig-sweep-heatmap"' in html and (tmp_path / "sweep_figures" / "fig-sweep-heatmap.png").is_file()
+    from sweeps.results import mark_pareto  # the marks, recomputed from the trials' rounds
+    again = mark_pareto(trials.drop(columns=["pareto"]), rounds, objectives)
+    assert trials["pareto"].tolist() == again["pareto"].tolist() and trials["pareto"].any()
+    assert (trials["objective_global_acc"] == trials["best_global_acc"]).all()
+    assert 'id="fig-sweep-pareto"' in html and 'id="table-sweep-pareto"' in html
     by_energy = sweep.best(4, by="total_energy_j")
     assert by_energy["total_energy_j"].is_monotonic_increasing and len(by_energy) == 4
     with pytest.raises(KeyError, match="no column 'energy'"):
@@ -458,3 +466,33 @@ def test_named_dimension_and_column_names(tmp_path):
     ]:
         with pytest.raises(SweepSpecError, match=pattern):
             resolve(spec(**bad))
+
+
+def test_pareto_marks_a_front_known_by_construction():
+    from sweeps.results import mark_pareto
+
+    # accuracy (max) against upload bytes (min): a, b, c trade off; d is dominated by b; e is
+    # diverged (never ranked); f ties b exactly (both on the front: neither is better in one)
+    trials = pd.DataFrame({"trial_id": list("abcdef"), "status": ["finished"] * 4 + ["diverged", "finished"],
+                           "total_bytes_up": [100, 200, 400, 300, 1, 200]})
+    rounds = pd.DataFrame({"trial_id": list("aabbccddeeff"),
+                           "pers_acc": [0.5, 0.6, 0.7, 0.8, 0.9, 0.85, 0.7, 0.75, 0.99, 0.99, 0.8, 0.7]})
+    out = mark_pareto(trials, rounds, [{"name": "pers_acc", "mode": "max"}, {"name": "total_bytes_up", "mode": "min"}])
+    assert out["objective_pers_acc"].tolist()[:4] == [0.6, 0.8, 0.9, 0.75]
+    assert math.isnan(out["objective_pers_acc"].iloc[4])  # diverged: no value
+    assert out.set_index("trial_id")["pareto"].to_dict() == {"a": True, "b": True, "c": True, "d": False,
+                                                             "e": False, "f": True}
+    one = mark_pareto(trials, rounds, [{"name": "total_bytes_up", "mode": "min"}])  # one objective: the best
+    assert one.loc[one["pareto"], "trial_id"].tolist() == ["a"]
+
+
+@pytest.mark.parametrize("objectives, pattern", [
+    ([{"name": "accuracy", "mode": "max"}], r"objectives\[0\]\.name = 'accuracy': not a rounds\.parquet column.*"
+                                            r"or a trials\.parquet total: total_sim_time_s"),
+    ([{"name": "global_acc"}], r"objectives\.0\.mode"),
+    ([{"name": "global_acc", "mode": "max"}, {"name": "global_acc", "mode": "min"}], r"listed twice"),
+    ([{"name": "time_to_global_acc_0.9", "mode": "min"}], r"time_to_<metric>_<target> of the spec's metric"),
+])
+def test_bad_objectives_are_refused(objectives, pattern):
+    with pytest.raises(SweepSpecError, match=pattern):
+        resolve(spec(objectives=objectives))
