@@ -184,8 +184,10 @@ def _pareto_figure(page, s, objectives) -> None:
         y = plots.numeric(t[objective_column(b["name"])])
         ax.scatter(x[~front], y[~front], color="#BBBBBB", label="dominated", zorder=2)
         ax.scatter(x[front], y[front], color="#C44E52", label="Pareto-optimal", zorder=3)
-        order = np.argsort(x[front].to_numpy())
-        ax.plot(x[front].to_numpy()[order], y[front].to_numpy()[order], color="#C44E52", linewidth=0.8, zorder=2)
+        if len(objectives) == 2:  # a 2-D front is a staircase; with more objectives a projection is not
+            order = np.argsort(x[front].to_numpy())
+            ax.plot(x[front].to_numpy()[order], y[front].to_numpy()[order], color="#C44E52", linewidth=0.8,
+                    zorder=2)
         for (_, row), xi, yi in zip(t[front].iterrows(), x[front], y[front]):
             ax.annotate(", ".join(f"{c}={format_param(row[c])}" for c in params), (xi, yi), fontsize=7,
                         xytext=(3, 3), textcoords="offset points")
