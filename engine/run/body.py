@@ -218,14 +218,15 @@ def _warn_about_results(cfg: ExperimentConfig, path: Path, manifest: dict) -> No
                         "links in the report)" if deadline is not None else ""))
     else:
         clients = read_table(path, "clients")
-        if clients is not None and not clients.empty:
-            # among the clients that were selected: never being drawn is chance, not the fleet
-            selected = clients["client_id"].nunique()
-            never = selected - clients.loc[clients["made_deadline"].astype(bool), "client_id"].nunique()
-            if never / selected >= NEVER_AGGREGATED_SHARE:
-                texts.append(f"{never} of the {selected} clients selected in {len(rounds)} round(s) "
-                             f"({100 * never / selected:.0f} %) were never aggregated; `hetsim report {path}` "
-                             "lists them with their profiles")
+        if clients is not None and not clients.empty and "sim_total_s" in clients:
+            # among the clients that did the work: not being drawn, or offline when drawn, is the
+            # fleet's chance; doing the work and never counting (too slow, lost) is the finding
+            worked = clients.loc[clients["sim_total_s"].notna(), "client_id"].nunique()
+            never = worked - clients.loc[clients["made_deadline"].astype(bool), "client_id"].nunique()
+            if worked and never / worked >= NEVER_AGGREGATED_SHARE:
+                texts.append(f"{never} of the {worked} clients that trained in {len(rounds)} round(s) "
+                             f"({100 * never / worked:.0f} %) were never aggregated (too slow or lost on the "
+                             f"way); `hetsim report {path}` lists them with their profiles")
     k = manifest.get("num_classes")
     final = next((float(v.dropna().iloc[-1]) for col in ("global_acc", "pers_acc") if col in rounds
                   for v in [rounds[col]] if v.notna().any()), None)
