@@ -99,12 +99,17 @@ class ClientHost:
         prepare_device(self.device, cfg.executor.cuda_deterministic)
         self.client = ALGORITHMS[cfg.algorithm.name].client(cfg.algorithm)
         data = setup.data
-        with warnings.catch_warnings():
-            # arrays from Ray's object store are read-only; we never write to them
-            warnings.simplefilter("ignore", UserWarning)
-            # moved to the device once per host, not per round (on the CPU: no copy)
-            self.x = torch.from_numpy(data.x).to(self.device)
-            self.y = torch.from_numpy(data.y).to(self.device)
+        # on-demand data: x / y hold only this round's clients' rows (see _load_rows)
+        self._rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        if data.on_demand:
+            self.x = self.y = None
+        else:
+            with warnings.catch_warnings():
+                # arrays from Ray's object store are read-only; we never write to them
+                warnings.simplefilter("ignore", UserWarning)
+                # moved to the device once per host, not per round (on the CPU: no copy)
+                self.x = torch.from_numpy(data.x).to(self.device)
+                self.y = torch.from_numpy(data.y).to(self.device)
         self.workspace: dict[str, torch.nn.Module] = {}
         # per architecture: the workspace's state tensors and their initial values, so that the
         # reset before each client is one copy per tensor (load_state_dict: 5x the time)
@@ -135,6 +140,8 @@ class ClientHost:
         """``now``: fleets with conditions over time, per client the profile fields as they are
         at the round's start (a method that reads ``ctx.profile`` sees them)."""
         self._now = now or {}
+        if self.setup.data.on_demand:
+            self._load_rows(client_ids, evaluate_clients and self.cfg.evaluation.personalized)
         if self.cfg.executor.batch_clients and len(client_ids) > 1:
             return self.run_round_batched(round, client_ids, broadcast, evaluate_clients)
         results = []
@@ -145,6 +152,18 @@ class ClientHost:
                 raise ClientFailure(int(c), round, err) from err
         return results
 
+    def _load_rows(self, client_ids, with_test: bool) -> None:
+        """On-demand data: build this round's clients' rows (only theirs) into x / y."""
+        x, y, self._rows = self.setup.data.gather(client_ids, with_test)
+        self.x = torch.from_numpy(x).to(self.device)
+        self.y = torch.from_numpy(y).to(self.device)
+
+    def _indices(self, cid: int, test: bool) -> np.ndarray:
+        data = self.setup.data
+        if data.on_demand:
+            return self._rows[cid][1 if test else 0]
+        return data.test_indices(cid) if test else data.train_indices(cid)
+
     def run_client(
         self, round: int, cid: int, broadcast: Broadcast, evaluate_client: bool
     ) -> ClientResult:
@@ -152,7 +171,7 @@ class ClientHost:
 
     def _start_client(self, round: int, cid: int, broadcast: Broadcast, evaluate_client: bool) -> _Started:
         """Everything before local training: reset the workspace, receive, evaluate."""
-        setup, data = self.setup, self.setup.data
+        setup = self.setup
         fault = self.cfg.executor.inject_failure
         if fault is not None and (fault.round, fault.client) == (round, cid):
             raise RuntimeError("failure injected by executor.inject_failure")
@@ -161,7 +180,7 @@ class ClientHost:
         with torch.no_grad():
             for tensor, initial in zip(*self.pristine[arch]):
                 tensor.copy_(initial)
-        train_idx = torch.from_numpy(data.train_indices(cid)).to(self.device)
+        train_idx = torch.from_numpy(self._indices(cid, test=False)).to(self.device)
         state = self.states.get(cid, {})
         ctx = ClientContext(
             client_id=cid,
@@ -182,7 +201,7 @@ class ClientHost:
         self.client.receive(ctx, payload)
         eval_metrics = {}
         if evaluate_client and self.cfg.evaluation.personalized:
-            test_idx = torch.from_numpy(data.test_indices(cid)).to(self.device)
+            test_idx = torch.from_numpy(self._indices(cid, test=True)).to(self.device)
             loss_sum, correct, n = evaluate(
                 model, self.x[test_idx], self.y[test_idx], self.cfg.evaluation.batch_size
             )

@@ -1,16 +1,31 @@
-"""The federated data of an experiment: its dataset loaded (cached) and partitioned as configured."""
+"""The federated data of an experiment: its dataset loaded (cached) and partitioned as configured,
+or, for ``synthetic`` with ``lazy: true`` and ``parquet`` with ``on_disk: true``, built client by
+client when a client takes part (:mod:`engine.data.ondemand`)."""
 from __future__ import annotations
 
+import inspect
+
 from engine.config.schema import ExperimentConfig
-from engine.data.datasets import load_dataset_cached
+from engine.data.datasets import check_synthetic_params, load_dataset_cached, load_synthetic
+from engine.data.ondemand import OnDemandFederatedData, SyntheticSource
 from engine.data.partition import FederatedData, build_federated_data
 
+# dataset -> the param that asks for on-demand rows
+ON_DEMAND_PARAMS = {"synthetic": "lazy", "parquet": "on_disk"}
 
-def build_data(cfg: ExperimentConfig) -> FederatedData:
+
+def on_demand_requested(cfg: ExperimentConfig) -> bool:
+    flag = ON_DEMAND_PARAMS.get(cfg.dataset.name)
+    return bool(flag and cfg.dataset.params.get(flag))
+
+
+def build_data(cfg: ExperimentConfig) -> FederatedData | OnDemandFederatedData:
     ds_cfg, p = cfg.dataset, cfg.partition
     params = dict(ds_cfg.params)
     if ds_cfg.name == "synthetic":
         params.setdefault("num_clients", cfg.clients.num_clients)
+    if on_demand_requested(cfg):
+        return _build_on_demand(cfg, params)
     ds = load_dataset_cached(ds_cfg.name, root=ds_cfg.root, download=ds_cfg.download, seed=cfg.seed, **params)
     return build_federated_data(
         ds,
@@ -24,3 +39,27 @@ def build_data(cfg: ExperimentConfig) -> FederatedData:
         global_test_fraction=p.global_test_fraction,
         public_fraction=p.public_fraction,
     )
+
+
+def _build_on_demand(cfg: ExperimentConfig, params: dict) -> OnDemandFederatedData:
+    name, p = cfg.dataset.name, cfg.partition
+    flag = ON_DEMAND_PARAMS[name]
+    if p.scheme != "natural":
+        raise ValueError(f"dataset.params.{flag}: true builds each client's rows when it takes part, which needs "
+                         f"partition.scheme = 'natural' (the dataset's own clients), not {p.scheme!r}")
+    params.pop(flag)
+    if name == "synthetic":
+        defaults = {k: v.default for k, v in inspect.signature(load_synthetic).parameters.items()
+                    if k not in ("root", "download", "seed", "lazy")}
+        check_synthetic_params(**{**defaults, **params})
+        source = SyntheticSource(seed=cfg.seed, **{**defaults, **params})
+    else:
+        from engine.data.disk_table import DiskTableSource  # here: pyarrow is needed only for tables
+
+        source = DiskTableSource.open(**params)
+    if cfg.clients.num_clients is not None and cfg.clients.num_clients != len(source.sizes):
+        raise ValueError(f"clients.num_clients = {cfg.clients.num_clients} does not match the {len(source.sizes)} "
+                         f"natural clients of {source.name!r}; set num_clients to {len(source.sizes)} "
+                         "for scheme='natural'")
+    return OnDemandFederatedData(source, seed=cfg.seed, test_fraction=p.test_fraction,
+                                 global_test_fraction=p.global_test_fraction, public_fraction=p.public_fraction)

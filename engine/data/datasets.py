@@ -305,6 +305,7 @@ def load_synthetic(
     samples_mu: float = 3.5,
     samples_sigma: float = 1.0,
     iid: bool = False,
+    lazy: bool = False,
 ) -> ArrayDataset:
     """LEAF / FedProx Synthetic(alpha, beta) (Li et al., "Federated Optimization
     in Heterogeneous Networks"), federated by construction.
@@ -325,15 +326,18 @@ def load_synthetic(
 
     Deterministic given ``seed``.  Features are left unnormalised (as in LEAF).
     ``natural_clients[k]`` is the contiguous index range of client k.
+
+    ``lazy=True`` (with ``partition.scheme: natural``): nothing is generated up front; each
+    client's samples are drawn from (seed, client id) when it takes part
+    (:class:`engine.data.ondemand.SyntheticSource`, built by :func:`engine.data.build.build_data`),
+    so a million clients fit in memory. The values differ from the eager ones for the same seed.
     """
-    _check_int("num_clients", num_clients, 1)
-    _check_int("num_features", num_features, 1)
-    _check_int("num_classes", num_classes, 2)
-    _check_int("min_samples", min_samples, 1)
-    _check_int("max_samples", max_samples, min_samples, f"an integer >= min_samples ({min_samples})")
-    for pname, val in (("alpha", alpha), ("beta", beta), ("samples_sigma", samples_sigma)):
-        if not (np.isfinite(val) and val >= 0):
-            raise ValueError(f"synthetic: {pname}={val!r} is invalid; allowed: a finite number >= 0")
+    if lazy:
+        raise ValueError("synthetic: lazy=True rows are built per client by engine.data.build.build_data, "
+                         "not by load_synthetic")
+    check_synthetic_params(num_clients=num_clients, num_features=num_features, num_classes=num_classes,
+                           min_samples=min_samples, max_samples=max_samples, alpha=alpha, beta=beta,
+                           samples_sigma=samples_sigma)
 
     rng = np.random.default_rng(seed)
     K, F, C = num_clients, num_features, num_classes
@@ -371,6 +375,18 @@ def load_synthetic(
     clients = np.split(np.arange(n, dtype=np.int64), ptr[1:-1])
     name = "synthetic_iid" if iid else f"synthetic({alpha:g},{beta:g})"
     return ArrayDataset(name, x, y, C, natural_clients=clients)
+
+
+def check_synthetic_params(*, num_clients, num_features, num_classes, min_samples, max_samples, alpha, beta,
+                           samples_sigma, **_) -> None:
+    _check_int("num_clients", num_clients, 1)
+    _check_int("num_features", num_features, 1)
+    _check_int("num_classes", num_classes, 2)
+    _check_int("min_samples", min_samples, 1)
+    _check_int("max_samples", max_samples, min_samples, f"an integer >= min_samples ({min_samples})")
+    for pname, val in (("alpha", alpha), ("beta", beta), ("samples_sigma", samples_sigma)):
+        if not (np.isfinite(val) and val >= 0):
+            raise ValueError(f"synthetic: {pname}={val!r} is invalid; allowed: a finite number >= 0")
 
 
 def _check_int(pname: str, val, minimum: int, allowed: str | None = None) -> None:
@@ -593,9 +609,17 @@ def _table_dataset(name: str, t) -> ArrayDataset:
 @register_dataset("parquet")
 def load_parquet(*, root=None, download=False, seed=0, path=None, label_column: str = "label",
                  client_column: str | None = None, split_column: str | None = None, features=None,
-                 shape=None, num_classes: int | None = None) -> ArrayDataset:
+                 shape=None, num_classes: int | None = None, on_disk: bool = False,
+                 cache_dir: str | None = None) -> ArrayDataset:
     """A federated table in Parquet (:mod:`engine.data.tabular`): ``path`` (a file, a folder of
-    them, or a list), its label, client, split and feature columns."""
+    them, or a list), its label, client, split and feature columns.
+
+    ``on_disk=True`` (with a client column and ``partition.scheme: natural``): the rows stay on
+    disk, in a row cache under ``cache_dir``, and each client's are read when it takes part
+    (:mod:`engine.data.disk_table`, built by :func:`engine.data.build.build_data`)."""
+    if on_disk:
+        raise ValueError("parquet: on_disk=True rows are read per client by engine.data.build.build_data, "
+                         "not by load_parquet")
     if path is None:
         raise ValueError("parquet: dataset.params.path is required (a .parquet file, a folder of them, or a list)")
     try:

@@ -61,6 +61,9 @@ class FederatedData:
     public_idx: np.ndarray
     meta: dict = field(default_factory=dict)  # how it was built (scheme, seed, fractions, ...)
 
+    # every sample is in memory (engine.data.ondemand.OnDemandFederatedData builds clients' rows when asked)
+    on_demand = False
+
     @property
     def num_clients(self) -> int:
         return len(self.client_train_ptr) - 1
@@ -77,6 +80,20 @@ class FederatedData:
 
     def client_num_train(self) -> np.ndarray:
         return np.diff(self.client_train_ptr)
+
+    @property
+    def num_global_test(self) -> int:
+        return len(self.global_test_idx)
+
+    @property
+    def num_public(self) -> int:
+        return len(self.public_idx)
+
+    def global_test_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.x[self.global_test_idx], self.y[self.global_test_idx]
+
+    def public_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.x[self.public_idx], self.y[self.public_idx]
 
     def client_num_test(self) -> np.ndarray:
         return np.diff(self.client_test_ptr)

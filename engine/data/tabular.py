@@ -133,17 +133,7 @@ def read_parquet_table(path, *, label_column: str = "label", client_column: str 
                        split_column: str | None = None, features=None, shape=None,
                        num_classes: int | None = None) -> TableArrays:
     """Read a federated table (see the module docstring) into arrays."""
-    import pyarrow.dataset as pads  # here: see _feature_columns
-
-    files = _files(path)
-    data = pads.dataset(files, format="parquet")
-    schema = data.schema
-    for what, col in (("label_column", label_column), ("client_column", client_column),
-                      ("split_column", split_column)):
-        if col is not None and col not in schema.names:
-            raise TableDatasetError(f"dataset.params.{what} = {col!r} is not a column of {files[0]!r}"
-                                    f"{' (and the other files)' if len(files) > 1 else ''}; it has {schema.names}")
-    cols = _feature_columns(schema, label_column, client_column, split_column, features)
+    files, data, cols = open_table(path, label_column, client_column, split_column, features)
     n = data.count_rows()
     if n == 0:
         raise TableDatasetError(f"dataset path {path!r} has no rows")
@@ -161,39 +151,75 @@ def read_parquet_table(path, *, label_column: str = "label", client_column: str 
         if x is None:
             x = np.empty((n, feats.shape[1]), dtype=np.float32)
         x[at:at + rows] = feats
-        label = batch.column(label_column)
-        if label.null_count:
-            raise TableDatasetError(f"label column {label_column!r} has missing (null) rows")
-        lab = label.to_numpy(zero_copy_only=False)
-        if not np.issubdtype(lab.dtype, np.integer):
-            if not np.issubdtype(lab.dtype, np.floating) or not np.all(lab == np.round(lab)):
-                raise TableDatasetError(f"label column {label_column!r} has type {label.type}; labels must be "
-                                        "integers >= 0 (class indices)")
-        y[at:at + rows] = lab
+        y[at:at + rows] = batch_labels(batch, label_column)
         if owner is not None:
             owner.append(np.asarray(batch.column(client_column).to_numpy(zero_copy_only=False)).astype(str))
         if split is not None:
-            s = np.asarray(batch.column(split_column).to_numpy(zero_copy_only=False)).astype(str)
-            bad = sorted(set(s.tolist()) - set(SPLITS))
-            if bad:
-                raise TableDatasetError(f"split column {split_column!r} has values {bad[:5]}; allowed: {list(SPLITS)}")
-            split[at:at + rows] = s == "test"
+            split[at:at + rows] = batch_is_test(batch, split_column)
         at += rows
+    if not np.isfinite(x).all():
+        raise TableDatasetError("the features have NaN or infinite values")
+    k = check_labels(y, label_column, num_classes)
+    shape = sample_shape(shape, x.shape[1])
+    if shape is not None:
+        x = x.reshape((n, *shape))
+    return _arrange(x, y, np.concatenate(owner) if owner is not None else None, split, k)
+
+
+def open_table(path, label_column: str, client_column: str | None, split_column: str | None, features):
+    """The table's files, its pyarrow dataset and its feature columns, its columns checked."""
+    import pyarrow.dataset as pads  # here: see _feature_columns
+
+    files = _files(path)
+    data = pads.dataset(files, format="parquet")
+    schema = data.schema
+    for what, col in (("label_column", label_column), ("client_column", client_column),
+                      ("split_column", split_column)):
+        if col is not None and col not in schema.names:
+            raise TableDatasetError(f"dataset.params.{what} = {col!r} is not a column of {files[0]!r}"
+                                    f"{' (and the other files)' if len(files) > 1 else ''}; it has {schema.names}")
+    return files, data, _feature_columns(schema, label_column, client_column, split_column, features)
+
+
+def batch_labels(batch, label_column: str) -> np.ndarray:
+    label = batch.column(label_column)
+    if label.null_count:
+        raise TableDatasetError(f"label column {label_column!r} has missing (null) rows")
+    lab = label.to_numpy(zero_copy_only=False)
+    if not np.issubdtype(lab.dtype, np.integer):
+        if not np.issubdtype(lab.dtype, np.floating) or not np.all(lab == np.round(lab)):
+            raise TableDatasetError(f"label column {label_column!r} has type {label.type}; labels must be "
+                                    "integers >= 0 (class indices)")
+    return lab
+
+
+def batch_is_test(batch, split_column: str) -> np.ndarray:
+    s = np.asarray(batch.column(split_column).to_numpy(zero_copy_only=False)).astype(str)
+    bad = sorted(set(np.unique(s).tolist()) - set(SPLITS))
+    if bad:
+        raise TableDatasetError(f"split column {split_column!r} has values {bad[:5]}; allowed: {list(SPLITS)}")
+    return s == "test"
+
+
+def check_labels(y: np.ndarray, label_column: str, num_classes: int | None) -> int:
+    """The number of classes; labels checked to be class indices."""
     if (y < 0).any():
         raise TableDatasetError(f"label column {label_column!r} has negative values (min {int(y.min())}); labels "
                                 "are class indices >= 0")
-    if not np.isfinite(x).all():
-        raise TableDatasetError("the features have NaN or infinite values")
     k = int(y.max()) + 1 if num_classes is None else int(num_classes)
     if y.max() >= k:
         raise TableDatasetError(f"labels go up to {int(y.max())} but dataset.params.num_classes = {k}")
-    if shape is not None:
-        shape = tuple(int(d) for d in shape)
-        if int(np.prod(shape)) != x.shape[1]:
-            raise TableDatasetError(f"dataset.params.shape = {list(shape)} holds {int(np.prod(shape))} values; "
-                                    f"each sample has {x.shape[1]} features")
-        x = x.reshape((n, *shape))
-    return _arrange(x, y, np.concatenate(owner) if owner is not None else None, split, k)
+    return k
+
+
+def sample_shape(shape, width: int) -> tuple[int, ...] | None:
+    if shape is None:
+        return None
+    shape = tuple(int(d) for d in shape)
+    if int(np.prod(shape)) != width:
+        raise TableDatasetError(f"dataset.params.shape = {list(shape)} holds {int(np.prod(shape))} values; "
+                                f"each sample has {width} features")
+    return shape
 
 
 def _arrange(x, y, owner, is_test, num_classes: int) -> TableArrays:

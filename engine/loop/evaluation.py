@@ -70,9 +70,8 @@ class GlobalEvaluation(RunCallback):
 
     def _global_test(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._test is None:
-            idx = self.data.global_test_idx
-            self._test = (torch.from_numpy(self.data.x[idx]).to(self.device),
-                          torch.from_numpy(self.data.y[idx]).to(self.device))
+            x, y = self.data.global_test_arrays()
+            self._test = (torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device))
         return self._test
 
     def _on_device(self, arch: str, model: torch.nn.Module) -> torch.nn.Module:

@@ -64,10 +64,10 @@ class Simulation:
             for arch in self.arch_names
         }
         spec = ALGORITHMS[cfg.algorithm.name]
-        public = self.data.public_idx
+        public_x, public_y = self.data.public_arrays() if self.data.num_public else (None, None)
         context = ServerContext(
-            public_x=torch.from_numpy(self.data.x[public]) if len(public) else None,
-            public_y=torch.from_numpy(self.data.y[public]) if len(public) else None,
+            public_x=torch.from_numpy(public_x) if public_x is not None else None,
+            public_y=torch.from_numpy(public_y) if public_y is not None else None,
             num_clients=n,
             client_arch=np.asarray(self.arch_names, dtype=object)[self.client_arch],
             eval_batch_size=cfg.evaluation.batch_size,

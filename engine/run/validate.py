@@ -83,7 +83,7 @@ def validate_with_data(cfg: ExperimentConfig, *, ray_running: bool | None = None
     problems += _pool_problems(cfg, n, ray_running)
     problems += _fleet_problems(cfg, data, profiles, arch_names, client_arch, flops, warnings, sizes)
     problems += _failure_injection_problems(cfg, n, profiles, warnings)
-    if cfg.evaluation.global_model and len(data.global_test_idx) == 0:
+    if cfg.evaluation.global_model and data.num_global_test == 0:
         problems.append(f"  partition.global_test_fraction = {cfg.partition.global_test_fraction!r}: "
                         "leaves no global test samples; raise it, or set evaluation.global_model: false")
     fail(problems)

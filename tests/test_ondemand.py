@@ -1,0 +1,261 @@
+"""On-demand federated data (issue 23): lazy ``synthetic`` generated per client from (seed, id),
+Parquet tables read per client from an on-disk row cache; the same splits as the eager builder,
+nothing but counts held for the fleet, identical tables on both executors."""
+import inspect
+import os
+import pickle
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from engine.config.schema import load_config
+from engine.data.build import build_data
+from engine.data.datasets import load_synthetic
+from engine.data.ondemand import OnDemandFederatedData, SyntheticSource, held_out
+from engine.data.tabular import leaf_to_parquet
+from engine.results.tables import WALL_COLUMNS, load_run
+from engine.run.api import run_experiment
+from tests.test_tabular import write_leaf
+
+SYNTH_DEFAULTS = {k: v.default for k, v in inspect.signature(load_synthetic).parameters.items()
+                  if k not in ("root", "download", "seed", "lazy")}
+
+
+def source(**kw) -> SyntheticSource:
+    return SyntheticSource(seed=kw.pop("seed", 0), **{**SYNTH_DEFAULTS, **kw})
+
+
+def lazy_cfg(*extra):
+    return load_config(None, ["dataset.name=synthetic", "dataset.params={lazy: true}", "partition.scheme=natural",
+                              "model.name=mlp", *extra])
+
+
+# ---------------------------------------------------------------- lazy synthetic
+
+
+def test_lazy_synthetic_values_are_pinned_and_depend_only_on_seed_and_client():
+    s = source(num_clients=10)
+    assert s.sizes.tolist() == [26, 18, 32, 31, 45, 67, 83, 30, 112, 80]
+    x, y, tx, ty = s.rows(3)
+    assert x.shape == (31, 60) and x.dtype == np.float32 and y.dtype == np.int64 and tx is None and ty is None
+    np.testing.assert_allclose(x[0, :3], [-2.5092849731445312, -1.6891463994979858, 0.052418917417526245])
+    assert y[:8].tolist() == [5, 1, 5, 1, 8, 1, 8, 1]
+    iid = source(num_clients=10, iid=True)
+    np.testing.assert_allclose(iid.rows(3)[0][0, :3], [-0.732774019241333, 0.2099580317735672, -0.17622390389442444])
+    # a client's rows do not depend on the fleet's size or on which clients were built before
+    big = source(num_clients=5000)
+    assert (big.sizes[:10] == s.sizes).all()
+    big.rows(4000)
+    for a, b in zip(big.rows(3), s.rows(3)):
+        if a is not None:
+            np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(source(num_clients=10, seed=1).rows(3)[0][:5], x[:5])
+
+
+def test_lazy_synthetic_follows_the_generative_model():
+    """x = v_k + z * sqrt(diag(j^-1.2)): within a client the spread of feature j is j^-0.6;
+    Synthetic-IID shares one labelling and no input shift, so its labels are less skewed."""
+    s = source(num_clients=4, min_samples=20_000, max_samples=20_000)
+    x = s.rows(0)[0]
+    np.testing.assert_allclose(x.std(axis=0), np.arange(1, 61) ** -0.6, rtol=0.03)
+    skew = {}
+    for iid in (False, True):
+        d = OnDemandFederatedData(source(num_clients=200, iid=iid), seed=0, test_fraction=0.0,
+                                  global_test_fraction=0.0, public_fraction=0.0)
+        counts = d.client_label_counts("train")
+        assert counts.sum() == d.client_num_train().sum()
+        dist = counts / counts.sum(axis=1, keepdims=True)
+        skew[iid] = np.mean(0.5 * np.abs(dist - counts.sum(0) / counts.sum()).sum(axis=1))
+    assert skew[False] > skew[True] + 0.2, skew
+
+
+def test_each_client_splits_its_own_rows_by_the_eager_rule_without_overlap():
+    src = source(num_clients=60)
+    d = OnDemandFederatedData(src, seed=3, test_fraction=0.25, global_test_fraction=0.2, public_fraction=0.1)
+    n = src.sizes
+    g = held_out(n, 0.2)
+    p = held_out(n - g, 0.1)
+    t = held_out(n - g - p, 0.25)
+    assert (d.client_num_test() == t).all() and (d.client_num_train() == n - g - p - t).all()
+    assert (d.client_num_train() >= 1).all()
+    for c in (0, 17, 59):
+        parts = d.split(c)
+        whole = src.rows(c)[0]
+        rows = np.concatenate([parts[0], parts[2], parts[4], parts[6]])
+        assert len(rows) == n[c]
+        # the four sets are a partition of the client's rows
+        np.testing.assert_array_equal(np.sort(rows.sum(axis=1)), np.sort(whole.sum(axis=1)))
+        for a, b in zip(parts, d.split(c)):  # and the same every time
+            np.testing.assert_array_equal(a, b)
+    x, y = d.global_test_arrays()
+    assert len(y) == d.num_global_test == g.sum() and x.shape == (g.sum(), 60)
+    px, py = d.public_arrays()
+    assert len(py) == d.num_public == p.sum()
+
+
+def test_the_global_test_set_comes_from_a_bounded_seeded_subset_of_clients():
+    src = source(num_clients=50)
+    d = OnDemandFederatedData(src, seed=0, test_fraction=0.25, global_test_fraction=0.2, public_fraction=0.0,
+                              heldout_clients=5)
+    assert len(d.heldout) == 5 and len(np.unique(d.heldout)) == 5
+    assert d.num_global_test == held_out(src.sizes, 0.2)[d.heldout].sum() == len(d.global_test_arrays()[1])
+    again = OnDemandFederatedData(src, seed=0, test_fraction=0.25, global_test_fraction=0.2, public_fraction=0.0,
+                                  heldout_clients=5)
+    assert (again.heldout == d.heldout).all()
+    np.testing.assert_array_equal(again.global_test_arrays()[0], d.global_test_arrays()[0])
+    # shipped to hosts without the driver's held-out rows
+    shipped = pickle.loads(pickle.dumps(d))
+    assert shipped._held is None and d._held is not None
+    np.testing.assert_array_equal(shipped.split(7)[0], d.split(7)[0])
+
+
+def test_a_million_lazy_clients_hold_counts_only():
+    data = build_data(lazy_cfg("clients.num_clients=1000000"))
+    assert data.num_clients == 1_000_000 and data.on_demand
+    held = [v for obj in (data, data.source) for v in vars(obj).values() if isinstance(v, np.ndarray)]
+    per_client = sum(a.nbytes for a in held) / data.num_clients
+    assert per_client < 64, f"{per_client:.1f} bytes per client"  # counts, not rows (60 floats a row)
+    x, y, where = data.gather([5, 999_999], with_test=True)
+    assert len(y) == sum(data.client_num_train()[[5, 999_999]]) + sum(data.client_num_test()[[5, 999_999]])
+    assert set(where) == {5, 999_999} and len(where[999_999][0]) == data.client_num_train()[999_999]
+
+
+def test_lazy_and_on_disk_need_natural_clients_and_name_the_field():
+    with pytest.raises(ValueError, match=r"dataset.params.lazy: true .* partition.scheme = 'natural'.*not 'iid'"):
+        build_data(lazy_cfg("partition.scheme=iid", "clients.num_clients=10"))
+    with pytest.raises(ValueError, match="synthetic: num_features=0 is invalid"):
+        build_data(lazy_cfg("dataset.params={lazy: true, num_features: 0}", "clients.num_clients=10"))
+    with pytest.raises(ValueError, match="lazy=True rows are built per client"):
+        load_synthetic(lazy=True)
+
+
+def _tables(run):
+    return {n: getattr(run, n).drop(columns=list(WALL_COLUMNS), errors="ignore") for n in ("rounds", "clients")}
+
+
+@pytest.mark.ray
+def test_lazy_synthetic_runs_end_to_end_with_identical_tables_on_both_executors(tmp_path):
+    common = ["clients.num_clients=120", "clients.participation=0.1", "rounds=3", "partition.public_fraction=0.0"]
+    local = load_run(run_experiment(lazy_cfg(*common), tmp_path / "a"))
+    ray = load_run(run_experiment(lazy_cfg(*common, "executor.kind=ray", "executor.num_actors=2"), tmp_path / "b"))
+    a, b = _tables(local), _tables(ray)
+    for name in a:
+        pd.testing.assert_frame_equal(a[name], b[name], obj=name)
+    assert local.rounds["global_acc"].notna().all() and (local.rounds["num_arrived"] > 0).all()
+    assert local.manifest["num_clients"] == 120
+
+
+# ---------------------------------------------------------------- on-disk Parquet
+
+
+def _scrambled_table(path, n=2400, clients=30, seed=0, nan_at=None):
+    """Rows in random order, string clients, a split column, several row groups."""
+    rng = np.random.default_rng(seed)
+    owner = rng.integers(0, clients, n)
+    x = rng.normal(size=(n, 4)).astype(np.float32)
+    if nan_at is not None:
+        x[nan_at, 0] = np.nan
+    y = (x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0.7)
+    split = np.where(rng.random(n) < 0.2, "test", "train")
+    split[np.unique(owner, return_index=True)[1]] = "train"  # every client has a training row
+    pq.write_table(pa.table({"who": [f"c{o}" for o in owner], "label": y, "a": x[:, 0], "b": x[:, 1],
+                             "c": x[:, 2], "d": x[:, 3], "split": split}), path, row_group_size=500)
+    return path
+
+
+def _table_cfg(table, cache, *extra, on_disk=True, clients=30):
+    params = f"{{path: {table}, client_column: who, split_column: split, cache_dir: {cache}, on_disk: {on_disk}}}"
+    return load_config(None, ["dataset.name=parquet", f"dataset.params={params}", "partition.scheme=natural",
+                              f"clients.num_clients={clients}", "model.name=mlp", *extra])
+
+
+def test_an_on_disk_table_gives_each_client_the_rows_the_in_memory_one_does(tmp_path):
+    table = _scrambled_table(tmp_path / "t.parquet")
+    eager = build_data(_table_cfg(table, tmp_path / "cache", on_disk=False))
+    lazy = build_data(_table_cfg(table, tmp_path / "cache"))
+    assert lazy.on_demand and lazy.num_clients == eager.num_clients == 30
+    assert lazy.source.client_names == sorted(f"c{i}" for i in range(30))  # the eager numbering
+    assert (lazy.client_num_train() == eager.client_num_train()).all()
+    assert (lazy.client_num_test() == eager.client_num_test()).all()
+    assert lazy.num_global_test == eager.num_global_test
+    for c in range(30):
+        xtr, ytr, xte, yte, xg, yg, *_ = lazy.split(c)
+        # local test: exactly the client's own test rows, as in memory
+        ex = eager.x[eager.test_indices(c)]
+        np.testing.assert_array_equal(np.sort(xte[:, 0]), np.sort(ex[:, 0]))
+        np.testing.assert_array_equal(np.sort(yte), np.sort(eager.y[eager.test_indices(c)]))
+        # training rows + held out = the client's training rows of the table
+        mine = np.concatenate([xtr, xg])[:, 0]
+        held = np.intersect1d(eager.global_test_idx, _client_pool(eager, table, c))
+        eager_rows = np.concatenate([eager.x[eager.train_indices(c)][:, 0], eager.x[held][:, 0]])
+        np.testing.assert_array_equal(np.sort(mine), np.sort(eager_rows))
+
+
+def _client_pool(eager, table, c):
+    """Indices (into the eager pool) of client c's training rows in the table."""
+    t = pq.read_table(table).to_pandas()
+    names = sorted(t["who"].unique())
+    train = t[t["split"] == "train"].reset_index(drop=True)
+    return np.flatnonzero(train["who"].to_numpy() == names[c])
+
+
+def test_the_row_cache_is_built_once_rebuilt_for_a_changed_table_and_never_left_half_written(tmp_path):
+    table = _scrambled_table(tmp_path / "t.parquet")
+    cache = tmp_path / "cache"
+    build_data(_table_cfg(table, cache))
+    first = sorted(os.listdir(cache))
+    assert len(first) == 1 and set(os.listdir(cache / first[0])) == {"features.f32", "labels.i64", "counts.npz",
+                                                                     "meta.json"}
+    stamp = os.stat(cache / first[0] / "features.f32").st_mtime_ns
+    build_data(_table_cfg(table, cache))
+    assert sorted(os.listdir(cache)) == first and os.stat(cache / first[0] / "features.f32").st_mtime_ns == stamp
+    _scrambled_table(table, seed=1)  # the same path, new content
+    changed = build_data(_table_cfg(table, cache))
+    assert len(os.listdir(cache)) == 2 and changed.source.folder != str(cache / first[0])
+    bad = _scrambled_table(tmp_path / "bad.parquet", nan_at=1700)  # in the 4th row group: pass 2 fails
+    with pytest.raises(ValueError, match="parquet: the features have NaN or infinite values"):
+        build_data(_table_cfg(bad, tmp_path / "cache2"))
+    assert os.listdir(tmp_path / "cache2") == []  # no partial cache, no .build- folder
+
+
+def test_on_disk_tables_refuse_what_they_cannot_read_naming_the_field(tmp_path):
+    table = _scrambled_table(tmp_path / "t.parquet")
+    cfg = load_config(None, ["dataset.name=parquet", f"dataset.params={{path: {table}, on_disk: true}}",
+                             "partition.scheme=natural", "clients.num_clients=30"])
+    with pytest.raises(ValueError, match="on_disk: true needs dataset.params.client_column"):
+        build_data(cfg)
+    with pytest.raises(ValueError, match="clients.num_clients = 31 does not match the 30 natural clients"):
+        build_data(_table_cfg(table, tmp_path / "cache", clients=31))
+    with pytest.raises(ValueError, match="dataset.params.client_column = 'nope' is not a column"):
+        build_data(load_config(None, ["dataset.name=parquet", "partition.scheme=natural",
+                                      f"dataset.params={{path: {table}, on_disk: true, client_column: nope}}"]))
+    # the source reopens its files after travelling to another process
+    src = build_data(_table_cfg(table, tmp_path / "cache")).source
+    src.rows(0)
+    moved = pickle.loads(pickle.dumps(src))
+    assert moved._fds is None and src._fds is not None
+    for a, b in zip(moved.rows(4), src.rows(4)):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("executor", ["inprocess", pytest.param("ray", marks=pytest.mark.ray)])
+def test_leaf_converted_to_parquet_runs_on_disk_end_to_end_on_both_executors(tmp_path, executor):
+    write_leaf(tmp_path / "leaf")
+    table = leaf_to_parquet(tmp_path / "leaf", str(tmp_path / "leaf.parquet"))
+    params = (f"dataset.params={{path: {table}, client_column: client, split_column: split, features: features, "
+              f"on_disk: true, cache_dir: {tmp_path / 'cache'}}}")
+    common = ["dataset.name=parquet", params, "partition.scheme=natural", "clients.num_clients=6",
+              "clients.participation=1.0", "rounds=3", "model.name=mlp"]
+    local = load_run(run_experiment(load_config(None, common), tmp_path / "a"))
+    assert local.rounds["global_acc"].notna().all() and (local.rounds["num_arrived"] > 0).all()
+    seen = local.clients.groupby("client_id")["test_samples"].max().dropna()  # LEAF's own test rows
+    assert len(seen) >= 4 and (seen == pd.Series([4, 5, 4, 5, 4, 5]).loc[seen.index]).all()
+    if executor == "ray":
+        ray = load_run(run_experiment(load_config(None, [*common, "executor.kind=ray", "executor.num_actors=2"]),
+                                      tmp_path / "b"))
+        a, b = _tables(local), _tables(ray)
+        for name in a:
+            pd.testing.assert_frame_equal(a[name], b[name], obj=name)
