@@ -259,3 +259,66 @@ def test_leaf_converted_to_parquet_runs_on_disk_end_to_end_on_both_executors(tmp
         a, b = _tables(local), _tables(ray)
         for name in a:
             pd.testing.assert_frame_equal(a[name], b[name], obj=name)
+
+
+# ---------------------------------------------------------------- client state within a budget
+
+
+def test_client_states_spill_least_recently_used_beyond_the_budget_and_come_back_intact(tmp_path):
+    import torch
+
+    from engine.clients.states import ClientStates
+
+    states = ClientStates(limit_bytes=3 * 4000 + 100, spill_dir=str(tmp_path))
+    for c in range(10):
+        states[c] = {"residual": torch.full((1000,), float(c)), "round": c}  # 4,000 bytes each
+    assert len(states) == 10 and states.spilled == 7 and states.memory_bytes == 12_000
+    assert list(states) == list(range(10))  # client order, in memory or not
+    spill = [d for d in os.listdir(tmp_path) if d.startswith("hetsim-states-")]
+    assert len(spill) == 1 and len(os.listdir(tmp_path / spill[0])) == 7
+    got = states[0]  # back into memory; the least recently used (3) goes out
+    assert got["round"] == 0 and torch.equal(got["residual"], torch.zeros(1000))
+    assert 0 in states._memory and 3 in states._on_disk and states.spilled == 7
+    got["round"] = 99  # changed in place, as methods do, then spilled and read again
+    states[0] = got
+    for c in (4, 5, 6):
+        states[c]
+    assert 0 in states._on_disk and states[0]["round"] == 99
+    assert dict((c, s["round"]) for c, s in states.items()) == {**{c: c for c in range(10)}, 0: 99}
+    del states[5]
+    assert 5 not in states and len(states) == 9
+    # a checkpoint shard holds every state, spilled or not, and reads back the same
+    from engine.checkpoint.format import load_client_states, save_client_states
+
+    save_client_states(states, tmp_path / "shard.pt")
+    back = load_client_states([tmp_path / "shard.pt"], lambda cid: True)
+    assert list(back) == list(states) and all(torch.equal(back[c]["residual"], states[c]["residual"]) for c in back)
+    states.close()
+    assert not os.path.exists(tmp_path / spill[0])
+
+
+@pytest.mark.parametrize("executor", ["inprocess", pytest.param("ray", marks=pytest.mark.ray)])
+def test_a_tight_state_budget_changes_nothing_in_the_results(tmp_path, executor):
+    """Error-feedback residuals (one model-sized vector per client) spilled at a 64 KB budget:
+    the same tables as without a budget."""
+    common = ["clients.num_clients=40", "clients.participation=0.25", "rounds=4", "algorithm.name=fedavg_compressed",
+              "algorithm.compressor=topk", "algorithm.error_feedback=true", f"executor.kind={executor}"]
+    if executor == "ray":
+        common.append("executor.num_actors=2")
+    free = load_run(run_experiment(lazy_cfg(*common), tmp_path / "a"))
+    tight = load_run(run_experiment(lazy_cfg(*common, "executor.state_memory_mb=0.0625",
+                                             f"executor.state_spill_dir={tmp_path / 'spill'}"), tmp_path / "b"))
+    a, b = _tables(free), _tables(tight)
+    for name in a:
+        pd.testing.assert_frame_equal(a[name], b[name], obj=name)
+    if executor == "inprocess":  # the budget was binding: states went to disk, memory stayed within it
+        from engine.loop.simulation import Simulation
+
+        sim = Simulation(lazy_cfg(*common, "executor.state_memory_mb=0.0625"))
+        sim.start()
+        for r in range(4):
+            sim.run_round(r)
+        states = sim.executor.host.states
+        assert states.spilled > 0 and states.memory_bytes <= 0.0625 * 2**20
+        trained = free.clients.loc[free.clients["train_loss"].notna(), "client_id"].nunique()
+        assert len(states) == trained  # one residual per client that trained, wherever it is kept

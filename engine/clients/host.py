@@ -24,6 +24,7 @@ from algorithms.base import Broadcast, ClientContext, ClientResult, TrainSetting
 from algorithms.training import evaluate, round_lr
 from engine.checkpoint.format import load_client_states, save_client_states
 from engine.clients.device import prepare_device, resolve_device
+from engine.clients.states import ClientStates
 from engine.config.schema import ExperimentConfig
 from engine.data.partition import FederatedData
 from engine.models.arch import arch_flops, build_arch_model
@@ -121,7 +122,7 @@ class ClientHost:
             state = list(model.state_dict().values())
             self.pristine[arch] = (state, [t.clone() for t in state])
             self.flops_per_sample[arch] = arch_flops(cfg, arch, data.input_shape, data.num_classes)
-        self.states: dict[int, dict[str, Any]] = {}
+        self.states = self._new_states()
         t = cfg.train
         self.train_settings = TrainSettings(
             local_epochs=t.local_epochs,
@@ -227,7 +228,7 @@ class ClientHost:
         if ctx.pretrained is not None and not ctx.pretrained.used:
             raise RuntimeError("batch_clients: fit did not call local_sgd, so the batched training "
                                "was not used; set executor.batch_clients: false for this method")
-        if ctx.state:
+        if ctx.state or ctx.client_id in self.states:  # re-set: its size changed, or it was spilled meanwhile
             self.states[ctx.client_id] = ctx.state
         return result
 
@@ -313,16 +314,17 @@ class ClientHost:
         """Replace the hosted clients' states by those in the shards ``sources`` (paths or
         bytes) of the clients this host serves (``client % num_hosts == host``); clients
         without a saved state start from their initial (empty) state. Returns how many."""
-        self.states = load_client_states(sources, lambda cid: cid % num_hosts == host)
+        self.states.close()
+        self.states = self._new_states()
+        self.states.update(load_client_states(sources, lambda cid: cid % num_hosts == host))
         return len(self.states)
 
+    def _new_states(self) -> ClientStates:
+        ex = self.cfg.executor
+        limit = None if ex.state_memory_mb is None else int(ex.state_memory_mb * 2**20)
+        return ClientStates(limit, ex.state_spill_dir)
+
     def state_nbytes(self) -> int:
-        """Bytes held in per-client state (numpy arrays and tensors only)."""
-        total = 0
-        for state in self.states.values():
-            for v in state.values():
-                if isinstance(v, np.ndarray):
-                    total += v.nbytes
-                elif isinstance(v, torch.Tensor):
-                    total += v.numel() * v.element_size()
-        return total
+        """Bytes of per-client state held in memory (numpy arrays and tensors only; spilled
+        states are in ``self.states.disk_bytes``)."""
+        return self.states.memory_bytes

@@ -256,6 +256,10 @@ class ExecutorConfig(Section):
     batch_clients: bool = Field(
         False, description="train the selected clients of one architecture together (torch.func)")
     cuda_deterministic: bool = Field(True, description="torch.use_deterministic_algorithms on CUDA")
+    state_memory_mb: float | None = Field(
+        None, gt=0, description="per client host: client state kept in memory; beyond it the least recently "
+        "used states are spilled to disk (null: no limit)")
+    state_spill_dir: str | None = Field(None, description="where spilled client states go (default: the temp folder)")
 
     @field_validator("gpus_per_actor", "driver_gpus")
     @classmethod
