@@ -10,6 +10,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from cluster_util import S3Server
+from test_tabular import write_leaf
 
 from engine.config.schema import load_config
 from engine.data.build import build_data
@@ -18,7 +20,6 @@ from engine.data.ondemand import OnDemandFederatedData, SyntheticSource, held_ou
 from engine.data.tabular import leaf_to_parquet
 from engine.results.tables import WALL_COLUMNS, load_run
 from engine.run.api import run_experiment
-from tests.test_tabular import write_leaf
 
 SYNTH_DEFAULTS = {k: v.default for k, v in inspect.signature(load_synthetic).parameters.items()
                   if k not in ("root", "download", "seed", "lazy")}
@@ -322,3 +323,31 @@ def test_a_tight_state_budget_changes_nothing_in_the_results(tmp_path, executor)
         assert states.spilled > 0 and states.memory_bytes <= 0.0625 * 2**20
         trained = free.clients.loc[free.clients["train_loss"].notna(), "client_id"].nunique()
         assert len(states) == trained  # one residual per client that trained, wherever it is kept
+
+
+def test_a_table_on_s3_is_read_in_memory_and_on_disk_like_the_local_file(tmp_path, monkeypatch):
+    pytest.importorskip("moto.server", reason="moto[server] is not installed (pip install -e '.[dev]')")
+    table = _scrambled_table(tmp_path / "t.parquet")
+    with S3Server() as s3:
+        for k, v in s3.env.items():
+            monkeypatch.setenv(k, v)
+        fs = s3.filesystem()
+        fs.create_dir("hetsim/tables")
+        with fs.open_output_stream("hetsim/tables/part-0.parquet") as f:
+            f.write(table.read_bytes())
+        local = build_data(_table_cfg(table, tmp_path / "c1", on_disk=False))
+        for uri in ("s3://hetsim/tables", "s3://hetsim/tables/part-0.parquet"):
+            remote = build_data(_table_cfg(uri, tmp_path / "c2", on_disk=False))
+            np.testing.assert_array_equal(remote.x, local.x)
+            np.testing.assert_array_equal(remote.client_test_idx, local.client_test_idx)
+        disk = build_data(_table_cfg("s3://hetsim/tables", tmp_path / "c3"))
+        assert os.path.basename(disk.source.folder).startswith("part-0-")  # named by the table
+        ref = build_data(_table_cfg(table, tmp_path / "c4"))
+        for c in (0, 29):
+            for a, b in zip(disk.split(c), ref.split(c)):
+                np.testing.assert_array_equal(a, b)
+        with pytest.raises(ValueError, match="'s3://hetsim/nothing' does not exist"):
+            build_data(_table_cfg("s3://hetsim/nothing", tmp_path / "c5"))
+    with pytest.raises(ValueError, match="storage_options apply to s3:// or gs:// paths"):
+        build_data(load_config(None, ["dataset.name=parquet", "partition.scheme=natural", "clients.num_clients=30",
+                                      f"dataset.params={{path: {table}, storage_options: {{region: x}}}}"]))

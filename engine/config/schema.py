@@ -75,7 +75,10 @@ class DatasetConfig(Section):
         if isinstance(path, str) and "://" not in path:
             return {**v, "path": os.path.abspath(expand_path(path))}
         if isinstance(path, list):
-            return {**v, "path": [os.path.abspath(expand_path(p)) if isinstance(p, str) else p for p in path]}
+            return {**v, "path": [os.path.abspath(expand_path(p)) if isinstance(p, str) and "://" not in p else p
+                                  for p in path]}
+        if isinstance(v.get("cache_dir"), str):
+            v = {**v, "cache_dir": os.path.abspath(expand_path(v["cache_dir"]))}
         return v
 
 

@@ -610,7 +610,7 @@ def _table_dataset(name: str, t) -> ArrayDataset:
 def load_parquet(*, root=None, download=False, seed=0, path=None, label_column: str = "label",
                  client_column: str | None = None, split_column: str | None = None, features=None,
                  shape=None, num_classes: int | None = None, on_disk: bool = False,
-                 cache_dir: str | None = None) -> ArrayDataset:
+                 cache_dir: str | None = None, storage_options: dict | None = None) -> ArrayDataset:
     """A federated table in Parquet (:mod:`engine.data.tabular`): ``path`` (a file, a folder of
     them, or a list), its label, client, split and feature columns.
 
@@ -624,7 +624,8 @@ def load_parquet(*, root=None, download=False, seed=0, path=None, label_column: 
         raise ValueError("parquet: dataset.params.path is required (a .parquet file, a folder of them, or a list)")
     try:
         t = read_parquet_table(path, label_column=label_column, client_column=client_column,
-                               split_column=split_column, features=features, shape=shape, num_classes=num_classes)
+                               split_column=split_column, features=features, shape=shape, num_classes=num_classes,
+                               storage_options=storage_options)
     except TableDatasetError as err:
         raise ValueError(f"parquet: {err}") from None
     return _table_dataset(f"parquet:{os.path.basename(str(path).rstrip('/'))}", t)

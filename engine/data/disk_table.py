@@ -67,15 +67,16 @@ class DiskTableSource:
     @classmethod
     def open(cls, *, path, label_column: str = "label", client_column: str | None = None,
              split_column: str | None = None, features=None, shape=None, num_classes: int | None = None,
-             cache_dir: str | None = None) -> "DiskTableSource":
+             cache_dir: str | None = None, storage_options: dict | None = None) -> "DiskTableSource":
         """The table's row cache, built first if it is missing."""
         if client_column is None:
             raise ValueError("parquet: on_disk: true needs dataset.params.client_column (the natural clients "
                              "whose rows are read when they take part)")
         try:
-            files, data, cols = open_table(path, label_column, client_column, split_column, features)
-            folder = _cache_folder(files, cache_dir, [label_column, client_column, split_column, cols, shape,
-                                                      num_classes])
+            files, data, cols = open_table(path, label_column, client_column, split_column, features,
+                                           storage_options)
+            folder = _cache_folder(data, cache_dir, [label_column, client_column, split_column, cols, shape,
+                                                     num_classes])
             if not os.path.exists(os.path.join(folder, "meta.json")):
                 _build(folder, str(path), data, cols, label_column, client_column, split_column, shape, num_classes)
             return cls(folder)
@@ -106,11 +107,18 @@ def _read(fd: int, first: int, count: int, dtype) -> np.ndarray:
     return np.frombuffer(buf, dtype=dtype).copy()  # writable, as the eager arrays are
 
 
-def _cache_folder(files: list[str], cache_dir: str | None, choices: list) -> str:
-    stats = [(os.path.realpath(f), os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files]
+def _cache_folder(data, cache_dir: str | None, choices: list) -> str:
+    """Named by the files' locations, sizes and modification times (local or object storage)."""
+    import pyarrow.fs as pafs  # here: see engine.data.tabular._feature_columns
+
+    fs = data.filesystem
+    local = isinstance(fs, pafs.LocalFileSystem)
+    names = [os.path.realpath(f) if local else f"{fs.type_name}://{f}" for f in data.files]
+    stats = [(n, i.size, i.mtime_ns) for n, i in zip(names, fs.get_file_info(data.files))]
     key = zlib.crc32(json.dumps([FORMAT, stats, choices], default=str).encode())
     base = os.path.expanduser(cache_dir) if cache_dir else os.path.join(user_cache_dir(), "tables")
-    stem = os.path.basename(os.path.commonpath([os.path.realpath(f) for f in files]).rstrip("/")) or "table"
+    common = os.path.commonpath([n.split("://", 1)[-1] for n in names]) if len(names) > 1 else names[0]
+    stem = os.path.basename(common.split("://", 1)[-1].rstrip("/")).removesuffix(".parquet") or "table"
     return os.path.join(base, f"{stem}-{key:08x}")
 
 

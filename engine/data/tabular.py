@@ -54,8 +54,37 @@ class TableArrays:
 # --------------------------------------------------------------------------- Parquet
 
 
-def _files(path) -> list[str]:
+def _remote_files(paths: list[str], storage_options: dict | None):
+    """``s3://`` / ``gs://`` files or folders through the storage layer sweeps use (its
+    filesystems, options, credentials and time-outs)."""
+    from engine.results.storage import open_storage  # here: only tables on object storage need it
+
+    fs, out = None, []
+    for p in paths:
+        store = open_storage(p, storage_options)
+        if fs is not None and type(store.fs) is not type(fs):
+            raise TableDatasetError(f"dataset.params.path mixes filesystems ({paths}); give one kind of location")
+        fs = store.fs
+        if store.is_dir():
+            found = [f"{store.path}/{f}" for f in store.files() if f.endswith(".parquet")]
+            if not found:
+                raise TableDatasetError(f"dataset path {p!r} is a folder without .parquet files")
+            out += found
+        elif store.exists():
+            out.append(store.path)
+        else:
+            raise TableDatasetError(f"dataset path {p!r} does not exist (give a .parquet file, a folder of them, "
+                                    "or a list of files)")
+    return out, fs
+
+
+def _files(path, storage_options: dict | None = None):
+    """The table's files and their pyarrow filesystem (None: the local disk)."""
     paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+    if any("://" in str(p) and not str(p).startswith("file://") for p in paths):
+        return _remote_files([str(p) for p in paths], storage_options)
+    if storage_options:
+        raise TableDatasetError(f"dataset.params.storage_options apply to s3:// or gs:// paths, not to {path!r}")
     out: list[str] = []
     for p in map(str, paths):
         p = os.path.expanduser(p)
@@ -69,7 +98,7 @@ def _files(path) -> list[str]:
         else:
             raise TableDatasetError(f"dataset path {p!r} does not exist (give a .parquet file, a folder of them, "
                                     "or a list of files)")
-    return out
+    return out, None
 
 
 def _feature_columns(schema, label: str, client: str | None, split: str | None, features) -> list[str]:
@@ -131,9 +160,9 @@ def _to_matrix(batch, cols: list[str], file: str) -> np.ndarray:
 
 def read_parquet_table(path, *, label_column: str = "label", client_column: str | None = None,
                        split_column: str | None = None, features=None, shape=None,
-                       num_classes: int | None = None) -> TableArrays:
+                       num_classes: int | None = None, storage_options: dict | None = None) -> TableArrays:
     """Read a federated table (see the module docstring) into arrays."""
-    files, data, cols = open_table(path, label_column, client_column, split_column, features)
+    files, data, cols = open_table(path, label_column, client_column, split_column, features, storage_options)
     n = data.count_rows()
     if n == 0:
         raise TableDatasetError(f"dataset path {path!r} has no rows")
@@ -166,12 +195,14 @@ def read_parquet_table(path, *, label_column: str = "label", client_column: str 
     return _arrange(x, y, np.concatenate(owner) if owner is not None else None, split, k)
 
 
-def open_table(path, label_column: str, client_column: str | None, split_column: str | None, features):
-    """The table's files, its pyarrow dataset and its feature columns, its columns checked."""
+def open_table(path, label_column: str, client_column: str | None, split_column: str | None, features,
+               storage_options: dict | None = None):
+    """The table's files, its pyarrow dataset (``.filesystem``: where they are) and its feature
+    columns, its columns checked."""
     import pyarrow.dataset as pads  # here: see _feature_columns
 
-    files = _files(path)
-    data = pads.dataset(files, format="parquet")
+    files, fs = _files(path, storage_options)
+    data = pads.dataset(files, format="parquet", filesystem=fs)
     schema = data.schema
     for what, col in (("label_column", label_column), ("client_column", client_column),
                       ("split_column", split_column)):
