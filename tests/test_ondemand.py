@@ -351,3 +351,42 @@ def test_a_table_on_s3_is_read_in_memory_and_on_disk_like_the_local_file(tmp_pat
     with pytest.raises(ValueError, match="storage_options apply to s3:// or gs:// paths"):
         build_data(load_config(None, ["dataset.name=parquet", "partition.scheme=natural", "clients.num_clients=30",
                                       f"dataset.params={{path: {table}, storage_options: {{region: x}}}}"]))
+
+
+def test_a_column_of_encoded_images_is_decoded_channels_first_in_memory_and_on_disk(tmp_path):
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, size=(40, 6, 5, 3), dtype=np.uint8)  # RGB, 6 x 5
+
+    def png(a):
+        buf = io.BytesIO()
+        Image.fromarray(a).save(buf, format="PNG")
+        return buf.getvalue()
+
+    owner = np.repeat([3, 1], 20)
+    pq.write_table(pa.table({"who": owner, "label": np.arange(40) % 2, "img": [png(p) for p in pixels]}),
+                   tmp_path / "img.parquet")
+    params = f"path: {tmp_path / 'img.parquet'}, client_column: who, features: img, shape: [3, 6, 5]"
+    expected = np.moveaxis(pixels.astype(np.float32) / 255, -1, 1)  # (N, C, H, W)
+    common = ["dataset.name=parquet", "partition.scheme=natural", "clients.num_clients=2"]
+    eager = build_data(load_config(None, [*common, f"dataset.params={{{params}}}"]))
+    assert eager.input_shape == (3, 6, 5) and len(eager.x) == 40
+    np.testing.assert_array_equal(np.sort(eager.x.reshape(40, -1), axis=0), np.sort(expected.reshape(40, -1), axis=0))
+    # client '1' (rows 20..39) is client 0, client '3' (rows 0..19) is client 1
+    for c, rows in ((0, slice(20, 40)), (1, slice(0, 20))):
+        mine = {r.tobytes() for r in expected[rows]}
+        assert all(r.tobytes() in mine for r in eager.x[eager.train_indices(c)])
+    lazy = build_data(load_config(None, [*common, f"dataset.params={{{params}, on_disk: true, "
+                                                  f"cache_dir: {tmp_path / 'cache'}}}"]))
+    x, _, _, _ = lazy.source.rows(0)
+    assert x.shape == (20, 3, 6, 5)
+    np.testing.assert_array_equal(x, expected[20:40])  # the row cache keeps the table's order per client
+    pq.write_table(pa.table({"who": [0, 0], "label": [0, 1], "img": [png(pixels[0]), b"not an image"]}),
+                   tmp_path / "bad.parquet")
+    with pytest.raises(ValueError, match="column 'img' row 1 is not an image Pillow can decode"):
+        build_data(load_config(None, ["dataset.name=parquet", "partition.scheme=natural", "clients.num_clients=1",
+                                      f"dataset.params={{path: {tmp_path / 'bad.parquet'}, client_column: who, "
+                                      "features: img}"]))

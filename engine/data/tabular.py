@@ -5,7 +5,9 @@ The table format (``dataset: {name: parquet, params: {path: ...}}``), one row pe
 * a label column (``label_column``, default ``label``): integers >= 0;
 * features: a list of numeric scalar columns, or one column holding a fixed-size list (or
   equal-length lists) of numbers per row (``features``; default: every other numeric column,
-  or the single list column); ``shape`` reshapes each sample (e.g. ``[1, 28, 28]``);
+  or the single list column), or one binary column of encoded images (PNG, JPEG: decoded with
+  Pillow to [0, 1], channels first, when the table is read or its row cache built); ``shape``
+  reshapes each sample (e.g. ``[1, 28, 28]``);
 * optionally a client column (``client_column``): its values (ints or strings) are the natural
   clients, numbered 0..N-1 in sorted order of the values, for ``partition.scheme: natural``;
 * optionally a split column (``split_column``) with ``train`` / ``test``: with natural clients a
@@ -127,10 +129,35 @@ def _feature_columns(schema, label: str, client: str | None, split: str | None, 
     return cols
 
 
+def _decode_images(arr, column: str, file: str) -> np.ndarray:
+    """Encoded images (PNG, JPEG, ... bytes) as float32 rows in [0, 1], channels first."""
+    import io
+
+    from PIL import Image, UnidentifiedImageError  # here: only image columns need Pillow (torchvision's)
+
+    rows = []
+    for i, blob in enumerate(arr.to_pylist()):
+        if blob is None:
+            raise TableDatasetError(f"{file}: column {column!r} has missing (null) rows")
+        try:
+            img = np.asarray(Image.open(io.BytesIO(blob)), dtype=np.float32) / 255.0
+        except (UnidentifiedImageError, OSError) as err:
+            raise TableDatasetError(f"{file}: column {column!r} row {i} is not an image Pillow can decode "
+                                    f"({err})") from None
+        rows.append(img[None] if img.ndim == 2 else np.moveaxis(img, -1, 0))  # (C, H, W)
+    if len({r.shape for r in rows}) > 1:
+        raise TableDatasetError(f"{file}: column {column!r} holds images of different sizes "
+                                f"{sorted({r.shape for r in rows})[:3]}; every sample needs the same")
+    return np.stack(rows).reshape(len(rows), -1) if rows else np.zeros((0, 0), np.float32)
+
+
 def _to_matrix(batch, cols: list[str], file: str) -> np.ndarray:
-    """A record batch's features as float32 (rows, F)."""
+    """A record batch's features as float32 (rows, F); an image column is decoded (channels first)."""
     import pyarrow as pa  # here: see _feature_columns
 
+    if len(cols) == 1 and (pa.types.is_binary(batch.schema.field(cols[0]).type)
+                           or pa.types.is_large_binary(batch.schema.field(cols[0]).type)):
+        return _decode_images(batch.column(cols[0]), cols[0], file)
     if len(cols) == 1 and (pa.types.is_list(batch.schema.field(cols[0]).type)
                            or pa.types.is_fixed_size_list(batch.schema.field(cols[0]).type)):
         arr = batch.column(cols[0])
