@@ -131,7 +131,7 @@ def _feature_columns(schema, label: str, client: str | None, split: str | None, 
 
 def _decode_images(arr, column: str, file: str) -> np.ndarray:
     """Encoded images (PNG, JPEG, ... bytes) as float32 rows in [0, 1], channels first."""
-    import io
+    import io  # here: with Pillow, only for image columns
 
     from PIL import Image, UnidentifiedImageError  # here: only image columns need Pillow (torchvision's)
 

@@ -14,7 +14,6 @@ from engine.results.manifest import (
 from engine.results.remote import StorageUnreachable
 from engine.results.storage import (
     DirectoryMirror,
-    MirrorCallback,
     Storage,
     StorageError,
     check_writable,
@@ -36,7 +35,7 @@ from engine.results.tables import (
 
 __all__ = [
     "CLIENT_COLUMNS", "FAULT_COLUMNS", "HEARTBEAT_S", "PROFILE_COLUMNS", "ROUND_COLUMNS", "SCHEMA_VERSION",
-    "WALL_COLUMNS", "DirectoryMirror", "MirrorCallback", "Run", "RunFolderError", "RunWriter", "Storage",
+    "WALL_COLUMNS", "DirectoryMirror", "Run", "RunFolderError", "RunWriter", "Storage",
     "StorageError", "StorageUnreachable", "check_writable", "is_uri", "load_run", "open_storage",
     "read_manifest", "read_table", "redact", "run_status", "update_manifest", "utc_now", "write_json_atomic",
     "write_manifest",

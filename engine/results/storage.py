@@ -35,7 +35,6 @@ import io
 import json
 import os
 import posixpath
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,7 +46,6 @@ import pyarrow.fs as pafs
 
 from engine.atomic import write_atomic
 from engine.errors import UserError
-from engine.loop.callbacks import RunCallback
 from engine.results.remote import (
     TIMEOUT_OPTIONS,
     StorageUnreachable,
@@ -380,21 +378,3 @@ class DirectoryMirror:
         for folder in sorted(folders, key=len, reverse=True):
             self.remote.delete(folder)
         return len(changed)
-
-
-class MirrorCallback(RunCallback):
-    """A round-loop callback that syncs a :class:`DirectoryMirror` at most every ``every_s``
-    seconds (0: after every round) and after rounds that wrote a checkpoint."""
-
-    def __init__(self, mirror: DirectoryMirror, every_s: float = 0.0):
-        self.mirror = mirror
-        self.every_s = every_s
-        self._last = time.monotonic()
-        self._checkpoints = 0
-
-    def on_round_end(self, run, record) -> None:
-        checkpoints = self.mirror.local_dir / "checkpoints"
-        count = sum(1 for _ in checkpoints.iterdir()) if checkpoints.is_dir() else 0
-        if time.monotonic() - self._last >= self.every_s or count != self._checkpoints:
-            self.mirror.sync()
-            self._last, self._checkpoints = time.monotonic(), count

@@ -4,14 +4,14 @@ from __future__ import annotations
 import posixpath
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable
 
 from engine.config.schema import ExperimentConfig
-from engine.loop.callbacks import CallbackLike
+from engine.loop.callbacks import CallbackLike, RunCallback
 from engine.results.storage import (
     DirectoryMirror,
-    MirrorCallback,
     StorageError,
     check_writable,
     open_storage,
@@ -41,3 +41,21 @@ def run_to_storage(run: Callable, cfg: ExperimentConfig, uri: str, callbacks: li
                                f"is in {staging}") from err
     shutil.rmtree(staging.parent, ignore_errors=True)
     return uri
+
+
+class MirrorCallback(RunCallback):
+    """A round-loop callback that syncs a :class:`DirectoryMirror` at most every ``every_s``
+    seconds (0: after every round) and after rounds that wrote a checkpoint."""
+
+    def __init__(self, mirror: DirectoryMirror, every_s: float = 0.0):
+        self.mirror = mirror
+        self.every_s = every_s
+        self._last = time.monotonic()
+        self._checkpoints = 0
+
+    def on_round_end(self, run, record) -> None:
+        checkpoints = self.mirror.local_dir / "checkpoints"
+        count = sum(1 for _ in checkpoints.iterdir()) if checkpoints.is_dir() else 0
+        if time.monotonic() - self._last >= self.every_s or count != self._checkpoints:
+            self.mirror.sync()
+            self._last, self._checkpoints = time.monotonic(), count
