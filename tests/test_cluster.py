@@ -12,8 +12,10 @@ import pytest
 import yaml
 from cluster_util import PrivateDiskCluster, S3Server, can_unshare_mounts, kill_worker_node, mount_namespace
 from test_sweeps import BASE, GRID  # noqa: E402 - the same tiny experiment
+from test_tabular import _tables, write_leaf
 
 from engine.config.schema import load_config, redact
+from engine.data.tabular import leaf_to_parquet
 from engine.results.storage import DirectoryMirror, StorageError, open_storage
 from engine.results.tables import WALL_COLUMNS, load_run
 from engine.run.api import run_experiment
@@ -237,6 +239,60 @@ def test_shared_storage_on_a_cluster_is_written_directly_by_every_node(tmp_path,
     assert "joined the Ray cluster" in proc.stderr and "do not see it" not in proc.stderr
     _check_complete_run_folders(load_sweep(storage), lambda tid: os.listdir(storage / "runs" / tid))
     print(f"shared-disk cluster sweep: 4 trials in {elapsed:.1f} s")
+
+
+# 6 natural clients, all selected, 2 rounds: every client runs on its actor (c % 2) each round
+ON_BOTH_NODES = ["partition.scheme=natural", "clients.num_clients=6", "clients.participation=1.0", "rounds=2",
+                 "model.name=mlp", "clients.profiles={availability: 1.0, dropout: 0.0}"]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_ray_run_joined_to_the_cluster_hosts_clients_on_both_nodes_without_a_shared_disk(
+        tmp_path, private_disk_cluster):
+    """``executor.kind: ray`` with ``ray.address`` = the cluster: one 1-CPU client actor per node,
+    and the worker node's clients get their rows without seeing the head's disk: lazy synthetic
+    rows are generated there, an in-memory table's rows (its file is on the head's disk only)
+    come through the object store. The tables equal an in-process run's. An on-disk table whose
+    row cache the worker lacks is refused at start-up, naming the node."""
+    import ray
+
+    from engine.ray.client_actor import DataNotOnNodeError
+
+    cluster = private_disk_cluster
+    write_leaf(tmp_path / "leaf")
+    table = leaf_to_parquet(tmp_path / "leaf", str(cluster.private_dir / "leaf.parquet"))  # not on the worker
+    table_params = f"path: {table}, client_column: client, split_column: split, features: features"
+    cases = {"lazy-synthetic": ["dataset.name=synthetic", "dataset.params={lazy: true}"],
+             "in-memory-parquet": ["dataset.name=parquet", f"dataset.params={{{table_params}}}"]}
+    on_cluster = ["executor.kind=ray", "executor.num_actors=2", "executor.cpus_per_actor=1",
+                  f"ray.address={cluster.address}"]
+    t0 = time.perf_counter()
+    try:
+        for name, dataset in cases.items():
+            run = load_run(run_experiment(load_config(None, [*dataset, *ON_BOTH_NODES, *on_cluster]),
+                                          tmp_path / name))
+            assert run.manifest["status"] == "finished", name
+            nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+            ex = run.manifest["executor"]
+            assert len(nodes) == 2 and set(ex["actor_nodes"]) == nodes, (name, ex)  # an actor on each node
+            # the worker node's actor runs in the worker's mount namespace (its private disk)
+            assert sorted(mount_namespace(p) == mount_namespace() for p in ex["actor_pids"]) == [False, True], name
+            ran = run.clients.dropna(subset=["wall_fit_s"])
+            assert len(ran) == 12 and set(ran["client_id"] % 2) == {0, 1}, name  # both actors' clients ran
+            local = load_run(run_experiment(load_config(None, [*dataset, *ON_BOTH_NODES]), tmp_path / f"{name}-local"))
+            for table_name, (a, b) in {k: (v, _tables(local)[k]) for k, v in _tables(run).items()}.items():
+                pd.testing.assert_frame_equal(a, b, obj=f"{name}: {table_name}")
+        # on disk: the row cache is built on the head (under the private folder), the worker lacks it
+        on_disk = [f"dataset.params={{{table_params}, on_disk: true, cache_dir: {cluster.private_dir / 'cache'}}}"]
+        with pytest.raises(DataNotOnNodeError, match=r"the row cache .*/cache/.* is not on node [0-9a-f]+ .*"
+                                                     r"same path on every node.*on_disk: false"):
+            run_experiment(load_config(None, ["dataset.name=parquet", *on_disk, *ON_BOTH_NODES, *on_cluster]),
+                           tmp_path / "on-disk")
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+    print(f"ray runs joined to the 2-node cluster: {time.perf_counter() - t0:.1f} s")
 
 
 @pytest.mark.ray

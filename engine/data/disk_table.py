@@ -13,8 +13,9 @@ The cache is a folder under ``dataset.params.cache_dir`` (default: the user cach
 modification times and the column choices; a changed table gets a new one. Deleting it is
 safe. It is written to a temporary folder and renamed, so an interrupted build leaves nothing
 half-written. Every process that hosts clients reads it: on a cluster whose nodes do not share
-a disk, give the table at the same path on every node (each builds its own cache) or use the
-in-memory ``parquet`` (its rows travel through Ray's object store).
+a disk, put ``cache_dir`` on a disk they all mount, or use the in-memory ``parquet`` (its rows
+travel through Ray's object store); a client actor on a node without the cache refuses to start,
+naming the node (:func:`engine.ray.client_actor.check_data_on_node`).
 """
 from __future__ import annotations
 

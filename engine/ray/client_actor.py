@@ -3,8 +3,9 @@
 Each actor hosts many virtual clients (the executor assigns them, sticky), so 10,000 clients
 do not mean 10,000 processes; per-client state stays on its actor. The shell adds only what
 crossing processes needs: where it runs, and checkpoint shards written in place or shipped
-in chunks to a loop on another node. :func:`client_actor_class` registers it with Ray once per
-process (as Ray Tune's class cache does), not once per executor.
+in chunks to a loop on another node, and a check that this node can read the dataset's files.
+:func:`client_actor_class` registers it with Ray once per process (as Ray Tune's class cache
+does), not once per executor.
 """
 from __future__ import annotations
 
@@ -16,7 +17,28 @@ import ray
 
 from engine.clients.device import set_ray_gpu_ids
 from engine.config.schema import ExperimentConfig
+from engine.errors import UserError
+from engine.ray.cluster import ExecutorError
 from engine.trace import mark
+
+
+class DataNotOnNodeError(ExecutorError, UserError):
+    """A client actor's node cannot read files the dataset's rows are read from (on-demand data
+    on a cluster whose nodes do not share a disk)."""
+
+
+def check_data_on_node(data) -> None:
+    """Refuse, naming the node, on-demand data whose files this node lacks: otherwise the first
+    client of the round fails with a bare ``FileNotFoundError`` deep in this actor."""
+    folder = getattr(getattr(data, "source", None), "folder", None)  # DiskTableSource's row cache
+    if folder is None or os.path.exists(os.path.join(folder, "meta.json")):
+        return
+    node = ray.get_runtime_context().get_node_id()
+    raise DataNotOnNodeError(
+        f"dataset.params.on_disk: the row cache {folder} of the table is not on node {node} (a client actor "
+        "there reads its clients' rows from it; the loop's node built it). Give the row cache at the same "
+        "path on every node (dataset.params.cache_dir on a disk they share), or use the in-memory parquet "
+        "(on_disk: false): its rows travel through Ray's object store")
 
 
 class ClientActor:
@@ -41,6 +63,7 @@ class ClientActor:
 
     def setup(self, setup) -> int:
         """Build the host from the shipped data (a device error keeps its type for the caller)."""
+        check_data_on_node(setup.data)
         self.host = self._host_class(setup, threads=self.threads)
         mark("client actor: host ready")
         return os.getpid()

@@ -36,7 +36,7 @@ from engine.clients.device import DeviceError
 from engine.clients.host import ClientFailure, HostSetup
 from engine.config.schema import ExperimentConfig
 from engine.execution.base import Executor, RoundReply
-from engine.ray.client_actor import client_actor_class
+from engine.ray.client_actor import DataNotOnNodeError, client_actor_class
 from engine.ray.cluster import ExecutorError, init_ray
 from engine.ray.pool import plan_pool
 from engine.trace import mark
@@ -44,12 +44,14 @@ from engine.trace import mark
 CHUNK_BYTES = 64 << 20  # checkpoint shards travel between nodes in pieces of this size
 
 
-def _device_error(err: BaseException):
-    """The :class:`engine.clients.device.DeviceError` an actor's start-up raised, if that is what failed."""
+def _plain_error(err: BaseException):
+    """The :class:`engine.clients.device.DeviceError` or :class:`DataNotOnNodeError` an actor's
+    start-up raised, if that is what failed (both are the user's to fix)."""
     as_cause = getattr(err, "as_instanceof_cause", None)  # a RayTaskError from ready()
     inner = as_cause() if as_cause is not None else err
-    if isinstance(inner, DeviceError):
-        return DeviceError(*inner.args)  # the plain message, without Ray's traceback header
+    for kind in (DeviceError, DataNotOnNodeError):
+        if isinstance(inner, kind):
+            return kind(*inner.args)  # the plain message, without Ray's traceback header
     return None
 
 
@@ -154,9 +156,9 @@ class RayExecutor(Executor):
                     ray.get(ref)
                 except Exception as err:  # noqa: BLE001 - any start-up failure: said below, with the actor
                     self.close()
-                    device_error = _device_error(err)
-                    if device_error is not None:  # e.g. device: cuda on GPUs Ray only declared
-                        raise device_error from None
+                    plain = _plain_error(err)
+                    if plain is not None:  # e.g. device: cuda on GPUs Ray only declared
+                        raise plain from None
                     raise ExecutorError(f"client actor {i} failed to start: {err}") from None
             if pending and time.monotonic() > deadline:
                 missing = sorted(pending.values())
@@ -337,7 +339,7 @@ class RayExecutor(Executor):
     def describe(self) -> dict:
         ex = self.cfg.executor
         out = {"kind": "ray", "actors": self.num_actors, "cpus_per_actor": ex.cpus_per_actor,
-               "actor_pids": list(self.pids)}
+               "actor_pids": list(self.pids), "actor_nodes": list(self.nodes)}
         if self.placements:
             devices = sorted({p["device"] for p in self.placements})
             out["device"] = devices[0] if len(devices) == 1 else "mixed"
