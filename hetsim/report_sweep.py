@@ -24,6 +24,8 @@ SWEEP_FIGURES = (
 #   fig-sweep-heatmap when exactly two hyperparameters were swept
 HEATMAP_FIGURE = "fig-sweep-heatmap"
 PARETO_FIGURE = "fig-sweep-pareto"  # with objectives: the front in every pair of them
+CONFIGS_FIGURE = "fig-sweep-configs"  # with repeats: each configuration's mean and 95 % interval
+CONFIGS_TABLE = "table-sweep-configs"
 TOP_TRIALS = 10  # rows of the best-configurations table
 TOP_CURVES = 5  # learning curves drawn
 
@@ -61,7 +63,7 @@ def sweep_page(path: Path) -> Page:
     else:
         cols = ["trial_id", *[c for c in s.param_columns.values() if c in t], "status", "rounds_done",
                 f"final_{metric}", best_col, "total_sim_time_s", "total_bytes_up"]
-        best = s.best(TOP_TRIALS)
+        best = s.best(TOP_TRIALS, level="trials")
         best = best[best[best_col].notna()][[c for c in cols if c in best]]
         fmt = {"total_bytes_up": human_bytes}
         page.table("table-sweep-best", best.reset_index(drop=True), fmt,
@@ -79,6 +81,10 @@ def sweep_page(path: Path) -> Page:
     kinds = [next(iter((s.spec.get("space") or {}).get(k, {"?": []}))) for k in s.param_columns]
     if len(kinds) == 2 and set(kinds) <= {"grid", "choice", "named"} and not ok.empty:  # two discrete axes
         page.guarded((HEATMAP_FIGURE,), _heatmap_figure, ok, list(s.param_columns.values()), metric, mode)
+    if s.repeats > 1 and len(s.configs):
+        page.section(f"Configurations over {s.repeats} seeds")
+        page.guarded((CONFIGS_FIGURE,), _configs_figure, s)
+        _configs_table(page, s)
     objectives = s.spec.get("objectives") or []
     if objectives and "pareto" in t:
         page.section("Trade-offs: the Pareto front")
@@ -86,6 +92,10 @@ def sweep_page(path: Path) -> Page:
         front = s.pareto_front()
         cols = ["trial_id", *[c for c in s.param_columns.values() if c in t],
                 *[objective_column(o["name"]) for o in objectives]]
+        if s.repeats > 1:  # the front of the configurations' means
+            front = s.configs[s.configs["pareto"].astype(bool)] if "pareto" in s.configs else s.configs.iloc[0:0]
+            cols = ["config_id", *[c for c in s.param_columns.values() if c in t], "n",
+                    *[objective_column(o["name"]) + "_mean" for o in objectives]]
         page.table("table-sweep-pareto", front[[c for c in cols if c in front]].reset_index(drop=True),
                    {c: human_bytes for c in cols if "bytes" in c},
                    caption=f"the {len(front)} Pareto-optimal trials: no other trial is at least as good in every "
@@ -170,18 +180,79 @@ def _heatmap_figure(page, ok, cols, metric, mode) -> None:
                 "(several seeds or samples of the same pair are averaged); blank: no finished trial")
 
 
+def _interval(configs: pd.DataFrame, col: str) -> np.ndarray:
+    """matplotlib's 2 x n error-bar extents of a configs column's 95 % interval (0 without one)."""
+    mean = plots.numeric(configs[col + "_mean"]).to_numpy(dtype=float)
+    low = mean - plots.numeric(configs[col + "_ci_low"]).to_numpy(dtype=float)
+    high = plots.numeric(configs[col + "_ci_high"]).to_numpy(dtype=float) - mean
+    return np.nan_to_num(np.vstack([low, high]), nan=0.0)
+
+
+def _configs_figure(page, s) -> None:
+    """Each configuration's mean of the rank column with its 95 % interval, best first."""
+    c = s.configs
+    rank = s.rank_column
+    if rank + "_mean" not in c or c[rank + "_mean"].notna().sum() == 0:
+        page.omit(CONFIGS_FIGURE, f"{CONFIGS_FIGURE}: no configuration has a value of {rank}")
+        return
+    c = c.head(20)
+    params = [col for col in s.param_columns.values() if col in c]
+    labels = [", ".join(f"{p}={format_param(row[p])}" for p in params) or row["config_id"] for _, row in c.iterrows()]
+    fig, (ax,) = plots.figure(width=6.6, height=max(2.6, 0.32 * len(c) + 1.2))
+    y = np.arange(len(c))[::-1]
+    noise = c["within_noise_of_best"].astype(bool).to_numpy() if "within_noise_of_best" in c else np.ones(len(c), bool)
+    for mask, colour, label in ((noise, "#4C72B0", "within noise of the best"), (~noise, "#BBBBBB", "worse")):
+        if mask.any():
+            ax.errorbar(plots.numeric(c[rank + "_mean"])[mask], y[mask], xerr=_interval(c, rank)[:, mask], fmt="o",
+                        color=colour, capsize=3, label=label, zorder=3)
+    ax.set_yticks(y, labels, fontsize=7)
+    ax.set_xlabel(f"{rank}: mean over seeds, 95 % interval")
+    plots.fig_legend(fig, ax)
+    ax.set_title(f"{rank} by configuration ({s.repeats} seeds each)", loc="left", fontsize=11)
+    page.figure(CONFIGS_FIGURE, fig, "one row per configuration, best first: the mean over its seeds and the 95 % "
+                "t-interval of that mean; blue: its interval overlaps the best configuration's (within noise)")
+
+
+def _configs_table(page, s) -> None:
+    c = s.configs
+    rank = s.rank_column
+    shown = c.head(TOP_TRIALS)
+    out = shown[["config_id", *[p for p in s.param_columns.values() if p in c], "n"]].copy()
+    for col in dict.fromkeys([rank, *[objective_column(o["name"]) for o in s.spec.get("objectives") or []],
+                              "total_sim_time_s", "total_bytes_up"]):
+        if col + "_mean" not in shown:
+            continue
+        fmt = human_bytes if "bytes" in col else (lambda v: f"{v:.4g}")
+        out[col] = [f"{fmt(m)} [{fmt(lo)}, {fmt(hi)}]" if np.isfinite(lo) else f"{fmt(m)}"
+                    for m, lo, hi in zip(shown[col + "_mean"], shown[col + "_ci_low"], shown[col + "_ci_high"])]
+    for col in ("within_noise_of_best", "pareto"):
+        if col in shown:
+            out[col] = shown[col].astype(bool).to_numpy()
+    page.table(CONFIGS_TABLE, out.reset_index(drop=True),
+               caption=f"the {len(out)} best configurations by their mean {rank} over {s.repeats} seeds: "
+               "mean [95 % t-interval]; within_noise_of_best: the interval overlaps the best's")
+
+
 def _pareto_figure(page, s, objectives) -> None:
     t = s.trials[~s.trials["status"].isin(("error", "diverged"))]
     pairs = [(a, b) for i, a in enumerate(objectives) for b in objectives[i + 1:]][:3]
     if not pairs:
         page.omit(PARETO_FIGURE, f"{PARETO_FIGURE}: one objective has no trade-off to draw")
         return
+    repeated = s.repeats > 1 and "pareto" in s.configs
+    if repeated:  # one point per configuration: the means, with 95 % intervals as error bars
+        t = s.configs.rename(columns={objective_column(o["name"]) + "_mean": objective_column(o["name"])
+                                      for o in objectives})
     fig, axes = plots.figure(ncols=len(pairs), width=5.2 * len(pairs), height=3.8)
     front = t["pareto"].astype(bool)
     params = [c for c in s.param_columns.values() if c in t]
     for ax, (a, b) in zip(axes, pairs):
         x = plots.numeric(t[objective_column(a["name"])])
         y = plots.numeric(t[objective_column(b["name"])])
+        if repeated:
+            ax.errorbar(x, y, xerr=_interval(s.configs, objective_column(a["name"])),
+                        yerr=_interval(s.configs, objective_column(b["name"])), fmt="none", ecolor="#999999",
+                        elinewidth=0.8, capsize=2, zorder=1)
         ax.scatter(x[~front], y[~front], color="#BBBBBB", label="dominated", zorder=2)
         ax.scatter(x[front], y[front], color="#C44E52", label="Pareto-optimal", zorder=3)
         if len(objectives) == 2:  # a 2-D front is a staircase; with more objectives a projection is not
@@ -194,10 +265,13 @@ def _pareto_figure(page, s, objectives) -> None:
         ax.set_xlabel(f"{a['name']} ({a['mode']})")
         ax.set_ylabel(f"{b['name']} ({b['mode']})")
     plots.fig_legend(fig, axes[0])
-    fig.suptitle("Trade-offs: every trial, the Pareto-optimal ones labelled with their hyperparameters",
+    fig.suptitle(f"Trade-offs: every {'configuration (means over seeds)' if repeated else 'trial'}, the "
+                 "Pareto-optimal ones labelled with their hyperparameters",
                  x=0.01, ha="left", fontsize=11)
     page.figure(PARETO_FIGURE, fig, "each panel: two of the spec's objectives; red: trials no other trial "
-                "dominates in all objectives together (a trial may be optimal only through a third one)")
+                "dominates in all objectives together (a trial may be optimal only through a third one)"
+                + ("; with repeats one point per configuration, the means over its seeds with their 95 % "
+                   "intervals as error bars" if repeated else ""))
 
 
 def _sweep_curves(page, s, ok, metric) -> None:
@@ -205,7 +279,7 @@ def _sweep_curves(page, s, ok, metric) -> None:
     if ok.empty or r.empty or metric not in r:
         page.omit("fig-sweep-curves", f"fig-sweep-curves: no trial rounds with {metric}")
         return
-    top = s.best(TOP_CURVES)
+    top = s.best(TOP_CURVES, level="trials")
     top = top[top["trial_id"].isin(ok["trial_id"])]
     cols = [c for c in s.param_columns.values() if c in top]
     fig, (ax, ax2) = plots.figure(ncols=2, height=3.8)

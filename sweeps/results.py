@@ -13,7 +13,12 @@ read here goes through its pyarrow filesystem.
 
 Hyperparameter columns are named by the last component of their dotted key (``train.lr`` ->
 ``lr``) unless two keys share it (then the full dotted key); ``Sweep.param_columns`` maps keys
-to columns.
+to columns. ``configs.parquet`` has one row per configuration (its repeats over seeds pooled:
+means and 95 % intervals, :mod:`sweeps.stats`).
+
+Over 400 lines because the per-trial summary, the per-configuration table built from it and the
+values a searcher is told (:func:`searcher_values`, computed the same way from the rounds) have to
+agree column by column; kept in one module they are read and changed together.
 """
 from __future__ import annotations
 
@@ -21,18 +26,24 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
 
 from engine import ConfigError, apply_overrides, load_config, parse_yaml
 from engine.results import ROUND_COLUMNS, Storage, load_run, open_storage, read_table
-from sweeps.spec import expand_params
+from sweeps.search import TRIAL_INDEX
+from sweeps.spec import expand_params, trial_seed
+from sweeps.stats import config_stats, pareto_mask, within_noise
 
 SWEEP_FILE = "sweep.yaml"
 TRIALS_FILE = "trials.parquet"
 ROUNDS_FILE = "rounds.parquet"
+CONFIGS_FILE = "configs.parquet"
+# Each configuration's summary in configs.parquet, besides its rank column and objectives.
+CONFIG_TOTALS = ("total_sim_time_s", "total_bytes_up", "total_energy_j")
+SEARCHER_PREFIX = "trial_"  # trial_<trials.parquet column>: the values a searcher optimises (Tune results)
 RUNS_DIR = "runs"
 TUNE_DIR = "tune"
 
@@ -66,8 +77,13 @@ class Sweep:
     rounds: pd.DataFrame
     spec: dict[str, Any]
     param_columns: dict[str, str] = field(default_factory=dict)
-    num_trials: int | None = None  # planned: grid points x num_samples
+    num_trials: int | None = None  # planned: grid points x num_samples x repeats
     storage: Storage | None = field(default=None, repr=False)
+    configs: pd.DataFrame = field(default_factory=pd.DataFrame)  # configs.parquet: one row per configuration
+
+    @property
+    def repeats(self) -> int:
+        return int(self.spec.get("repeats", 1) or 1)
 
     @property
     def complete(self) -> bool:
@@ -91,12 +107,16 @@ class Sweep:
             return time_to_target_column(self.metric, self.spec["target"])
         return f"{rank}_{self.metric}"
 
-    def best(self, n: int = 1, by: str | None = None, mode: str | None = None) -> pd.DataFrame:
+    def best(self, n: int = 1, by: str | None = None, mode: str | None = None,
+             level: Literal["configs", "trials"] | None = None) -> pd.DataFrame:
         """The ``n`` best trials by the spec's ranking (``rank_by``: ``best_<metric>`` unless the
         spec says ``final`` or ``time_to_target``), or by the trials.parquet column ``by`` (e.g.
-        ``total_energy_j``; ``mode`` default: min for totals, times and losses, else max)."""
+        ``total_energy_j``; ``mode`` default: min for totals, times and losses, else max).
+
+        With ``repeats`` > 1 (or ``level="configs"``) the configurations of ``configs`` are ranked by
+        their mean of the column (``<by>_mean``); ``level="trials"`` ranks the trials themselves."""
         col = self.rank_column if by is None else by
-        if col not in self.trials.columns:
+        if col not in self.trials.columns and col + "_mean" not in self.configs:
             raise KeyError(f"trials.parquet has no column {col!r}; it has: {', '.join(self.trials.columns)}")
         if by is None:
             mode = "min" if col.startswith("time_to_") else self.mode
@@ -104,11 +124,16 @@ class Sweep:
             mode = "min" if col.startswith("total_") or "loss" in col or col.endswith("_s") else "max"
         if mode not in ("min", "max"):
             raise ValueError(f"mode={mode!r} is not allowed: 'min' or 'max'")
+        if level == "configs" or (level is None and self.repeats > 1 and col + "_mean" in self.configs):
+            # repeats: configurations ranked by their mean over the seeds (configs.parquet)
+            return self.configs.sort_values(col + "_mean", ascending=mode == "min", na_position="last").head(n)
         ok = self.trials[~self.trials["status"].isin(NOT_RANKED)]
         return ok.sort_values(col, ascending=mode == "min", na_position="last").head(n)
 
     def pareto_front(self) -> pd.DataFrame:
-        """The Pareto-optimal trials of the spec's ``objectives`` (empty without objectives)."""
+        """The Pareto-optimal trials of the spec's ``objectives`` (empty without objectives); with
+        repeats, every trial of a configuration whose means are Pareto-optimal (``configs[configs.pareto]``
+        has the configurations)."""
         if "pareto" not in self.trials:
             return self.trials.iloc[0:0]
         return self.trials[self.trials["pareto"].astype(bool)]
@@ -273,11 +298,15 @@ def collect(storage: Storage, sweep: dict[str, Any], states: list[TrialState]) -
     param_columns: dict[str, str] = sweep["param_columns"]
     cols = list(param_columns.values())
     pbt = sweep["spec"].get("scheduler", {}).get("name") == "pbt"
-    trial_rows, round_frames = [], []
+    base_seed = int((sweep["spec"].get("base") or {}).get("seed", 0) or 0)
+    trial_rows, round_frames, config_keys = [], [], []
     for state in sorted(states, key=lambda s: s.trial_id):
         row, rounds = summarize_trial(storage, state, sweep)
         params = {param_columns[k]: state.params.get(k) for k in param_columns}
-        trial_rows.append({"trial_id": row.pop("trial_id"), **params, **row})
+        repeat = int(state.params.get(TRIAL_INDEX) or 0)
+        config_keys.append(json.dumps({k: state.params.get(k) for k in param_columns}, sort_keys=True, default=str))
+        seed = state.params["seed"] if "seed" in state.params else trial_seed(base_seed, state.params)
+        trial_rows.append({"trial_id": row.pop("trial_id"), **params, **row, "repeat": repeat, "seed": seed})
         if len(rounds):
             per_round = _round_params(rounds, rounds.attrs.pop("segments"), param_columns)
             if pbt and RESTORED_FROM not in per_round:
@@ -289,6 +318,9 @@ def collect(storage: Storage, sweep: dict[str, Any], states: list[TrialState]) -
     if trials.empty:
         trials = pd.DataFrame(columns=["trial_id", *cols, "status", "rounds_done", "error", "run_dir"])
     trials = _normalize_params(trials, cols)
+    if len(trials):  # one id per configuration (its values without the repeat), by first trial
+        codes = pd.factorize(pd.Series(config_keys))[0]
+        trials.insert(1 + len(cols), "config_id", [f"c{c:03d}" for c in codes])
     if round_frames:
         rounds = pd.concat(round_frames, ignore_index=True)
         rounds = _normalize_params(rounds, cols)
@@ -297,7 +329,48 @@ def collect(storage: Storage, sweep: dict[str, Any], states: list[TrialState]) -
     objectives = sweep["spec"].get("objectives") or []
     if objectives and len(trials):
         trials = mark_pareto(trials, rounds, objectives)
+        if int(sweep["spec"].get("repeats", 1) or 1) > 1:  # the configurations' means decide
+            configs = config_table(trials, sweep)
+            trials["pareto"] = trials["config_id"].map(configs.set_index("config_id")["pareto"]).fillna(False)
     return trials, rounds
+
+
+def rank_column(spec: dict[str, Any]) -> tuple[str, str]:
+    """The trials.parquet column the spec ranks by (``rank_by``) and its mode."""
+    metric, rank = spec.get("metric", "global_acc"), spec.get("rank_by", "best")
+    if rank == "time_to_target":
+        return time_to_target_column(metric, spec["target"]), "min"
+    return f"{rank}_{metric}", spec.get("mode", "max")
+
+
+def config_table(trials: pd.DataFrame, sweep: dict[str, Any]) -> pd.DataFrame:
+    """configs.parquet: one row per configuration (``config_id``) with its hyperparameters,
+    ``n`` (its ranked trials: not errored or diverged), ``trial_ids``, and for the rank column,
+    each objective and the totals of :data:`CONFIG_TOTALS`: mean, std, 95 % t-interval over its
+    trials; ``within_noise_of_best`` (its interval of the rank column overlaps the best
+    configuration's) and, with objectives, ``pareto`` (of the means). Best first."""
+    spec = sweep["spec"]
+    params = [c for c in sweep["param_columns"].values() if c in trials]
+    rank, mode = rank_column(spec)
+    objectives = spec.get("objectives") or []
+    columns = [rank, *(objective_column(o["name"]) for o in objectives), *CONFIG_TOTALS]
+    columns = [c for c in dict.fromkeys(columns) if c in trials]
+    if trials.empty or "config_id" not in trials:
+        return pd.DataFrame(columns=["config_id", *params, "n"])
+    ranked = trials.copy()
+    bad = ranked["status"].isin(NOT_RANKED)
+    ranked.loc[bad, columns] = math.nan  # an errored/diverged trial's numbers are not results
+    out = config_stats(ranked, "config_id", columns, first=params)
+    out["n"] = (~bad).groupby(ranked["config_id"], sort=False).sum().to_numpy()
+    out["trial_ids"] = ranked.groupby("config_id", sort=False)["trial_id"].agg(",".join).to_numpy()
+    if rank in columns:
+        out["within_noise_of_best"] = within_noise(out, rank, mode)
+    if objectives:
+        means = out[[objective_column(o["name"]) + "_mean" for o in objectives]].to_numpy(dtype=float)
+        out["pareto"] = pareto_mask(means, [o["mode"] for o in objectives])
+    if rank in columns:
+        out = out.sort_values(rank + "_mean", ascending=mode == "min", na_position="last", kind="stable")
+    return out.reset_index(drop=True)
 
 
 def objective_column(name: str) -> str:
@@ -321,24 +394,57 @@ def mark_pareto(trials: pd.DataFrame, rounds: pd.DataFrame, objectives: list[dic
                 trials[col] = trials["trial_id"].map(per)
             trials.loc[trials["status"] == "diverged", col] = math.nan
     cols = [objective_column(o["name"]) for o in objectives]
-    sign = np.array([-1.0 if o["mode"] == "max" else 1.0 for o in objectives])  # all as minimisation
-    m = trials[cols].apply(pd.to_numeric, errors="coerce").to_numpy(dtype=float) * sign
-    eligible = ~trials["status"].isin(NOT_RANKED).to_numpy() & np.isfinite(m).all(axis=1)
-    front = np.zeros(len(trials), dtype=bool)
-    idx = np.flatnonzero(eligible)
-    if idx.size:
-        sub = m[idx]
-        no_worse = (sub[:, None, :] <= sub[None, :, :]).all(axis=2)  # [j, i]: j no worse than i everywhere
-        better = (sub[:, None, :] < sub[None, :, :]).any(axis=2)
-        dominated = (no_worse & better).any(axis=0)
-        front[idx] = ~dominated
-    trials["pareto"] = front
+    m = np.array(trials[cols].apply(pd.to_numeric, errors="coerce"), dtype=float)  # a copy: NaN goes in
+    m[trials["status"].isin(NOT_RANKED).to_numpy()] = np.nan  # never ranked: never on the front
+    trials["pareto"] = pareto_mask(m, [o["mode"] for o in objectives])
     return trials
+
+
+def searcher_columns(spec: dict[str, Any]) -> list[tuple[str, str]]:
+    """(trials.parquet column, mode) a searcher optimises: the objectives, else the rank column."""
+    objectives = spec.get("objectives") or []
+    if objectives:
+        return [(objective_column(o["name"]), o["mode"]) for o in objectives]
+    return [rank_column(spec)]
+
+
+def searcher_values(rounds: pd.DataFrame, spec: dict[str, Any]) -> dict[str, float]:
+    """The :func:`searcher_columns` of a trial from its rounds so far, computed as
+    :func:`summarize_trial` and :func:`mark_pareto` compute them (NaN where there is no value)."""
+    metric, mode = spec.get("metric", "global_acc"), spec.get("mode", "max")
+    objectives = {objective_column(o["name"]): o for o in spec.get("objectives") or []}
+    out: dict[str, float] = {}
+    for col, _ in searcher_columns(spec):
+        if col.startswith("time_to_"):
+            v = time_to_target_s(rounds, metric, mode, spec["target"])
+        elif col.startswith("total_") or col == "wall_s":
+            name = col[len("total_"):] if col.startswith("total_") else col
+            if name == "sim_time_s":
+                v = float(rounds["sim_time_s"].iloc[-1]) if len(rounds) and name in rounds else math.nan
+            else:
+                v = float(pd.to_numeric(rounds[name]).sum(min_count=1)) if name in rounds else math.nan
+        else:
+            if col in objectives:
+                name, how = objectives[col]["name"], objectives[col]["mode"]
+            else:  # best_<m> / final_<m>
+                how, name = col.split("_", 1)
+            s = pd.to_numeric(rounds[name], errors="coerce").dropna() if name in rounds else pd.Series(dtype=float)
+            if not len(s):
+                v = math.nan
+            elif how == "final":
+                v = float(s.iloc[-1])
+            elif how == "best":
+                v = float(_best_fn(name, metric, mode)(s))
+            else:
+                v = float(s.max() if how == "max" else s.min())
+        out[col] = v
+    return out
 
 
 def write(storage: Storage, trials: pd.DataFrame, rounds: pd.DataFrame) -> None:
     storage.write_parquet(TRIALS_FILE, trials)
     storage.write_parquet(ROUNDS_FILE, rounds)
+    storage.write_parquet(CONFIGS_FILE, config_table(trials, read_sweep_file(storage)))
 
 
 def read_sweep_file(path: str | Path | Storage, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -380,12 +486,14 @@ def load_sweep(path: str | Path | Storage, refresh: bool = False,
     sweep = read_sweep_file(store)
     if refresh or not store.exists(TRIALS_FILE):
         trials, rounds = collect(store, sweep, states_from_folders(store))
+        configs = config_table(trials, sweep)
     else:
         trials = store.read_parquet(TRIALS_FILE)
         rounds = store.read_parquet(ROUNDS_FILE) if store.exists(ROUNDS_FILE) else pd.DataFrame()
+        configs = store.read_parquet(CONFIGS_FILE) if store.exists(CONFIGS_FILE) else config_table(trials, sweep)
     return Sweep(path=store.uri if store.is_remote else Path(store.path), trials=trials, rounds=rounds,
                  spec=sweep["spec"], param_columns=dict(sweep["param_columns"]),
-                 num_trials=sweep.get("num_trials"), storage=store)
+                 num_trials=sweep.get("num_trials"), storage=store, configs=configs)
 
 
 def tune_rounds_frame(metrics_df: pd.DataFrame | None) -> pd.DataFrame | None:

@@ -32,7 +32,6 @@ for _key, _value in QUIET_TUNE_ENV.items():  # before ray.tune is imported
 from ray import tune  # noqa: E402
 from ray.tune import ExperimentAnalysis  # noqa: E402
 from ray.tune.schedulers import ASHAScheduler, PopulationBasedTraining  # noqa: E402
-from ray.tune.search.basic_variant import BasicVariantGenerator  # noqa: E402
 
 from engine import check_while_ray_starts, init_ray, mark  # noqa: E402
 from engine.results import Storage, check_writable, read_table  # noqa: E402
@@ -57,8 +56,11 @@ from sweeps.results import (  # noqa: E402
     tune_rounds_frame,
     write,
 )
-from sweeps.space import ClipToSpace, plain, tune_mutations, tune_param_space  # noqa: E402
-from sweeps.spec import ResolvedSweep, resolve, storage_location  # noqa: E402
+from sweeps.search import TIME_ATTRS, describe_search  # noqa: E402
+from sweeps.searchers import param_space, search_alg, tune_num_samples  # noqa: E402
+from sweeps.space import ClipToSpace, plain, tune_mutations  # noqa: E402
+from sweeps.spec import ResolvedSweep, SweepSpecError, resolve, storage_location  # noqa: E402
+from sweeps.trackers import check_trackers, make_trackers  # noqa: E402
 
 # ---------------------------------------------------------------- building the Tuner
 
@@ -98,7 +100,8 @@ def trial_or_reuse(params: dict[str, Any], sweep: dict[str, Any]) -> None:
         hetsim_trial(params, sweep)
         return
     spec = ResolvedSweep.from_dict(sweep).spec
-    reporter = TuneReporter(last_round=len(rounds) - 1, carry=(spec.metric, spec.scheduler.metric or spec.metric))
+    reporter = TuneReporter(last_round=len(rounds) - 1, carry=(spec.metric, spec.scheduler.metric or spec.metric),
+                            spec=sweep["spec"])
     run = SimpleNamespace(info={}, path=None)  # what the reporter reads of a live run: no checkpoint
     for row in rounds.to_dict("records"):
         reporter.on_round_end(run, SimpleNamespace(round=int(row["round"]), row=row))
@@ -129,9 +132,10 @@ def _scheduler(resolved: ResolvedSweep):
     s = resolved.spec.scheduler
     metric = LAST_PREFIX + (s.metric or resolved.spec.metric)
     mode = s.mode or resolved.spec.mode
+    time_attr = TIME_ATTRS[s.time_attr]  # rounds_done, or the cumulative simulated seconds / upload bytes
     if s.name == "asha":
         return ASHAScheduler(
-            time_attr="rounds_done",
+            time_attr=time_attr,
             metric=metric,
             mode=mode,
             max_t=s.max_t or resolved.rounds,
@@ -141,7 +145,7 @@ def _scheduler(resolved: ResolvedSweep):
     if s.name == "pbt":
         keys = s.hyperparam_mutations or list(resolved.spec.space)
         return PopulationBasedTraining(
-            time_attr="rounds_done",
+            time_attr=time_attr,
             metric=metric,
             mode=mode,
             perturbation_interval=s.perturbation_interval,
@@ -163,14 +167,11 @@ def _new_tuner(resolved: ResolvedSweep, store: Storage):
     spec = resolved.spec
     return tune.Tuner(
         _trainable(resolved),
-        param_space=tune_param_space(spec.space),
+        param_space=param_space(resolved),
         tune_config=tune.TuneConfig(
-            num_samples=spec.num_samples,
+            num_samples=tune_num_samples(resolved),
             scheduler=_scheduler(resolved),
-            # max_concurrent goes to the generator: Tune ignores TuneConfig.max_concurrent_trials
-            # when a BasicVariantGenerator is passed (measured with ray 2.60)
-            search_alg=BasicVariantGenerator(random_state=spec.search_seed,
-                                             max_concurrent=spec.max_concurrent_trials or 0),
+            search_alg=search_alg(resolved),  # sweeps.searchers: grid/random, Optuna, repeats
             reuse_actors=True,
             trial_dirname_creator=trial_dirname,
         ),
@@ -191,7 +192,10 @@ def _fit(tuner, resolved: ResolvedSweep, store: Storage, quiet: bool, callbacks:
     if not quiet:
         progress = SweepProgress(resolved.num_trials, resolved.spec.metric, resolved.spec.mode,
                                  resolved.name)
-    ACTIVE[:] = [*([progress] if progress else []), FailureNotices(resolved.spec.max_failures), *callbacks]
+    trackers = make_trackers(resolved.spec.trackers, storage=store, location=resolved.storage,
+                             name=resolved.name, param_columns=resolved.param_columns)
+    ACTIVE[:] = [*([progress] if progress else []), FailureNotices(resolved.spec.max_failures), *trackers,
+                 *callbacks]
     mark("sweep: fit begins")
     try:
         with quiet_tune():
@@ -200,6 +204,8 @@ def _fit(tuner, resolved: ResolvedSweep, store: Storage, quiet: bool, callbacks:
             states = _states(grid, store)
     finally:
         ACTIVE.clear()
+        for tracker in trackers:  # an interruption leaves trials open: close their files / runs
+            tracker.close()
         if progress:
             progress.close()
     trials, rounds = collect(store, read_sweep_file(store), states)
@@ -302,6 +308,10 @@ def resume_sweep(
     location = storage_location(path)
     saved = read_sweep_file(location, storage_options)
     resolved = ResolvedSweep.from_dict(saved, storage=location, storage_options=storage_options)
+    try:  # before Ray starts: e.g. a tracker package missing here
+        check_trackers(resolved.spec.trackers, resolved.storage)
+    except ValueError as err:
+        raise SweepSpecError(f"invalid sweep spec:\n  {err}") from None
     if address is not None:
         resolved.spec.ray.address = address
     ray = _init_ray(resolved)
@@ -340,12 +350,16 @@ def summary_table(sweep: Sweep, top: int = 10) -> str:
     rank = sweep.rank_column
     cols = ["trial_id", *sweep.param_columns.values(), "status", "rounds_done",
             f"final_{metric}", f"best_{metric}", rank, "total_sim_time_s", "total_bytes_up", "total_energy_j"]
-    cols = [c for c in dict.fromkeys(cols) if c in t.columns]
-    best = sweep.best(top)[cols]
+    if sweep.repeats > 1:  # configurations: means over the seeds and their 95 % intervals
+        cols = ["config_id", *sweep.param_columns.values(), "n", f"{rank}_mean", f"{rank}_ci_low",
+                f"{rank}_ci_high", "within_noise_of_best", "total_sim_time_s_mean", "total_bytes_up_mean"]
+    cols = [c for c in dict.fromkeys(cols) if c in t.columns or c in sweep.configs.columns]
+    best = sweep.best(top)[cols].rename(columns={"total_bytes_up_mean": "total_bytes_up"})
     if "total_bytes_up" in best:
         best = best.assign(total_bytes_up=[f"{v / 1e6:.3g} MB" for v in best["total_bytes_up"]])
     order = "min" if rank.startswith("time_to_") else sweep.mode
-    lines = [head, f"best {min(top, len(best))} by {rank} ({order}):",
+    what = f"configurations ({sweep.repeats} seeds each) by mean {rank}" if sweep.repeats > 1 else f"by {rank}"
+    lines = [head, f"best {min(top, len(best))} {what} ({order}):",
              best.to_string(index=False, float_format=lambda v: f"{v:.4g}")]
     retried = t[t["attempts"] > 1] if "attempts" in t.columns else t.iloc[0:0]
     if len(retried):
@@ -372,11 +386,12 @@ def dry_run_text(source, *, storage=None, address=None, overrides=None) -> str:
     for key, dist in r.spec.space.items():
         (kind, args), = dist.items()
         lines.append(f"  {r.param_columns[key]:<16} {key} ~ {kind} {args}")
+    lines += describe_search(r.spec, r.base_cfg.seed)
     kinds = {kind for dist in r.spec.space.values() for kind in dist}
-    if kinds == {"grid"}:  # a full grid: every point, each run num_samples times
+    if kinds == {"grid"} and r.spec.search.algorithm != "optuna":  # a full grid: every point, num_samples times
         keys = list(r.spec.space)
         points = list(itertools.product(*(r.spec.space[k]["grid"] for k in keys)))
-        lines.append(f"grid points ({len(points)}, each run {r.spec.num_samples} time(s)):")
+        lines.append(f"grid points ({len(points)}, each run {r.spec.num_samples * r.spec.repeats} time(s)):")
         for i, values in enumerate(points[:DRY_RUN_LIST]):
             lines.append(f"  {i:>3}  " + ", ".join(f"{r.param_columns[k]}={v!r}" for k, v in zip(keys, values)))
         if len(points) > DRY_RUN_LIST:

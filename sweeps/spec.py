@@ -14,12 +14,15 @@ A spec is one YAML file (or a mapping)::
     metric: global_acc             # rank trials by this rounds.parquet column ...
     mode: max                      # ... maximised (or `min`)
     scheduler: {name: asha, grace_period: 2, reduction_factor: 2}   # or fifo, or {name: pbt, ...}
+    search: {algorithm: optuna, sampler: nsga2, seed: 0}   # default random (sweeps.search)
+    repeats: 3                     # every configuration with seeds seed+0, +1, +2
     max_concurrent_trials: 2
     resources_per_trial: {cpus: 1}
     max_failures: 0                # retries of a failed trial, from its last checkpoint
     checkpoint_every: null         # default: the experiment's checkpoint.every (PBT: its interval)
     storage: sweeps_out/fedprox-lr-mu   # or s3://bucket/prefix (storage_options: {...})
     ray: {address: null}
+    trackers: [tensorboard, mlflow]   # optional; off by default (sweeps.trackers)
 
 Everything is checked before anything starts. The spec itself is a pydantic model with
 ``extra='forbid'``; every value of the space (each grid/choice value, the bounds of a range) is
@@ -56,6 +59,8 @@ from engine import (
     read_yaml_file,
 )
 from engine.results import ROUND_COLUMNS, is_uri, open_storage, redact
+from sweeps.search import TRIAL_INDEX, SearchProblem, SearchSpec, check_budget, check_repeats, check_search
+from sweeps.trackers import TrackersSpec, check_trackers
 
 DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "randint", "named")
 # Grid-like kinds: every value is a trial (x num_samples). `named` is a grid over named values
@@ -71,7 +76,7 @@ RESERVED_KEYS = ("output", "ray", "checkpoint", "executor.kind", "executor.num_a
 TRIAL_COLUMNS = ("trial_id", "status", "error", "rounds_done", "total_sim_time_s",
                  "total_bytes_up", "total_bytes_down", "total_energy_j", "total_energy_wasted_j",
                  "wall_s", "node_id", "run_dir", "attempts",
-                 "resumed_from_round", "exploits", "restored_from", "pareto")
+                 "resumed_from_round", "exploits", "restored_from", "pareto", "config_id", "repeat")
 
 # YAML 1.1 (PyYAML) reads `1e-3` as a string; numbers written that way are meant as floats.
 _FLOAT_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
@@ -94,15 +99,19 @@ class _Model(BaseModel):
 
 class SchedulerSpec(_Model):
     name: Literal["fifo", "asha", "pbt"] = "fifo"
+    time_attr: Literal["rounds", "sim_time_s", "bytes_up"] = Field(
+        "rounds", description="the unit of grace_period/max_t/perturbation_interval: rounds, simulated "
+        "seconds or cumulative upload bytes")
     metric: str | None = Field(None, description="the scheduler's metric; default: the sweep's metric")
     mode: Literal["max", "min"] | None = Field(None, description="default: the sweep's mode")
     # ASHA
-    grace_period: int = Field(1, ge=1, description="ASHA: rounds before a trial may be stopped")
+    # int | float: whole rounds, or simulated seconds / bytes with another time_attr (sweeps.search)
+    grace_period: int | float = Field(1, gt=0, description="ASHA: time_attr units before a trial may be stopped")
     reduction_factor: float = Field(2.0, gt=1)
-    max_t: int | None = Field(None, ge=1, description="default: the experiment's rounds")
+    max_t: int | float | None = Field(None, gt=0, description="default: the experiment's rounds (time_attr rounds)")
     # Population Based Training
-    perturbation_interval: int = Field(
-        2, ge=1, description="PBT: rounds between exploit/explore steps (each one a checkpoint)")
+    perturbation_interval: int | float = Field(
+        2, gt=0, description="PBT: time_attr units between exploit/explore steps (each one a checkpoint)")
     hyperparam_mutations: list[str] | None = Field(
         None, description="PBT: space keys it may change; default: every key of the space")
     quantile_fraction: float = Field(0.25, ge=0, le=0.5,
@@ -165,10 +174,15 @@ class SweepSpec(_Model):
     checkpoint_every: int | None = Field(
         None, ge=1, description="rounds between trial checkpoints; default: the experiment's checkpoint.every")
     search_seed: int | None = Field(0, ge=0, description="seed of the random sampling (None: fresh)")
+    search: SearchSpec = Field(default_factory=SearchSpec, description="search algorithm (sweeps.search)")
+    repeats: int = Field(1, ge=1, description="runs of every configuration, repeat i with seed + i")
     ray: RaySpec = Field(default_factory=RaySpec)
     columns: dict[str, str] = Field(
         default_factory=dict, description="dotted key -> its column name in the tables (default: "
         "the key's last component)")
+    trackers: TrackersSpec = Field(
+        default_factory=TrackersSpec, description="experiment trackers: [tensorboard, mlflow] or "
+        "{mlflow: {tracking_uri: ...}} (sweeps.trackers); default none")
 
     @model_validator(mode="after")
     def _ranking(self) -> "SweepSpec":
@@ -231,12 +245,16 @@ class ResolvedSweep:
             return s.checkpoint_every
         if s.scheduler.name != "pbt":
             return None
+        if s.scheduler.time_attr != "rounds":  # the interval is not in rounds: any round may be a step
+            return 1
         # synch PBT pauses a trial at whatever round it waits in, and a paused function trial
         # restarts from its last checkpoint: with fewer, it would redo rounds and pause again
         return 1 if s.scheduler.synch else s.scheduler.perturbation_interval
 
     def trial_raw(self, params: dict[str, Any]) -> dict[str, Any]:
         raw = apply_overrides(self.base_raw, expand_params(self.spec.space, params))
+        if params.get(TRIAL_INDEX):  # repeat i: the experiment's seed + i, for every configuration
+            raw = apply_overrides(raw, {"seed": trial_seed(self.base_cfg.seed, params)})
         every = self.checkpoint_every
         return apply_overrides(raw, {"checkpoint.every": every}) if every is not None else raw
 
@@ -283,6 +301,8 @@ def _format_spec_errors(err: ValidationError, root: type[BaseModel] | None = Non
             for part in loc[:-1]:
                 info = getattr(parent, "model_fields", {}).get(part)
                 parent = info.annotation if info is not None else None
+                # `Model | None` (e.g. trackers.mlflow): the model's keys
+                parent = next((a for a in getattr(parent, "__args__", ()) if hasattr(a, "model_fields")), parent)
             allowed = list(getattr(parent, "model_fields", {}) or {})
             msg = "unknown key" + (f"; allowed keys: {', '.join(allowed)}" if allowed else "")
         lines.append(f"  {field} = {e.get('input')!r}: {msg}")
@@ -441,9 +461,15 @@ def param_column_names(keys: list[str], chosen: dict[str, str] | None = None) ->
     return out
 
 
+def trial_seed(base_seed: int, params: dict[str, Any]) -> int:
+    """The seed of a trial: the base experiment's plus its repeat index."""
+    return int(base_seed) + int(params.get(TRIAL_INDEX) or 0)
+
+
 def expand_params(space: dict[str, dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
-    """A trial's ``{dotted key: value}`` with the names of ``named`` dimensions replaced by their values."""
-    out = dict(params)
+    """A trial's ``{dotted key: value}`` with the names of ``named`` dimensions replaced by their values
+    (without the repeat index, which is not a config key)."""
+    out = {k: v for k, v in params.items() if k != TRIAL_INDEX}
     for key, dist in space.items():
         (kind, args), = dist.items()
         if kind == "named" and key in out:
@@ -484,18 +510,20 @@ def _check_schedule(spec: SweepSpec, cfg: ExperimentConfig, dims: dict[str, tupl
     come after the first evaluated round, and PBT may only change keys of the space."""
     s = spec.scheduler
     every = cfg.evaluation.eval_every
-    if s.name == "asha" and every > 1 and s.grace_period < min(every, cfg.rounds):
+    # budgets in simulated seconds or bytes are checked by sweeps.search.check_budget
+    in_rounds = s.time_attr == "rounds"
+    if in_rounds and s.name == "asha" and every > 1 and s.grace_period < min(every, cfg.rounds):
         raise SweepSpecError(
             f"invalid sweep spec:\n  scheduler.grace_period = {s.grace_period}: ASHA's first decision "
             f"comes after {s.grace_period} round(s) but the experiment evaluates every "
             f"{every} rounds (evaluation.eval_every), so no trial has a value then; set "
             f"grace_period >= {min(every, cfg.rounds)} (the scheduler compares the last evaluated value)")
     if s.name == "pbt":
-        if s.perturbation_interval >= cfg.rounds:
+        if in_rounds and s.perturbation_interval >= cfg.rounds:
             raise SweepSpecError(
                 f"invalid sweep spec:\n  scheduler.perturbation_interval = {s.perturbation_interval}: "
                 f"must be < the experiment's rounds ({cfg.rounds}) for PBT to act")
-        if every > 1 and s.perturbation_interval < every:
+        if in_rounds and every > 1 and s.perturbation_interval < every:
             raise SweepSpecError(
                 f"invalid sweep spec:\n  scheduler.perturbation_interval = {s.perturbation_interval}: the "
                 f"experiment evaluates every {every} rounds (evaluation.eval_every); set "
@@ -506,7 +534,7 @@ def _check_schedule(spec: SweepSpec, cfg: ExperimentConfig, dims: dict[str, tupl
                 f"invalid sweep spec:\n  checkpoint_every = {every}: synchronous PBT (scheduler.synch) "
                 "pauses trials at any round and they restart from their last checkpoint; it needs "
                 "checkpoint_every: 1 (the default with synch)")
-        if every is not None and s.perturbation_interval % every:
+        if in_rounds and every is not None and s.perturbation_interval % every:
             raise SweepSpecError(
                 f"invalid sweep spec:\n  checkpoint_every = {every}: PBT copies checkpoints every "
                 f"{s.perturbation_interval} rounds (scheduler.perturbation_interval); checkpoint_every "
@@ -518,12 +546,14 @@ def _check_schedule(spec: SweepSpec, cfg: ExperimentConfig, dims: dict[str, tupl
                     f"the space; allowed: {', '.join(dims)}")
 
 
-def count_trials(space: dict[str, tuple[str, Any]], num_samples: int) -> int:
+def count_trials(space: dict[str, tuple[str, Any]], num_samples: int, algorithm: str = "random",
+                 repeats: int = 1) -> int:
+    """Trials of a sweep: grid points x samples x repeats (a searcher: samples x repeats)."""
     grid = 1
     for kind, args in space.values():
-        if kind in GRID_KINDS:
+        if kind in GRID_KINDS and algorithm != "optuna":  # Optuna draws grid keys as choices
             grid *= len(args)
-    return grid * num_samples
+    return grid * num_samples * repeats
 
 
 def resolve(
@@ -569,6 +599,10 @@ def resolve(
             raise SweepSpecError(f"invalid sweep spec:\n  overrides: {err}") from None
     storage_path = storage_location(
         storage if storage is not None else (spec.storage or Path("sweeps_out") / spec.name))
+    try:  # before the data checks: a missing package or a bad URI needs no data loaded
+        check_trackers(spec.trackers, storage_path)
+    except ValueError as err:
+        raise SweepSpecError(f"invalid sweep spec:\n  {err}") from None
     local_storage = None if is_uri(storage_path) else Path(storage_path)  # run folders' checks
     checks_now = local_storage if data_checks is None else None
     ray_running = ray_is_up()  # pinned: the deferred checks may run while Ray starts
@@ -629,11 +663,18 @@ def resolve(
     if spec.scheduler.metric is not None:
         check_metric(spec.scheduler.metric, "scheduler.metric")
     max_t = spec.scheduler.max_t
-    if max_t is not None and max_t > base_cfg.rounds:
+    try:
+        check_search(spec.search, dims, len(spec.objectives), spec.scheduler.name)
+        check_repeats(spec.repeats, dims, spec.scheduler.name)
+        check_budget(spec.scheduler)
+    except SearchProblem as err:
+        raise SweepSpecError(f"invalid sweep spec:\n  {err}") from None
+    in_rounds = spec.scheduler.time_attr == "rounds"
+    if in_rounds and max_t is not None and max_t > base_cfg.rounds:
         raise SweepSpecError(
             f"invalid sweep spec:\n  scheduler.max_t = {max_t}: must be <= the experiment's rounds "
             f"({base_cfg.rounds})")
-    if spec.scheduler.name == "asha" and spec.scheduler.grace_period > (max_t or base_cfg.rounds):
+    if in_rounds and spec.scheduler.name == "asha" and spec.scheduler.grace_period > (max_t or base_cfg.rounds):
         raise SweepSpecError(
             f"invalid sweep spec:\n  scheduler.grace_period = {spec.scheduler.grace_period}: must be "
             f"<= max_t ({max_t or base_cfg.rounds} rounds)")
@@ -647,5 +688,5 @@ def resolve(
         raise SweepSpecError(f"invalid sweep spec:\n  storage = {storage_path!r}: {err}") from None
     return ResolvedSweep(
         spec, base_raw, storage_path, param_columns, base_cfg,
-        count_trials(dims, spec.num_samples), command,
+        count_trials(dims, spec.num_samples, spec.search.algorithm, spec.repeats), command,
     )

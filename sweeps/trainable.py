@@ -48,6 +48,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import ray
 from ray import tune
 from ray.tune import PlacementGroupFactory
@@ -66,7 +67,8 @@ from engine import (
     set_ray_gpu_ids,
     validate_experiment,
 )
-from engine.results import DirectoryMirror, Storage, StorageError, update_manifest, write_json_atomic
+from engine.results import DirectoryMirror, Storage, StorageError, read_table, update_manifest, write_json_atomic
+from sweeps.results import SEARCHER_PREFIX, searcher_values
 from sweeps.space import plain
 from sweeps.spec import ResolvedSweep
 
@@ -130,9 +132,19 @@ class TuneReporter(RunCallback):
     ``carry``: metrics also reported as ``last_<m>``, the last non-NaN value so far (rounds
     without evaluation have NaN; schedulers compare ``last_<m>``). A round after which the
     engine wrote a checkpoint is reported with it. ``mirror`` (if any) is synced before each
-    report, so what Tune has seen is in storage."""
+    report, so what Tune has seen is in storage.
 
-    def __init__(self, last_round: int, carry: tuple[str, ...] = (), mirror: DirectoryMirror | None = None):
+    Every result also carries the cumulative ``total_sim_time_s`` and ``total_bytes_up`` (what
+    ``scheduler.time_attr`` counts) and, for a searcher (``spec`` with ``search.algorithm: optuna``),
+    ``trial_<column>``: the trial-level values it optimises over the rounds so far (Tune hands a
+    searcher only the last result). ``earlier``: the rounds before a resumed run's first one."""
+
+    def __init__(self, last_round: int, carry: tuple[str, ...] = (), mirror: DirectoryMirror | None = None,
+                 spec: dict[str, Any] | None = None, earlier: pd.DataFrame | None = None):
+        self.rows: list[dict[str, Any]] = [] if earlier is None else earlier.to_dict("records")
+        self.bytes_up = sum(int(r.get("bytes_up") or 0) for r in self.rows)
+        searcher = ((spec or {}).get("search") or {}).get("algorithm") == "optuna"
+        self.searcher_spec = spec if searcher else None
         self.last_round = last_round
         self.rounds_done = 0
         self.deferred: list[dict[str, Any]] = []
@@ -148,6 +160,13 @@ class TuneReporter(RunCallback):
     def on_round_end(self, run, record) -> None:
         self.rounds_done = record.round + 1
         metrics = round_metrics(record.row)
+        self.rows.append(dict(record.row))
+        metrics["total_sim_time_s"] = float(record.row.get("sim_time_s", math.nan))
+        self.bytes_up += int(record.row.get("bytes_up") or 0)
+        metrics["total_bytes_up"] = self.bytes_up
+        if self.searcher_spec is not None:
+            values = searcher_values(pd.DataFrame(self.rows), self.searcher_spec)
+            metrics.update({SEARCHER_PREFIX + k: v for k, v in values.items()})
         for m in self.carry:
             v = metrics.get(m)
             if isinstance(v, (int, float)) and not math.isnan(v):
@@ -278,7 +297,12 @@ def hetsim_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
 
     spec = resolved.spec
     carry = (spec.metric, spec.scheduler.metric or spec.metric)
-    reporter = TuneReporter(last_round=math.inf, carry=carry, mirror=folder.mirror)
+    earlier = None
+    if first_round:  # the rounds before the checkpoint count towards the trial's totals
+        done = read_table(folder.run_dir, "rounds")
+        earlier = done[done["round"] < first_round] if done is not None and "round" in done else None
+    reporter = TuneReporter(last_round=math.inf, carry=carry, mirror=folder.mirror,
+                            spec=sweep["spec"], earlier=earlier)
     reporter.rounds_done = first_round or 0
     command = [*(resolved.command or ["hetsim", "sweep"]), f"trial={trial_id}"]
 
