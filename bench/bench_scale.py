@@ -133,12 +133,14 @@ def _line(label: str, r: dict) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("which", nargs="*", default=["synthetic", "table"], choices=["synthetic", "table"])
+    p.add_argument("which", nargs="*", default=["synthetic", "table"], help="synthetic and/or table")
     p.add_argument("--clients", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--executor", default="inprocess", choices=["inprocess", "ray"])
     p.add_argument("--table-dir", default=os.path.join(tempfile.gettempdir(), "hetsim-million"))
     a = p.parse_args()
+    if set(a.which) - {"synthetic", "table"}:
+        p.error(f"cases {sorted(set(a.which) - {'synthetic', 'table'})} are unknown; allowed: synthetic, table")
     print(f"# {' '.join(sys.argv)}  (cpus: {os.cpu_count()}, executor: {a.executor}, {PER_ROUND} clients "
           f"selected per round, {a.rounds} rounds)")
     print(f"    {'case':<28} {'tree MB':>9} {'process MB':>11} {'setup s':>8} {'s/round':>8} {'arrived':>8}")
