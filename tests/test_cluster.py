@@ -275,9 +275,9 @@ def test_a_ray_run_joined_to_the_cluster_hosts_clients_on_both_nodes_without_a_s
             assert run.manifest["status"] == "finished", name
             nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
             ex = run.manifest["executor"]
-            assert len(nodes) == 2 and set(ex["actor_nodes"]) == nodes, (name, ex)  # an actor on each node
-            # the worker node's actor runs in the worker's mount namespace (its private disk)
-            assert sorted(mount_namespace(p) == mount_namespace() for p in ex["actor_pids"]) == [False, True], name
+            # an actor on each node (the worker's sees its own disk at private_dir: the refusal below
+            # shows it lacks what the head wrote there; its actor's process is gone once the run ends)
+            assert len(nodes) == 2 and set(ex["actor_nodes"]) == nodes, (name, ex)
             ran = run.clients.dropna(subset=["wall_fit_s"])
             assert len(ran) == 12 and set(ran["client_id"] % 2) == {0, 1}, name  # both actors' clients ran
             local = load_run(run_experiment(load_config(None, [*dataset, *ON_BOTH_NODES]), tmp_path / f"{name}-local"))
