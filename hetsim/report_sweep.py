@@ -259,19 +259,30 @@ def _pareto_figure(page, s, objectives) -> None:
             order = np.argsort(x[front].to_numpy())
             ax.plot(x[front].to_numpy()[order], y[front].to_numpy()[order], color="#C44E52", linewidth=0.8,
                     zorder=2)
-        for (_, row), xi, yi in zip(t[front].iterrows(), x[front], y[front]):
-            ax.annotate(", ".join(f"{c}={format_param(row[c])}" for c in params), (xi, yi), fontsize=7,
-                        xytext=(3, 3), textcoords="offset points")
+        _label_front(ax, t[front], x[front], y[front], params)
         ax.set_xlabel(f"{a['name']} ({a['mode']})")
         ax.set_ylabel(f"{b['name']} ({b['mode']})")
     plots.fig_legend(fig, axes[0])
-    fig.suptitle(f"Trade-offs: every {'configuration (means over seeds)' if repeated else 'trial'}, the "
-                 "Pareto-optimal ones labelled with their hyperparameters",
+    fig.suptitle(f"Trade-offs: every {'configuration (means over seeds)' if repeated else 'trial'};\n"
+                 "the Pareto-optimal ones labelled with their hyperparameters",
                  x=0.01, ha="left", fontsize=11)
     page.figure(PARETO_FIGURE, fig, "each panel: two of the spec's objectives; red: trials no other trial "
                 "dominates in all objectives together (a trial may be optimal only through a third one)"
                 + ("; with repeats one point per configuration, the means over its seeds with their 95 % "
                    "intervals as error bars" if repeated else ""))
+
+
+def _label_front(ax, front, x, y, params) -> None:
+    """One label per point of the front: points at the same place share one (a line each), and
+    neighbours along x alternate above and below so their labels do not print over each other."""
+    labels: dict[tuple[float, float], list[str]] = {}
+    for (_, row), xi, yi in zip(front.iterrows(), x, y):
+        text = ", ".join(f"{c}={format_param(row[c])}" for c in params)
+        labels.setdefault((float(xi), float(yi)), []).append(text)
+    for k, ((xi, yi), texts) in enumerate(sorted(labels.items())):
+        above = k % 2 == 0
+        ax.annotate("\n".join(texts), (xi, yi), fontsize=7, xytext=(4, 4 if above else -6),
+                    textcoords="offset points", va="bottom" if above else "top")
 
 
 def _sweep_curves(page, s, ok, metric) -> None:
