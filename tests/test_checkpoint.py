@@ -14,7 +14,7 @@ import pytest
 
 from algorithms import ALGORITHMS
 from engine.checkpoint.folder import list_checkpoints
-from engine.checkpoint.format import CheckpointError
+from engine.checkpoint.format import CheckpointError, load_client_states
 from engine.checkpoint.snapshot import restore_checkpoint, write_checkpoint
 from engine.config.schema import load_config
 from engine.errors import ConfigError
@@ -143,8 +143,64 @@ def test_run_folder_keeps_the_newest_checkpoints_with_an_index(tmp_path):
     index = json.loads((path / "checkpoints" / "index.json").read_text())
     assert [e["next_round"] for e in index["checkpoints"]] == [4, 6]
     meta = json.loads((path / "checkpoints" / "round-000006" / "checkpoint.json").read_text())
-    assert meta["tables"]["rounds"] == 6 and meta["client_states"][0]["file"] == "clients-0000.pt"
+    # the newest shard holds what changed since the previous checkpoint, whose shards are linked
+    assert meta["tables"]["rounds"] == 6 and meta["client_states"][-1]["file"] == "clients-0000.pt"
+    assert all(s["linked"] for s in meta["client_states"][:-1])
     assert meta["bytes"] == sum(f.stat().st_size for f in (path / "checkpoints/round-000006").glob("*.pt"))
+
+
+@pytest.mark.parametrize("method", ["fedavg_compressed-topk", "fedcspack-own_mask", "ascend-egreedy"])
+def test_checkpoints_write_what_changed_and_link_the_rest_then_resume_bit_identically(tmp_path, method):
+    """Checkpoints every round: each writes the states of the clients that changed since the last
+    one and hard-links the earlier shards (same inodes, no bytes), compacting before the links
+    hold over twice the live states; a run restored from the end of such a chain continues
+    exactly as the uninterrupted run."""
+    cfg = cfg_of(*METHODS[method], "rounds=8", "clients.num_clients=24", "clients.participation=0.25",
+                 "checkpoint.every=1", "checkpoint.keep=8")
+    path = run_experiment(cfg, tmp_path / "run")
+    found = list_checkpoints(path)
+    assert [n for n, _ in found] == list(range(1, 8))  # none after the last round: the run is complete
+    metas = [json.loads((d / "checkpoint.json").read_text()) for _, d in found]
+    clients = load_run(path).clients
+    linked_some = False
+    for (n, d), meta, (_, before) in zip(found[1:], metas[1:], found):
+        shards = meta["client_states"]
+        newest = shards[-1]
+        assert newest["file"] == "clients-0000.pt" and not newest["linked"]
+        for s in shards[:-1]:  # the earlier shards: the previous checkpoint's files, linked
+            assert s["linked"]
+            match = [f for f in before.iterdir() if os.stat(f).st_ino == os.stat(d / s["file"]).st_ino]
+            assert match, (n, s["file"])
+            linked_some = True
+        held = sum(s["clients"] for s in shards)
+        live = len(load_client_states([d / s["file"] for s in shards], lambda cid: True))
+        assert held <= 2 * live + 8, (n, held, live)  # else one full shard is written instead
+        if len(shards) > 1:  # a delta: only the clients that ran in round n-1 (and any lost since)
+            ran = clients[(clients["round"] == n - 1) & clients["train_loss"].notna()]["client_id"].nunique()
+            assert newest["clients"] <= ran + 8, (n, newest["clients"], ran)
+        assert meta["written_bytes"] < meta["bytes"] or len(shards) == 1
+    assert linked_some
+    # the chain's end restores the same states as the uninterrupted run holds
+    reference = Collect()
+    simulation(cfg).run([reference])
+    resumed = simulation(cfg)
+    restore_checkpoint(resumed, found[5][1])
+    tail = Collect()
+    assert resumed.run([tail]) == "finished"
+    assert_same_tables(frames(tail.records), frames(reference.records[6:]))
+
+
+def test_when_every_state_changes_each_round_the_links_are_compacted_into_one_full_shard(tmp_path):
+    cfg = cfg_of(*METHODS["fedavg_compressed-topk"], "rounds=6", "clients.participation=1.0",
+                 "clock.over_selection=1.0", "clients.profiles={availability: 1.0, dropout: 0.0}",
+                 "checkpoint.every=1", "checkpoint.keep=6")
+    found = list_checkpoints(run_experiment(cfg, tmp_path / "run"))
+    layouts = [[s["linked"] for s in json.loads((d / "checkpoint.json").read_text())["client_states"]]
+               for _, d in found]
+    # (nearly) every state changes each round: linking would pile up superseded states, so within
+    # three checkpoints one full shard is written again, and the files never accumulate
+    assert layouts[0] == [False] and [False] in layouts[1:4], layouts
+    assert max(len(x) for x in layouts) <= 3, layouts
 
 
 def test_every_zero_checkpoints_only_when_the_run_ends_early(tmp_path):

@@ -93,6 +93,15 @@ def load_client_states(sources: Iterable[str | Path | bytes], owns: Callable[[in
     return dict(sorted(out.items()))
 
 
+def shard_entries(info: dict, host: int, num_hosts: int) -> list[dict]:
+    """checkpoint.json's entries for one host's shards (``ClientHost.save_states``'s ``files``,
+    oldest first; ``linked``: hard-linked from the previous checkpoint, no bytes written)."""
+    files = info.get("files") or [{"file": shard_name(host), "clients": info["clients"], "bytes": info["bytes"],
+                                   "linked": False}]
+    return [{"file": f["file"] or shard_name(host), "host": host, "num_hosts": num_hosts,
+             "clients": f["clients"], "bytes": f["bytes"], "linked": bool(f.get("linked"))} for f in files]
+
+
 def shards_for(shards: list[dict], num_hosts: int, host: int) -> list[dict]:
     """Shards host ``host`` of ``num_hosts`` must read: its own if the layout is unchanged."""
     same = [s for s in shards if s["num_hosts"] == num_hosts and s["host"] == host]

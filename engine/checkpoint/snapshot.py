@@ -174,6 +174,8 @@ def write_checkpoint(
             "server": {"file": SERVER_FILE, "bytes": server_bytes},
             "client_states": shards,
             "bytes": server_bytes + sum(s["bytes"] for s in shards),
+            # what this checkpoint wrote: client shards linked from the previous one cost nothing
+            "written_bytes": server_bytes + sum(s["bytes"] for s in shards if not s.get("linked")),
             "write_s": None,
         }
         meta["write_s"] = time.perf_counter() - t0

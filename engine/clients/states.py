@@ -50,6 +50,11 @@ class ClientStates(MutableMapping):
         self._sizes: dict[int, int] = {}
         self._on_disk: dict[int, int] = {}  # client -> bytes of its spill file
         self.memory_bytes = 0
+        # since the last checkpoint shard (engine.clients.host.ClientHost.save_states): the clients
+        # whose state was set or read for change, and whether a state was removed (a shard that only
+        # adds states cannot say that)
+        self.dirty: set[int] = set()
+        self.removed = False
 
     # ------------------------------------------------------------------ mapping
     def __getitem__(self, cid: int) -> dict:
@@ -70,12 +75,14 @@ class ClientStates(MutableMapping):
         cid = int(cid)
         self._forget(cid)
         self._keep(cid, state)
+        self.dirty.add(cid)
 
     def __delitem__(self, cid: int) -> None:
         cid = int(cid)
         if cid not in self:
             raise KeyError(cid)
         self._forget(cid)
+        self.removed = True
 
     def __contains__(self, cid) -> bool:
         return int(cid) in self._memory or int(cid) in self._on_disk
@@ -88,7 +95,11 @@ class ClientStates(MutableMapping):
 
     def items(self):  # without promoting every spilled state into memory (a checkpoint reads them all)
         for cid in self:
-            yield cid, (self._memory[cid] if cid in self._memory else load_blob(self._path(cid)))
+            yield cid, self.peek(cid)
+
+    def peek(self, cid: int) -> dict:
+        """The state, read from disk if spilled, without bringing it back into memory."""
+        return self._memory[cid] if cid in self._memory else load_blob(self._path(cid))
 
     # ------------------------------------------------------------------ budget
     @property

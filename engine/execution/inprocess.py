@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from engine.checkpoint.format import shard_name, shards_for
+from engine.checkpoint.format import shard_entries, shard_name, shards_for
 from engine.clients.device import describe_device
 from engine.clients.host import ClientHost, HostSetup
 from engine.execution.base import Executor, RoundReply
@@ -48,7 +48,7 @@ class InProcessExecutor(Executor):
 
     def save_client_states(self, directory):
         info = self.host.save_states(Path(directory) / shard_name(0))
-        return [{"file": shard_name(0), "host": 0, "num_hosts": 1, **info}]
+        return shard_entries(info, host=0, num_hosts=1)
 
     def load_client_states(self, directory, shards):
         self.host.load_states([Path(directory) / s["file"] for s in shards_for(shards, 1, 0)], 1, 0)

@@ -30,7 +30,7 @@ import numpy as np
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from engine.checkpoint.format import shard_name, shards_for
+from engine.checkpoint.format import shard_entries, shard_name, shards_for
 from engine.checkpoint.snapshot import read_meta
 from engine.clients.device import DeviceError
 from engine.clients.host import ClientFailure, HostSetup
@@ -224,7 +224,7 @@ class RayExecutor(Executor):
                     for offset in range(0, info["bytes"], CHUNK_BYTES):
                         f.write(ray.get(actor.read_outbox.remote(offset, CHUNK_BYTES)))
                 actor.clear_outbox.remote()
-            shards.append({"file": shard_name(a), "host": a, "num_hosts": self.num_actors, **info})
+            shards += shard_entries(info, host=a, num_hosts=self.num_actors)
         return shards
 
     def load_client_states(self, directory, shards):
