@@ -11,12 +11,9 @@ the results do not depend on which host runs a client or in which order.
 """
 from __future__ import annotations
 
-import os
-import re
 import time
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,8 +22,8 @@ import torch
 from algorithms import ALGORITHMS
 from algorithms.base import Broadcast, ClientContext, ClientResult, TrainSettings
 from algorithms.training import evaluate, round_lr
-from engine.checkpoint.format import load_client_states, save_client_states, shard_name
 from engine.clients.device import prepare_device, resolve_device
+from engine.clients.shards import load_shards, save_shards
 from engine.clients.states import ClientStates
 from engine.config.schema import ExperimentConfig
 from engine.data.partition import FederatedData
@@ -42,23 +39,6 @@ class HostSetup:
     profiles: Any  # hardware_profiles.ProfileTable
     arch_names: list[str]  # architecture name per code; "" when all clients share one model
     client_arch: np.ndarray  # int code per client (into arch_names)
-
-
-MAX_LINKED = 16  # previous shards a checkpoint may link before it writes one full shard again
-_TMP_SUFFIX = re.compile(r"\.tmp-\d+$")  # engine.checkpoint.snapshot writes into <name>.tmp-<pid>, then renames
-
-
-def _name(dest) -> str:
-    return Path(dest).name if isinstance(dest, (str, Path)) else ""
-
-
-def _committed_folder(folder: Path) -> Path:
-    return folder.with_name(_TMP_SUFFIX.sub("", folder.name))
-
-
-def _file_id(path: Path) -> tuple[int, int]:
-    st = os.stat(path)
-    return st.st_ino, st.st_size
 
 
 class ClientFailure(RuntimeError):
@@ -330,52 +310,9 @@ class ClientHost:
 
     def save_states(self, dest) -> dict:
         """Write the hosted clients' states as checkpoint shards (``dest``: a path or a file
-        object); returns ``{"clients", "bytes", "files": [{"file", "clients", "bytes", "linked"}]}``,
-        the files oldest first (a later one's state of a client replaces an earlier one's).
-
-        Incremental where it can be: when ``dest`` is a path beside which this host's shards of
-        its previous checkpoint still are (same files: inode and size), those are hard-linked into
-        ``dest``'s folder (no bytes written) and ``dest`` holds only the states changed since
-        (:attr:`ClientStates.dirty`). A full shard is written instead after a restore into another
-        host layout, a removed state, or when the linked files would hold over twice the live
-        states (or 16 files): so a checkpoint writes what changed, not every state again."""
-        states = self.states
-        linked = self._linkable(dest)
-        if linked is None:
-            info = save_client_states(states, dest)
-            files = [{"file": _name(dest), "clients": info["clients"], "bytes": info["bytes"], "linked": False}]
-        else:
-            folder, stem = Path(dest).parent, Path(dest).stem
-            files = []
-            for i, prev in enumerate(linked):
-                name = f"{stem}-{i:03d}.pt"
-                os.link(prev["path"], folder / name)
-                files.append({"file": name, "clients": prev["clients"], "bytes": prev["bytes"], "linked": True})
-            delta = save_client_states({cid: states.peek(cid) for cid in sorted(states.dirty) if cid in states}, dest)
-            files.append({"file": _name(dest), "clients": delta["clients"], "bytes": delta["bytes"], "linked": False})
-        states.dirty.clear()
-        states.removed = False
-        if isinstance(dest, (str, Path)):  # where these files are once the checkpoint is committed
-            final = _committed_folder(Path(dest).parent)
-            self._previous = [{**f, "path": final / f["file"], "id": _file_id(Path(dest).parent / f["file"])}
-                              for f in files]
-        else:
-            self._previous = None  # shipped to another node: nothing here to link next time
-        return {"clients": len(states), "bytes": sum(f["bytes"] for f in files if not f["linked"]), "files": files}
-
-    def _linkable(self, dest) -> list[dict] | None:
-        """This host's previous shards, if the next one may link them (see :meth:`save_states`)."""
-        prev, states = self._previous, self.states
-        if prev is None or states.removed or not isinstance(dest, (str, Path)) or len(prev) >= MAX_LINKED:
-            return None
-        if sum(p["clients"] for p in prev) + len(states.dirty) > 2 * len(states) + 8:
-            return None  # mostly superseded states: compact into one full shard
-        try:
-            if any(_file_id(p["path"]) != p["id"] for p in prev):
-                return None  # that checkpoint was not committed, or was replaced
-        except OSError:
-            return None
-        return prev
+        object), incrementally where it can (:func:`engine.clients.shards.save_shards`)."""
+        info, self._previous = save_shards(self.states, dest, self._previous)
+        return info
 
     def load_states(self, sources, num_hosts: int = 1, host: int = 0) -> int:
         """Replace the hosted clients' states by those in the shards ``sources`` (paths or
@@ -383,19 +320,7 @@ class ClientHost:
         without a saved state start from their initial (empty) state. Returns how many."""
         self.states.close()
         self.states = self._new_states()
-        sources = list(sources)
-        owns = lambda cid: cid % num_hosts == host  # noqa: E731
-        previous = []
-        for src in sources:  # in order: a later shard's state of a client replaces an earlier one's
-            loaded = load_client_states([src], owns)
-            self.states.update(loaded)
-            if isinstance(src, (str, Path)):
-                previous.append({"path": Path(src), "clients": len(loaded), "bytes": os.path.getsize(src),
-                                 "id": _file_id(Path(src))})
-        self.states.dirty.clear()
-        # its own shards (names of this host; a changed layout reads every host's): linkable next time
-        own = [p for p in previous if Path(p["path"]).name.startswith(shard_name(host).removesuffix(".pt"))]
-        self._previous = previous if previous and len(own) == len(previous) == len(sources) else None
+        self._previous = load_shards(self.states, list(sources), num_hosts, host)
         return len(self.states)
 
     def _new_states(self) -> ClientStates:
