@@ -172,18 +172,22 @@ class SweepProgress:
 
 
 @contextmanager
-def quiet_tune():
-    """Tune's loggers muted (see :data:`MUTED_LOGGERS`) for the duration; restored after."""
-    saved = {name: logging.getLogger(name).level for name in (*MUTED_LOGGERS, *KEPT_LOGGERS)}
-    for name in MUTED_LOGGERS:
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-    for name in KEPT_LOGGERS:
-        logging.getLogger(name).setLevel(logging.WARNING)
+def logger_levels(levels: dict[str, int]):
+    """These loggers at these levels for the duration; their own levels restored after."""
+    saved = {name: logging.getLogger(name).level for name in levels}
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
     try:
         yield
     finally:
         for name, level in saved.items():
             logging.getLogger(name).setLevel(level)
+
+
+def quiet_tune():
+    """Tune's loggers muted (see :data:`MUTED_LOGGERS`) for the duration; restored after."""
+    return logger_levels({**{name: logging.CRITICAL for name in MUTED_LOGGERS},
+                          **{name: logging.WARNING for name in KEPT_LOGGERS}})
 
 
 def say(message: str) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from contextlib import contextmanager
 from typing import Any
 
 from mlflow.entities import Metric, Param
@@ -23,21 +22,14 @@ from mlflow.tracking import MlflowClient
 from ray.air.integrations.mlflow import MLflowLoggerCallback
 
 from engine.results import WALL_COLUMNS
+from sweeps.callbacks import logger_levels
 from sweeps.tracker_tensorboard import round_scalars
 
 CHATTY_LOGGERS = ("mlflow", "alembic")  # "Creating initial MLflow database tables..." and migrations
 
 
-@contextmanager
 def _quiet():
-    saved = {name: logging.getLogger(name).level for name in CHATTY_LOGGERS}
-    for name in CHATTY_LOGGERS:
-        logging.getLogger(name).setLevel(logging.WARNING)
-    try:
-        yield
-    finally:
-        for name, level in saved.items():
-            logging.getLogger(name).setLevel(level)
+    return logger_levels({name: logging.WARNING for name in CHATTY_LOGGERS})
 
 
 def _same(values: dict[str, float]) -> tuple:

@@ -164,17 +164,34 @@ def hold_run_folder(path: str | Path) -> None:
             raise
         me = process_identity()
         note = {**me, "since": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(note) + "\n").encode(), 0)
+        text = (json.dumps(note) + "\n").encode()
+        os.pwrite(fd, text, 0)  # then cut what an earlier holder's longer note left: never empty
+        os.ftruncate(fd, len(text))
         _held[key] = (fd, threading.get_ident())
 
 
-def _holder_text(fd: int) -> str:
+def _holder_text(fd: int, wait_s: float = 2.0) -> str:
+    """Who holds the lock, from its note; the holder writes it just after it takes the lock, so
+    an empty note, or a dead process's left from an earlier run, is read again for ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            note = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+            if note["host"] != platform.node() or _alive(note):
+                return f"pid {note['pid']} on {note['host']} since {note['since']}"
+        except (OSError, ValueError, KeyError, TypeError):  # not written yet
+            pass
+        if time.monotonic() > deadline:
+            return "another process"
+        time.sleep(0.05)
+
+
+def _alive(note: dict) -> bool:
+    """Whether the note's process runs on this host (its pid and start time: a pid is reused)."""
     try:
-        note = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
-        return f"pid {note['pid']} on {note['host']} since {note['since']}"
-    except (OSError, ValueError, KeyError, TypeError):  # the holder has not written it yet
-        return "another process"
+        return process_identity(int(note["pid"]))["pid_start"] == note.get("pid_start")
+    except (OSError, ValueError):
+        return False
 
 
 def release_run_folder(path: str | Path) -> None:
