@@ -293,7 +293,7 @@ class AscendClient(CompressedFedAvgClient):
                 raise ValueError("reward v3's warm-up order needs the client's generator")
             return EpsilonGreedyEMA(
                 list(p.arms), warmup=p.warmup, c=p.eps_c, eps_min=p.eps_min,
-                epsilon_fixed=p.epsilon, lam=p.ema_lambda,
+                epsilon_fixed=p.epsilon, lam=p.ema_lambda, mean=p.q_update == "mean",
                 order=rng.permutation(len(p.arms)).tolist() if v3 else None, blocks=v3,
             )
         if p.policy == "exp3":
@@ -307,6 +307,7 @@ class AscendClient(CompressedFedAvgClient):
         p = self.params
         if isinstance(policy, EpsilonGreedyEMA):
             policy.c, policy.eps_min, policy.epsilon_fixed, policy.lam = p.eps_c, p.eps_min, p.epsilon, p.ema_lambda
+            policy.mean = p.q_update == "mean"
         elif isinstance(policy, Exp3):
             policy.gamma = p.exp3_gamma
 

@@ -73,7 +73,9 @@ class EpsilonGreedyEMA:
       index (from 1) of this policy's own post-warm-up choice (one policy per client, so t' counts
       the client's own choices, not global rounds). With probability eps a uniformly random arm
       ("explore"), else ``argmax Q`` with ties to the lowest index ("exploit").
-    * ``update(arm, r)`` after the warm-up: ``Q(arm) <- (1-lam) Q(arm) + lam r`` (that arm only).
+    * ``update(arm, r)`` after the warm-up: ``Q(arm) <- (1-lam) Q(arm) + lam r`` (that arm only);
+      with ``mean`` (a stationary bandit) ``Q(arm)`` is instead the sample mean of every reward
+      the arm has had, its warm-up rewards included.
 
     Each ``choose`` draws exactly one uniform (the epsilon test; none during warm-up) and, when
     exploring, one integer from ``rng``.
@@ -87,6 +89,7 @@ class EpsilonGreedyEMA:
     lam: float = DEFAULT_EMA_LAMBDA
     order: list[int] | None = None  # warm-up order of the arm indices; None: 0, 1, ..., |S|-1
     blocks: bool = False  # warm-up in blocks of `warmup` consecutive plays per arm
+    mean: bool = False  # Q = sample mean instead of the EMA
     # state
     q: np.ndarray = field(default=None)  # type: ignore[assignment]
     warmup_choices: int = 0
@@ -174,7 +177,11 @@ class EpsilonGreedyEMA:
             self.warmup_sum[i] += r
             self.warmup_count[i] += 1
             return
-        self.q[i] = (1.0 - self.lam) * self.q[i] + self.lam * r
+        if self.mean:  # rewards in the mean: the warm-up's kept ones and every one since
+            n = self.warmup_count[i] + self.updates[i] - self.warmup_seen[i]
+            self.q[i] += (r - self.q[i]) / n
+        else:
+            self.q[i] = (1.0 - self.lam) * self.q[i] + self.lam * r
 
     def _finish_warmup(self) -> None:
         total = self.warmup_count.sum()

@@ -245,6 +245,9 @@ class AscendParams(CompressionOptions):
                          "the client's own choices since its warm-up")
     eps_min: float = Field(0.03, ge=0, le=1, description="floor of the decaying epsilon")
     ema_lambda: float = Field(0.3, gt=0, le=1, description="EMA step of the chosen arm's value")
+    q_update: Literal["ema", "mean"] = Field(
+        "ema", description="ema: Q <- (1-ema_lambda) Q + ema_lambda r, tracks arm values that drift (e.g. on "
+        "changing links); mean: the sample mean of the arm's rewards, a stationary bandit (for comparison)")
     exp3_gamma: float = Field(0.1, gt=0, le=1, description="EXP3 uniform-mixing rate")
     learn_from_forced: bool = Field(False, description="feed rewards of forced (post-rollback) rounds to the policy")
     # reward

@@ -23,15 +23,18 @@ Experiments (``--experiments``; each one answers one claim):
 * ``qsgd8``  a fourth arm, 8-bit stochastic quantisation: ``ascend4`` (arms topk, randomk,
   periodick, qsgd8) and uniform ``qsgd8`` at K = 10000.
 
-``--design v3`` runs the study design of the spec's version 3 instead (``plan_v3``): K as a ratio
-of d (``--ratios``), every client of a cell on one bandwidth (``--bandwidths`` 5 / 50 / 500
-Mbps), >= 60 rounds, >= 5 paired seeds; cells ``v3main`` (ASCEND v3 against EXP3 with the same
-reward, the uniform compressors, ASCEND v2 and v1), ``v3alpha`` (Dirichlet 0.1 and 1), ``v3steps``
-(2 local SGD steps instead of an epoch), ``v3joint`` (joint (compressor, K) arms). Uniform
-baselines there are ASCEND with a fixed arm and reward v3: the same held-out probe, measurement
-forwards and selection pricing as ASCEND, so a difference is the choice alone. Results add, per
-cell, the ground truth (the uniform compressor with the best mean AUC) and paired differences
-of AUC (ASCEND minus each other variant, same seeds) with bootstrap 95 % intervals.
+``--design v3`` runs the study design of the spec's version 3 instead (``V3_CELLS``, ``plan_v3``):
+K as a ratio of d (``--ratios``), every client of a cell on one bandwidth (``--bandwidths``, 5 and
+500 Mbps), >= 60 rounds, >= 5 paired seeds. Cells: ``v3main`` (ASCEND v3 against the uniform
+compressors at both bandwidths and K/d 0.01 / 0.1; at 5 Mbps and K/d 0.01 also EXP3 with the same
+reward, ASCEND v2 and v1, and joint (compressor, K) arms), ``v3alpha0.1`` / ``v3alpha1`` (Dirichlet
+0.1 and 1), ``v3steps`` (2 local SGD steps instead of an epoch), ``v3markov`` (Gilbert-Elliott links:
+the EMA bandit against a sample-mean one, ``ascend_mean``) and the what-if ``v3slowtopk`` (Top-K's
+selection 100x the catalog's ns per element). Uniform baselines there are ASCEND with a fixed arm
+and reward v3: the same held-out probe, measurement forwards and selection pricing as ASCEND, so a
+difference is the choice alone. Results add, per cell, the ground truth (the uniform compressor
+with the best mean AUC) and paired differences of AUC (ASCEND minus each other variant, same
+seeds) with bootstrap 95 % intervals.
 
 Outputs under ``--out``: one run folder per (experiment, K, variant, seed), ``summary.parquet``
 (one row per run), ``arms.parquet`` (arm shares per group and run) and ``results.md`` (the tables:
@@ -60,12 +63,12 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-ADAPTIVE = ("ascend", "ascend_v1", "ascend_v2", "ascend_rho0", "exp3", "ascend4", "ascend_joint")
+ADAPTIVE = ("ascend", "ascend_v1", "ascend_v2", "ascend_rho0", "exp3", "ascend4", "ascend_joint", "ascend_mean")
 UNIFORM = ("topk", "randomk", "periodick", "qsgd8")
 ARMS4 = ("topk", "randomk", "periodick", "qsgd8")
 POLICY_REASONS = ("explore", "exploit", "sample")  # the policy's own choices (not warm-up / forced)
 EXPERIMENTS = ("main", "alpha", "k", "model", "qsgd8")
-EXPERIMENTS_V3 = ("v3main", "v3alpha", "v3steps", "v3joint")
+EXPERIMENTS_V3 = ("v3main", "v3alpha0.1", "v3alpha1", "v3steps", "v3markov", "v3slowtopk")
 JOINT_ARMS = [[a, r] for a in ("topk", "randomk") for r in (0.01, 0.05, 0.25)]  # the spec's example
 BOOTSTRAP = 2000  # resamples of the paired seeds
 TARGETS = (0.7, 0.8, 0.85)  # accuracies whose simulated time-to-reach is reported
@@ -90,24 +93,33 @@ def plan(args: argparse.Namespace) -> list[tuple[str, int, str, dict[str, Any]]]
     return out
 
 
+# the v3 cells run (experiment, Mbps, K/d ratios, variants, config changes), sized to the CPU
+# budget of one sitting on 2 cores (docs/ascend.md says what ran and for how long)
+V3_CELLS: list[tuple[str, int, tuple[float, ...], list[str], dict[str, Any]]] = [
+    ("v3main", 5, (0.01,), ["ascend", "exp3", "topk", "randomk", "periodick", "ascend_v2", "ascend_v1",
+                            "ascend_joint"], {}),
+    ("v3main", 5, (0.1,), ["ascend", "topk", "randomk", "periodick"], {}),
+    ("v3main", 500, (0.01, 0.1), ["ascend", "topk", "randomk", "periodick"], {}),
+    ("v3alpha0.1", 5, (0.01,), ["ascend", "topk"], {"alpha": 0.1}),
+    ("v3alpha1", 5, (0.01,), ["ascend", "topk"], {"alpha": 1.0}),
+    ("v3steps", 5, (0.01,), ["ascend", "topk", "randomk", "periodick"], {"local_steps": 2}),
+    # Gilbert-Elliott links (a tenth of the rate in the bad state): EMA against a stationary bandit
+    ("v3markov", 5, (0.1,), ["ascend", "ascend_mean", "topk", "randomk"], {"local_steps": 2, "markov": True}),
+    # what-if: Top-K's selection 100x the catalog's ns per element (a device without a fast sort)
+    ("v3slowtopk", 500, (0.1,), ["ascend", "topk", "randomk"], {"local_steps": 2, "slow_topk": 100.0}),
+]
+
+
 def plan_v3(args: argparse.Namespace) -> list[tuple[str, Any, str, dict[str, Any]]]:
-    """(experiment, K/d, variant, config changes) of the v3 design; every cell on one bandwidth."""
-    uniform = ["topk", "randomk", "periodick"]
-    main = ["ascend", "exp3", *uniform, "ascend_v2", "ascend_v1"]
+    """(experiment, K/d, variant, config changes) of the v3 design; every cell on one bandwidth.
+    ``--bandwidths`` / ``--ratios`` keep only the cells (and ratios) they name."""
     out: list[tuple[str, Any, str, dict[str, Any]]] = []
-    for bw in args.bandwidths:
-        net = {"network": f"{bw}mbps"}
-        for exp in args.experiments:
-            if exp == "v3main":
-                out += [(f"v3main-{bw}mbps", r, v, net) for r in args.ratios for v in main]
-            elif exp == "v3alpha":
-                out += [(f"v3alpha{a:g}-{bw}mbps", args.ratios[0], v, {**net, "alpha": a})
-                        for a in (0.1, 1.0) for v in ["ascend", "exp3", *uniform]]
-            elif exp == "v3steps":
-                out += [(f"v3steps-{bw}mbps", r, v, {**net, "local_steps": 2}) for r in args.ratios
-                        for v in ["ascend", *uniform]]
-            elif exp == "v3joint":
-                out += [(f"v3joint-{bw}mbps", args.ratios[0], v, net) for v in ["ascend_joint", "ascend"]]
+    for exp, bw, ratios, variants, change in V3_CELLS:
+        if exp not in args.experiments or bw not in args.bandwidths:
+            continue
+        for r in ratios:
+            if r in args.ratios:
+                out += [(f"{exp}-{bw}mbps", r, v, {**change, "network": f"{bw}mbps"}) for v in variants]
     return out
 
 
@@ -137,6 +149,16 @@ def base_config(args: argparse.Namespace, change: dict[str, Any]) -> dict[str, A
     if "local_steps" in change:
         cfg["train"] = {**cfg["train"], "local_steps": change["local_steps"]}
         del cfg["train"]["local_epochs"]
+    if change.get("markov"):
+        cfg["clients"]["profiles"]["conditions"] = {"sets": {"fading": {"down": "gilbert_elliott",
+                                                                        "up": "gilbert_elliott"}}}
+    if "slow_topk" in change:  # both tiers' Top-K ns per element scaled (a catalog override)
+        from hardware_profiles.catalog import load_catalog
+
+        tiers, fields = load_catalog().devices, ("topk_ns_in_cache", "topk_ns_out_of_cache")
+        cfg["clients"]["profiles"]["catalog"] = {"devices": {
+            name: {f: getattr(tiers[name], f) * change["slow_topk"] for f in fields}
+            for name in cfg["clients"]["profiles"]["devices"]}}
     if change.get("model") == "three":  # same device and link for all; only the model differs
         n = cfg["clients"]["num_clients"]
         arch = ["lenet5_half", "lenet5", "cifar_cnn"]
@@ -157,6 +179,8 @@ def variant_algorithm(variant: str, k: int | float, args: argparse.Namespace) ->
         algo.update(policy="egreedy", reward="v2")
     elif variant == "ascend_joint":
         algo.update(policy="egreedy", arms=JOINT_ARMS)
+    elif variant == "ascend_mean":
+        algo.update(policy="egreedy", q_update="mean")
     elif variant == "ascend_rho0":
         algo.update(policy="egreedy", rho=0.0)
     elif variant == "ascend4":
@@ -190,10 +214,11 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def _finished(path: Path) -> bool:
+    """Finished, or stopped as diverged (non-finite uploads; a result too: not run again)."""
     from engine.results.tables import load_run
 
     try:
-        return load_run(path).manifest.get("status") == "finished"
+        return load_run(path).manifest.get("status") in ("finished", "diverged")
     except Exception:  # noqa: BLE001 - no run folder yet, or an unreadable one
         return False
 
@@ -202,6 +227,8 @@ def run_metrics(run) -> dict[str, Any]:
     """Accuracy, time, bytes, rollbacks and reward diagnostics of one run."""
     r, c = run.rounds, run.clients
     out: dict[str, Any] = {
+        "diverged": run.manifest.get("status") == "diverged",
+        "rounds_run": len(r),
         "final_acc": float(r["global_acc"].iloc[-1]),
         "sim_time_s": float(r["sim_time_s"].iloc[-1]),
         "mb_up": float(r["bytes_up"].sum() / 1e6),
@@ -274,6 +301,15 @@ def ground_truth(summary: pd.DataFrame, arms: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def cell_budgets(summary: pd.DataFrame) -> pd.Series:
+    """Per run, the common simulated-time budget of its (experiment, K, seed): the shortest run
+    there that did not diverge (a diverged run stays at its last accuracy, ~chance, for the rest
+    of the budget); the shortest run of all if every one diverged."""
+    keys = [summary["experiment"], summary["k"], summary["seed"]]
+    ran = summary["sim_time_s"].where(~summary["diverged"].astype(bool))
+    return ran.groupby(keys).transform("min").fillna(summary["sim_time_s"].groupby(keys).transform("min"))
+
+
 def curve_metrics(run_dir: str, budget: float) -> dict[str, float]:
     """Over [0, budget] simulated seconds: the accuracy of the last round finished in time, the
     mean accuracy (area under accuracy-vs-time / budget; a step function, 0.1 = chance before the
@@ -314,6 +350,9 @@ def arm_shares(rows: pd.DataFrame) -> pd.DataFrame:
                 for a in ARMS4 if row.variant == "ascend4" else ARMS4[:3]:  # joint arms: by compressor
                     rec[f"share_{a}"] = float((own["arm"] == a).mean()) if len(own) else float("nan")
                     rec[f"exploit_{a}"] = float((exploit["arm"] == a).mean()) if len(exploit) else float("nan")
+                if row.variant == "ascend_joint":  # and by (compressor, K) label
+                    for label in sorted(c["arm_label"].dropna().unique()):
+                        rec[f"share_{label}"] = float((own["arm_label"] == label).mean()) if len(own) else float("nan")
                 parts.append(rec)
     return pd.DataFrame(parts)
 
@@ -374,7 +413,7 @@ def parse_args(argv=None) -> argparse.Namespace:
              "distill_steps": 20}
     full = {"ks": [100, 1000, 5000, 10000], "seeds": [0, 1, 2], "rounds": 100, "num_clients": 20,
             "participation": 0.5, "distill_steps": 50}
-    v3 = {"experiments": list(EXPERIMENTS_V3), "ratios": [0.01, 0.1], "bandwidths": [5, 50, 500],
+    v3 = {"experiments": list(EXPERIMENTS_V3), "ratios": [0.01, 0.1], "bandwidths": [5, 500],
           "seeds": [0, 1, 2, 3, 4], "rounds": 60, "num_clients": 12, "participation": 1.0, "distill_steps": 20}
     smoke = {**v3, "experiments": ["v3main"], "ratios": [0.01], "bandwidths": [5], "seeds": [0, 1],
              "rounds": 3, "num_clients": 4, "distill_steps": 3}
@@ -412,8 +451,7 @@ def main(argv=None) -> Path:
     else:
         rows = [run_one(j) for j in jobs]
     summary = pd.DataFrame(rows)
-    # the common simulated-time budget: the shortest run of the same experiment, K and seed
-    budgets = summary.groupby(["experiment", "k", "seed"])["sim_time_s"].transform("min")
+    budgets = cell_budgets(summary)
     curves = pd.DataFrame([curve_metrics(d, b) for d, b in zip(summary["run_dir"], budgets)])
     summary = pd.concat([summary.assign(budget_s=budgets), curves], axis=1)
     arms = arm_shares(summary)
@@ -433,8 +471,8 @@ def write_markdown(out: Path, args, summary: pd.DataFrame, arms: pd.DataFrame, w
                    paired: pd.DataFrame | None = None, truth: pd.DataFrame | None = None) -> None:
     keys = ["experiment", "k", "variant"]
     acc_cols = ["final_acc", "auc", "acc_at_budget"] + [f"t_to_{t:g}" for t in TARGETS]
-    other = ["final_acc_lenet5_half", "final_acc_lenet5", "final_acc_cifar_cnn", "sim_time_s", "mb_up",
-             "rollbacks", "exploit_frac"]
+    other = ["diverged", "rounds_run", "final_acc_lenet5_half", "final_acc_lenet5", "final_acc_cifar_cnn",
+             "sim_time_s", "mb_up", "rollbacks", "exploit_frac"]
     reward = ["reward_mean", "reward_clipped", "reward_lost", "reward_df_median", "reward_dd_median",
               "reward_dd_min", "reward_dd_max", "reward_phi_median", "reward_psi_median", "tbar_over_t_p05",
               "tbar_over_t_p95", "select_share", "measure_share"]

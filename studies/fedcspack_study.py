@@ -70,6 +70,7 @@ def summarise(name: str, group: str, path: Path, last: int) -> dict:
         "upload_MB": run.rounds["bytes_up"].sum() / 1e6,
         "download_MB": run.rounds["bytes_down"].sum() / 1e6,
         "sim_s_per_round": run.rounds["sim_round_s"].mean(),
+        "wall_s_per_round": run.rounds["wall_s"].median(),  # median: the first round also warms up
         "wall_s": run.manifest.get("wall_s"),
     }
 
@@ -85,6 +86,7 @@ def main() -> None:
     p.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2")
     p.add_argument("--set", dest="overrides", action="append", default=[])
     p.add_argument("--rerun", action="store_true", help="run configurations whose folder already has results")
+    p.add_argument("--pack-sizes", default=",".join(map(str, PACK_SIZES)), help="pack sizes of the packsize part")
     p.add_argument("--skip", default="", help="comma-separated configurations to leave out, e.g. fedprox")
     args = p.parse_args()
     if args.quick:
@@ -102,7 +104,7 @@ def main() -> None:
                  or "main" not in parts]
     if "packsize" in parts:
         plan += [("pack_size", f"P={ps}", ["algorithm.name=fedcspack", f"algorithm.pack_size={ps}"])
-                 for ps in PACK_SIZES if ps != 1024 or "main" not in parts]
+                 for ps in map(int, args.pack_sizes.split(",")) if ps != 1024 or "main" not in parts]
     if "cap" in parts:
         plan += [("cap", name, extra) for name, extra in CAP.items()]
     plan = [entry for entry in plan if entry[1] not in args.skip.split(",")]

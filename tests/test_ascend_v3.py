@@ -214,6 +214,13 @@ def test_warmup_order_is_random_per_client_and_reproducible_from_the_seed():
     assert client.new_policy(np.random.default_rng(0)).blocks
     v2 = AscendClient(AscendParams(k=5, reward="v2")).new_policy()
     assert v2.order == [0, 1, 2] and not v2.blocks  # v2 keeps the round-robin
+    assert not client.new_policy(np.random.default_rng(0)).mean
+    stationary = AscendClient(AscendParams(k=5, q_update="mean"))
+    policy = stationary.new_policy(np.random.default_rng(0))
+    assert policy.mean
+    policy.mean = False  # a restored policy takes the config's setting
+    stationary.sync_policy_params(policy)
+    assert policy.mean
 
 
 # ------------------------------------------------------------------------------ joint arms

@@ -66,6 +66,27 @@ def test_ema_update_exact_numbers_and_only_chosen_arm():
     assert p.q_values()["topk"] == 0.5 and p.q_values()["periodick"] == 0.0
 
 
+def test_mean_update_is_the_sample_mean_of_the_kept_rewards():
+    # v3 blocks of 2: each block's first reward is dropped, so each Q starts from one kept reward
+    p = EpsilonGreedyEMA(ARMS, warmup=2, blocks=True, mean=True)
+    warm(p, {"topk": [9.0 / 10, 0.4], "randomk": [-0.9, 0.1], "periodick": [0.9, 0.0]})
+    p.choose(np.random.default_rng(0))
+    for r in (1.0, -0.5, 0.25):
+        p.update("randomk", r)
+    assert p.q_values()["randomk"] == pytest.approx(np.mean([0.1, 1.0, -0.5, 0.25]), abs=1e-15)
+    assert p.q_values()["topk"] == pytest.approx(0.4) and p.q_values()["periodick"] == 0.0
+    # an arm with no kept warm-up reward starts from the fallback, then is its own rewards' mean
+    q = EpsilonGreedyEMA(["a", "b"], warmup=1, mean=True)
+    rng = np.random.default_rng(0)
+    q.choose(rng)
+    q.update("a", 0.6)
+    q.choose(rng)  # "b": reward dropped
+    q.choose(rng)
+    q.update("b", -0.2)
+    q.update("b", 0.4)
+    assert q.q_values() == pytest.approx({"a": 0.6, "b": 0.1})
+
+
 def test_decaying_epsilon_values():
     p = EpsilonGreedyEMA(ARMS)  # c = 1 (spec v2), |S| = 3, eps_min = 0.03
     assert [p.epsilon_at(t) for t in (1, 3)] == [1.0, 1.0]

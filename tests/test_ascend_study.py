@@ -1,0 +1,98 @@
+"""The ASCEND study's own arithmetic (studies/ascend_study.py): the v3 plan, its config changes,
+paired differences with bootstrap intervals and the per-cell ground truth. No runs."""
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+
+def _study():
+    path = Path(__file__).parents[1] / "studies" / "ascend_study.py"
+    spec = importlib.util.spec_from_file_location("ascend_study", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+study = _study()
+
+
+def test_v3_plan_keeps_only_the_named_bandwidths_ratios_and_cells():
+    args = study.parse_args(["--design", "v3", "--bandwidths", "500", "--ratios", "0.1",
+                             "--experiments", "v3main", "v3slowtopk"])
+    cells = study.plan_v3(args)
+    assert {c[0] for c in cells} == {"v3main-500mbps", "v3slowtopk-500mbps"}
+    assert {c[1] for c in cells} == {0.1}
+    assert all(c[3]["network"] == "500mbps" for c in cells)
+    assert [c[2] for c in cells if c[0] == "v3main-500mbps"] == ["ascend", "topk", "randomk", "periodick"]
+    # every cell of the full design has ASCEND, so every paired difference has its reference
+    full = study.plan_v3(study.parse_args(["--design", "v3"]))
+    for exp in {c[0] for c in full}:
+        for k in {c[1] for c in full if c[0] == exp}:
+            assert "ascend" in [c[2] for c in full if c[0] == exp and c[1] == k], (exp, k)
+
+
+def test_v3_cell_changes_reach_the_config():
+    from engine.config.schema import load_config
+    from hardware_profiles.catalog import load_catalog
+
+    args = study.parse_args(["--design", "v3"])
+    cfg = study.base_config(args, {"network": "500mbps", "local_steps": 2, "slow_topk": 100.0, "markov": True})
+    prof = cfg["clients"]["profiles"]
+    assert prof["network"] == {"500mbps": 1.0}
+    assert cfg["train"]["local_steps"] == 2 and "local_epochs" not in cfg["train"]
+    assert prof["conditions"]["sets"]["fading"] == {"down": "gilbert_elliott", "up": "gilbert_elliott"}
+    built_in = load_catalog().devices
+    for tier in ("rpi4", "laptop_cpu"):
+        assert prof["catalog"]["devices"][tier]["topk_ns_in_cache"] == 100 * built_in[tier].topk_ns_in_cache
+    algo = study.variant_algorithm("ascend_mean", 0.1, args)
+    assert algo["q_update"] == "mean" and algo["reward"] == "v3"
+    load_config({**cfg, "algorithm": algo})  # the whole config validates
+
+
+def _summary(diffs: dict[str, list[float]], base: list[float]) -> pd.DataFrame:
+    rows = [{"experiment": "cell", "k": 0.01, "variant": "ascend", "seed": s, "auc": a} for s, a in enumerate(base)]
+    for variant, d in diffs.items():
+        rows += [{"experiment": "cell", "k": 0.01, "variant": variant, "seed": s, "auc": a - x}
+                 for s, (a, x) in enumerate(zip(base, d))]
+    return pd.DataFrame(rows)
+
+
+def test_paired_differences_are_per_seed_with_a_bootstrap_interval_of_the_mean():
+    base = [0.5, 0.6, 0.55, 0.7, 0.65]
+    summary = _summary({"topk": [0.02, 0.03, 0.01, 0.04, 0.02], "randomk": [-0.1, 0.1, -0.05, 0.05, 0.0]}, base)
+    out = study.paired_differences(summary).set_index("vs")
+    assert out.loc["topk", "d_auc"] == pytest.approx(0.024)
+    assert out.loc["topk", "seeds"] == 5
+    # every resampled mean lies within the differences' range, so the interval does too
+    assert 0.01 <= out.loc["topk", "ci95_lo"] <= 0.024 <= out.loc["topk", "ci95_hi"] <= 0.04
+    assert out.loc["topk", "holds"] and not out.loc["topk", "fails"]
+    assert out.loc["randomk", "d_auc"] == pytest.approx(0.0, abs=1e-12)
+    assert not out.loc["randomk", "holds"] and not out.loc["randomk", "fails"]
+    # the bootstrap is seeded: the same interval again
+    again = study.paired_differences(summary).set_index("vs")
+    assert again.loc["topk", "ci95_lo"] == out.loc["topk", "ci95_lo"]
+
+
+def test_ground_truth_is_the_best_uniform_and_how_often_ascend_exploits_it():
+    summary = pd.DataFrame([
+        {"experiment": "c", "k": 0.1, "variant": v, "seed": s, "auc": a}
+        for v, aucs in {"topk": [0.6, 0.7], "randomk": [0.65, 0.75], "ascend": [0.9, 0.9]}.items()
+        for s, a in enumerate(aucs)])
+    arms = pd.DataFrame([{"experiment": "c", "k": 0.1, "variant": "ascend", "seed": s, "by": "all",
+                          "group": "all", "exploit_topk": 1 - x, "exploit_randomk": x}
+                         for s, x in enumerate([0.6, 0.8])])
+    truth = study.ground_truth(summary, arms).iloc[0]
+    assert truth["best_uniform"] == "randomk"
+    assert truth["auc_best"] == pytest.approx(0.7) and truth["auc_runner_up"] == pytest.approx(0.65)
+    assert truth["ascend_exploits_best"] == pytest.approx(0.7)
+    assert not np.isnan(truth["auc_best"])
+
+
+def test_the_budget_of_a_cell_ignores_runs_that_diverged():
+    summary = pd.DataFrame({"experiment": ["a"] * 3 + ["b"] * 2, "k": 0.1, "seed": 0,
+                            "sim_time_s": [30.0, 12.0, 25.0, 5.0, 8.0],
+                            "diverged": [False, True, False, True, True]})
+    assert study.cell_budgets(summary).tolist() == [25.0, 25.0, 25.0, 5.0, 5.0]
