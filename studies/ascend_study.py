@@ -28,11 +28,12 @@ K as a ratio of d (``--ratios``), every client of a cell on one bandwidth (``--b
 500 Mbps), >= 60 rounds, >= 5 paired seeds. Cells: ``v3main`` (ASCEND v3 against the uniform
 compressors at both bandwidths and K/d 0.01 / 0.1; at 5 Mbps and K/d 0.01 also EXP3 with the same
 reward, ASCEND v2 and v1, and joint (compressor, K) arms), ``v3alpha0.1`` / ``v3alpha1`` (Dirichlet
-0.1 and 1), ``v3steps`` (2 local SGD steps instead of an epoch), ``v3markov`` (Gilbert-Elliott links:
-the EMA bandit against a sample-mean one, ``ascend_mean``) and the what-if ``v3slowtopk`` (Top-K's
-selection 100x the catalog's ns per element). Uniform baselines there are ASCEND with a fixed arm
-and reward v3: the same held-out probe, measurement forwards and selection pricing as ASCEND, so a
-difference is the choice alone. Results add, per cell, the ground truth (the uniform compressor
+0.1 and 1), ``v3steps`` (10 local SGD steps instead of an epoch), ``v3markov`` (Gilbert-Elliott links:
+the EMA bandit against a sample-mean one, ``ascend_mean``) and the what-ifs ``v3slowtopk``
+(Top-K's selection 100x the catalog's ns per element) and ``v3slowrpi`` (the same on the rpi4
+clients only). Uniform baselines there are ASCEND with a fixed arm and reward v3: the same
+held-out probe, measurement forwards and selection pricing as ASCEND, so a difference is the
+choice alone. Results add, per cell, the ground truth (the uniform compressor
 with the best mean AUC) and paired differences of AUC (ASCEND minus each other variant, same
 seeds) with bootstrap 95 % intervals.
 
@@ -68,7 +69,7 @@ UNIFORM = ("topk", "randomk", "periodick", "qsgd8")
 ARMS4 = ("topk", "randomk", "periodick", "qsgd8")
 POLICY_REASONS = ("explore", "exploit", "sample")  # the policy's own choices (not warm-up / forced)
 EXPERIMENTS = ("main", "alpha", "k", "model", "qsgd8")
-EXPERIMENTS_V3 = ("v3main", "v3alpha0.1", "v3alpha1", "v3steps", "v3markov", "v3slowtopk")
+EXPERIMENTS_V3 = ("v3main", "v3alpha0.1", "v3alpha1", "v3steps", "v3markov", "v3slowtopk", "v3slowrpi")
 JOINT_ARMS = [[a, r] for a in ("topk", "randomk") for r in (0.01, 0.05, 0.25)]  # the spec's example
 BOOTSTRAP = 2000  # resamples of the paired seeds
 TARGETS = (0.7, 0.8, 0.85)  # accuracies whose simulated time-to-reach is reported
@@ -100,13 +101,18 @@ V3_CELLS: list[tuple[str, int, tuple[float, ...], list[str], dict[str, Any]]] = 
                             "ascend_joint"], {}),
     ("v3main", 5, (0.1,), ["ascend", "topk", "randomk", "periodick"], {}),
     ("v3main", 500, (0.01, 0.1), ["ascend", "topk", "randomk", "periodick"], {}),
-    ("v3alpha0.1", 5, (0.01,), ["ascend", "topk"], {"alpha": 0.1}),
-    ("v3alpha1", 5, (0.01,), ["ascend", "topk"], {"alpha": 1.0}),
-    ("v3steps", 5, (0.01,), ["ascend", "topk", "randomk", "periodick"], {"local_steps": 2}),
+    # the secondary cells run the first 3 seeds only ("seeds": the budget)
+    ("v3alpha0.1", 5, (0.01,), ["ascend", "topk"], {"alpha": 0.1, "seeds": 3}),
+    ("v3alpha1", 5, (0.01,), ["ascend", "topk"], {"alpha": 1.0, "seeds": 3}),
+    ("v3steps", 5, (0.01,), ["ascend", "topk", "randomk", "periodick"], {"local_steps": 10, "seeds": 3}),
     # Gilbert-Elliott links (a tenth of the rate in the bad state): EMA against a stationary bandit
-    ("v3markov", 5, (0.1,), ["ascend", "ascend_mean", "topk", "randomk"], {"local_steps": 2, "markov": True}),
+    ("v3markov", 5, (0.1,), ["ascend", "ascend_mean", "topk", "randomk"],
+     {"local_steps": 10, "markov": True, "seeds": 3}),
     # what-if: Top-K's selection 100x the catalog's ns per element (a device without a fast sort)
-    ("v3slowtopk", 500, (0.1,), ["ascend", "topk", "randomk"], {"local_steps": 2, "slow_topk": 100.0}),
+    ("v3slowtopk", 500, (0.1,), ["ascend", "topk", "randomk"], {"local_steps": 10, "slow_topk": 100.0, "seeds": 3}),
+    # what-if: the same on the rpi4 clients only, so the best arm may differ between clients
+    ("v3slowrpi", 500, (0.1,), ["ascend", "topk", "randomk"],
+     {"local_steps": 10, "slow_topk": 100.0, "slow_tiers": ("rpi4",), "seeds": 3}),
 ]
 
 
@@ -158,7 +164,7 @@ def base_config(args: argparse.Namespace, change: dict[str, Any]) -> dict[str, A
         tiers, fields = load_catalog().devices, ("topk_ns_in_cache", "topk_ns_out_of_cache")
         cfg["clients"]["profiles"]["catalog"] = {"devices": {
             name: {f: getattr(tiers[name], f) * change["slow_topk"] for f in fields}
-            for name in cfg["clients"]["profiles"]["devices"]}}
+            for name in change.get("slow_tiers", cfg["clients"]["profiles"]["devices"])}}
     if change.get("model") == "three":  # same device and link for all; only the model differs
         n = cfg["clients"]["num_clients"]
         arch = ["lenet5_half", "lenet5", "cifar_cnn"]
@@ -437,6 +443,8 @@ def main(argv=None) -> Path:
         cells = [c for c in cells if c[2] in ("ascend", "topk", "randomk")]
     for seed in args.seeds:  # every experiment's first seed first: partial results are usable
         for exp, k, variant, change in cells:
+            if seed not in args.seeds[:change.get("seeds", len(args.seeds))]:
+                continue  # a cell that runs fewer seeds
             run_dir = out / "runs" / exp / f"k{k}" / f"{variant}-s{seed}"
             cfg = {**base_config(args, change), "seed": seed, "algorithm": variant_algorithm(variant, k, args),
                    "output": {"dir": str(run_dir.parent), "name": run_dir.name, "overwrite": True}}

@@ -47,6 +47,8 @@ def test_v3_cell_changes_reach_the_config():
     built_in = load_catalog().devices
     for tier in ("rpi4", "laptop_cpu"):
         assert prof["catalog"]["devices"][tier]["topk_ns_in_cache"] == 100 * built_in[tier].topk_ns_in_cache
+    only_rpi = study.base_config(args, {"slow_topk": 100.0, "slow_tiers": ("rpi4",)})["clients"]["profiles"]
+    assert list(only_rpi["catalog"]["devices"]) == ["rpi4"]
     algo = study.variant_algorithm("ascend_mean", 0.1, args)
     assert algo["q_update"] == "mean" and algo["reward"] == "v3"
     load_config({**cfg, "algorithm": algo})  # the whole config validates
