@@ -215,6 +215,8 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
         wall = time.perf_counter() - t0
         print(f"{job['experiment']} k={job['k']} {job['variant']} seed {job['seed']}: {wall:.0f} s", flush=True)
     run = load_run(path)
+    if np.isnan(wall):  # run by an earlier call: its own record
+        wall = float(run.manifest.get("wall_s") or float("nan"))
     return {key: job[key] for key in ("experiment", "k", "variant", "seed")} | {
         "run_dir": str(path), "wall_s": wall, **run_metrics(run)}
 
@@ -467,7 +469,9 @@ def main(argv=None) -> Path:
     arms.to_parquet(out / "arms.parquet", index=False)
     extra = {}
     if args.design == "v3":
-        extra = {"paired": paired_differences(summary), "truth": ground_truth(summary, arms)}
+        extra = {"paired": paired_differences(summary), "truth": ground_truth(summary, arms),
+                 "paired_final": paired_differences(summary, "final_acc"),
+                 "paired_at_budget": paired_differences(summary, "acc_at_budget")}
         for name, df in extra.items():
             df.to_parquet(out / f"{name}.parquet", index=False)
     write_markdown(out, args, summary, arms, time.perf_counter() - t0, **extra)
@@ -476,7 +480,8 @@ def main(argv=None) -> Path:
 
 
 def write_markdown(out: Path, args, summary: pd.DataFrame, arms: pd.DataFrame, wall: float,
-                   paired: pd.DataFrame | None = None, truth: pd.DataFrame | None = None) -> None:
+                   paired: pd.DataFrame | None = None, truth: pd.DataFrame | None = None,
+                   paired_final: pd.DataFrame | None = None, paired_at_budget: pd.DataFrame | None = None) -> None:
     keys = ["experiment", "k", "variant"]
     acc_cols = ["final_acc", "auc", "acc_at_budget"] + [f"t_to_{t:g}" for t in TARGETS]
     other = ["diverged", "rounds_run", "final_acc_lenet5_half", "final_acc_lenet5", "final_acc_cifar_cnn",
@@ -542,6 +547,10 @@ def write_markdown(out: Path, args, summary: pd.DataFrame, arms: pd.DataFrame, w
         lines += ["## Paired differences of AUC, ASCEND minus the other (v3)", "",
                   f"Same seeds; mean and percentile-bootstrap 95 % interval ({BOOTSTRAP} resamples of the "
                   "seeds); `holds`: the interval is above 0, `fails`: below 0.", "", markdown(paired, ".4f"), ""]
+    for title, table in (("final accuracy (after all rounds)", paired_final),
+                         ("accuracy at the common simulated-time budget", paired_at_budget)):
+        if table is not None and len(table):
+            lines += [f"## Paired differences of {title}, ASCEND minus the other (v3)", "", markdown(table, ".4f"), ""]
     (out / "results.md").write_text("\n".join(lines))
 
 
