@@ -33,9 +33,9 @@ the EMA bandit against a sample-mean one, ``ascend_mean``) and the what-ifs ``v3
 (Top-K's selection 100x the catalog's ns per element) and ``v3slowrpi`` (the same on the rpi4
 clients only). Uniform baselines there are ASCEND with a fixed arm and reward v3: the same
 held-out probe, measurement forwards and selection pricing as ASCEND, so a difference is the
-choice alone. Results add, per cell, the ground truth (the uniform compressor
-with the best mean AUC) and paired differences of AUC (ASCEND minus each other variant, same
-seeds) with bootstrap 95 % intervals.
+choice alone. Results add, per cell, the ground truth (the uniform compressor with the best mean
+AUC) and paired differences of AUC, final accuracy and accuracy at the common budget (ASCEND minus
+each other variant, same seeds) with bootstrap 95 % intervals.
 
 Outputs under ``--out``: one run folder per (experiment, K, variant, seed), ``summary.parquet``
 (one row per run), ``arms.parquet`` (arm shares per group and run) and ``results.md`` (the tables:
@@ -158,7 +158,7 @@ def base_config(args: argparse.Namespace, change: dict[str, Any]) -> dict[str, A
     if change.get("markov"):
         cfg["clients"]["profiles"]["conditions"] = {"sets": {"fading": {"down": "gilbert_elliott",
                                                                         "up": "gilbert_elliott"}}}
-    if "slow_topk" in change:  # both tiers' Top-K ns per element scaled (a catalog override)
+    if "slow_topk" in change:  # Top-K's ns per element scaled on slow_tiers (default: every tier), a catalog override
         from hardware_profiles.catalog import load_catalog
 
         tiers, fields = load_catalog().devices, ("topk_ns_in_cache", "topk_ns_out_of_cache")
