@@ -1,4 +1,5 @@
 """Tests for engine/models/zoo.py (fast: CPU only, a few seconds)."""
+import copy
 
 import pytest
 import torch
@@ -250,3 +251,57 @@ def test_determinism(name):
     torch.manual_seed(0)
     b = get_flat_params(build_model(name, shape, 10))
     assert torch.equal(a, b)
+
+
+# --------------------------------------------------------------------------- #
+# MaxPool2d: the strided-view forward without autograd equals the native kernel
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("shape", [(16, 6, 28, 28), (4, 16, 10, 10), (3, 2, 7, 9), (2, 5, 3, 2)])
+def test_fast_maxpool_equals_native_bit_for_bit(shape):
+    from engine.models.zoo import MaxPool2d
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.relu(torch.randn(*shape, generator=g)).round()  # many ties, zeros and equal values
+    x[0, 0, 0, 0] = float("nan")
+    x[-1, -1, -1, -1] = float("inf")
+    with torch.no_grad():
+        fast = MaxPool2d()(x)
+        native = torch.nn.functional.max_pool2d(x, 2)
+    assert fast.shape == native.shape
+    assert torch.equal(fast.nan_to_num(-7.0), native.nan_to_num(-7.0))
+    assert torch.equal(fast.isnan(), native.isnan())
+
+
+def test_fast_maxpool_refuses_what_the_native_kernel_refuses():
+    from engine.models.zoo import MaxPool2d
+
+    with torch.no_grad(), pytest.raises(RuntimeError, match="too small"):
+        MaxPool2d()(torch.zeros(2, 5, 1, 4))
+
+
+def test_fast_maxpool_leaves_training_to_the_native_kernel():
+    from engine.models.zoo import MaxPool2d
+
+    x = torch.randn(2, 3, 6, 6, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    MaxPool2d()(x).square().sum().backward()
+    torch.nn.functional.max_pool2d(x2, 2).square().sum().backward()
+    assert torch.equal(x.grad, x2.grad)
+
+
+@pytest.mark.parametrize("name,shape", [("lenet5", (1, 28, 28)), ("cnn", (1, 28, 28)), ("cifar_cnn", (3, 32, 32))])
+def test_models_evaluate_exactly_as_with_native_pooling(name, shape):
+    """Evaluation logits of the built-in models equal those of the same model with
+    ``nn.MaxPool2d(2)`` put back: the fast pooling changes no result."""
+    from engine.models.zoo import MaxPool2d
+
+    torch.manual_seed(0)
+    model = build_model(name, shape, 10).eval()
+    reference = copy.deepcopy(model)
+    for parent in reference.modules():
+        for key, child in parent.named_children():
+            if isinstance(child, MaxPool2d):
+                setattr(parent, key, torch.nn.MaxPool2d(2))
+    x = torch.randn(8, *shape)
+    with torch.no_grad():
+        assert torch.equal(model(x), reference(x))
