@@ -239,6 +239,7 @@ def test_a_table_read_while_its_run_compacts_it_is_read_again(tmp_path, monkeypa
         got = read_table(run.as_uri(), "rounds")
     else:
         monkeypatch.setattr(results, "_read_parquet", finish_then(results._read_parquet))
+        monkeypatch.setattr(results, "_read_arrow", finish_then(results._read_arrow))  # the parts' fast path
         got = read_table(run, "rounds")
     assert compacted and (run / "rounds.parquet").exists()
     pd.testing.assert_frame_equal(got, pd.DataFrame({"round": [0, 1, 2], "x": [0.0, 1.0, 2.0]}))
@@ -300,3 +301,21 @@ def test_merged_parts_compact_to_the_same_table_as_parts_compacted_once(tmp_path
         assert out[3] is out[10**9]
     else:
         pd.testing.assert_frame_equal(out[3], out[10**9])
+
+
+@pytest.mark.parametrize("rows", [
+    [{"round": r, "x": float(r), "arm": "topk" if r % 2 else None} for r in range(5)],
+    # parts whose schemas differ (a column all null in one, absent in another): the pandas path
+    [{"round": 0, "x": 1.0}, {"round": 1, "x": None}, {"round": 2, "x": 3.0, "tag": "a"}],
+    # parts written from frames (pandas' metadata in each file)
+    [pd.DataFrame({"round": [r], "x": [float(r)], "n": pd.array([r], dtype="Int64")}) for r in range(3)],
+])
+def test_parts_read_in_one_conversion_equal_the_parts_read_one_by_one(tmp_path, rows):
+    import engine.results.tables as tables
+
+    writer = RunWriter(tmp_path)
+    for row in rows:
+        writer.append("rounds", row if isinstance(row, pd.DataFrame) else [row])
+    part_dir = tmp_path / tables.PARTS / "rounds"
+    one_by_one = tables._read_files([part_dir / n for n in tables.live_parts(tables._names(part_dir))])
+    pd.testing.assert_frame_equal(tables._read_parts(part_dir), one_by_one)

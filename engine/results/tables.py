@@ -294,7 +294,30 @@ def _read_files(files: list[Path]) -> pd.DataFrame | None:
 
 def _read_parts(table_dir: Path) -> pd.DataFrame | None:
     names = live_parts(_names(table_dir))
-    return _read_files([table_dir / n for n in names]) if names else None
+    if not names:
+        return None
+    files = [table_dir / n for n in names]
+    same = _identical_schemas(files)
+    if same is not None:  # the usual case: one conversion to pandas, ~25x faster than one per part
+        return same.to_pandas() if same.num_rows else None
+    return _read_files(files)
+
+
+def _read_arrow(path: Path) -> pa.Table:
+    return pq.ParquetFile(path).read()  # no dataset layer: ~3x faster than pq.read_table for a small part
+
+
+def _identical_schemas(files: list[Path]) -> pa.Table | None:
+    """The files as one Arrow table if their schemas are identical, metadata included (pandas'
+    metadata then converts the whole as it converts each part); None otherwise, or if one is
+    unreadable (the pandas path names it)."""
+    try:
+        tables = [_read_arrow(f) for f in files]
+    except Exception:  # noqa: BLE001 - pyarrow raises several types for a truncated file
+        return None
+    if any(not t.schema.equals(tables[0].schema, check_metadata=True) for t in tables):
+        return None
+    return pa.concat_tables(tables)
 
 
 def _as_storage(run_dir) -> Storage:
