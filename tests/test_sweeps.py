@@ -1,8 +1,11 @@
 """Ray Tune sweeps: spec validation (no Ray), results equal to direct runs, failures, resume,
 the Ray executor inside trials and the CLI (multi-node clusters: test_cluster.py)."""
+import json
 import math
 import os
 import signal
+import subprocess
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -251,6 +254,21 @@ def test_grid_sweep_writes_parquet_and_matches_direct_runs(tmp_path, local_ray):
         assert t.total_energy_j == pytest.approx(direct["energy_j"].sum(), rel=1e-12) and t.total_energy_j > 0
         run = load_run(sweep.path / t.run_dir)
         assert run.manifest["status"] == "finished" and run.config["train"]["lr"] == t.lr
+
+    # warm = cold: a trial run in a reused trial process (imports, dataset cache and models kept
+    # from the trial before) equals its config run in a fresh process, table for table
+    pids = {t.trial_id: json.loads((sweep.path / t.run_dir / "trial.json").read_text())["pid"]
+            for t in trials.itertuples()}
+    warm = [t for t in trials.itertuples() if list(pids.values()).count(pids[t.trial_id]) > 1]
+    assert warm, f"Tune reused no trial process: {pids}"
+    warm_dir = sweep.path / warm[-1].run_dir
+    cold_dir = tmp_path / "cold"
+    subprocess.run([sys.executable, "-m", "hetsim", "run", "-q", "-c", str(warm_dir / "config.yaml"),
+                    "-o", str(cold_dir)], check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cold, hot = load_run(cold_dir), load_run(warm_dir)
+    for table in ("rounds", "clients"):
+        pd.testing.assert_frame_equal(getattr(hot, table).drop(columns=list(WALL_COLUMNS), errors="ignore"),
+                                      getattr(cold, table).drop(columns=list(WALL_COLUMNS), errors="ignore"))
 
     # time to the target: the first round at or above it, ranked fastest first
     for t in trials.itertuples():
