@@ -385,6 +385,9 @@ def dry_run_text(source, *, storage=None, address=None, overrides=None) -> str:
         lines.append(f"base overrides: {', '.join(r.spec.overrides)}")
     for key, dist in r.spec.space.items():
         (kind, args), = dist.items()
+        if kind == "cases":  # a study's cells: their names (what each sets is in the spec)
+            names = list(args)
+            args = ", ".join(names[:8]) + (f", ... ({len(names)} cases)" if len(names) > 8 else "")
         lines.append(f"  {r.param_columns[key]:<16} {key} ~ {kind} {args}")
     lines += describe_search(r.spec, r.base_cfg.seed)
     kinds = {kind for dist in r.spec.space.values() for kind in dist}

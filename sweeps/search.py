@@ -73,9 +73,9 @@ def check_search(search: SearchSpec, dims: dict[str, tuple[str, Any]], n_objecti
     algo = search.algorithm
     if algo == "grid":
         for key, (kind, _) in dims.items():
-            if kind not in ("grid", "named"):
+            if kind not in ("grid", "named", "cases"):
                 raise SearchProblem(
-                    f"space.{key} = {{{kind}: ...}}: search.algorithm 'grid' takes grid and named dimensions "
+                    f"space.{key} = {{{kind}: ...}}: search.algorithm 'grid' takes grid, named and cases dimensions "
                     "only; use algorithm: random (grid x samples) or optuna for sampled dimensions")
     if algo != "optuna":
         if search.sampler is not None or search.sampler_options:

@@ -53,7 +53,7 @@ def param_space(resolved: ResolvedSweep) -> dict[str, Any]:
     spec = resolved.spec
     space = spec.space
     if spec.search.algorithm == "optuna":
-        space = {k: ({"choice": list(next(iter(d.values())))} if next(iter(d)) in ("grid", "named") else d)
+        space = {k: ({"choice": list(next(iter(d.values())))} if next(iter(d)) in ("grid", "named", "cases") else d)
                  for k, d in space.items()}
     out = tune_param_space(space)
     if spec.repeats > 1 and spec.search.algorithm != "optuna":

@@ -17,7 +17,7 @@ def tune_param_space(space: dict[str, dict[str, Any]]) -> dict[str, Any]:
         (kind, args), = dist.items()
         if kind == "grid":
             out[key] = tune.grid_search(list(args))
-        elif kind == "named":  # Tune sees the names; the trial applies the values (spec.expand_params)
+        elif kind in ("named", "cases"):  # Tune sees the names; the trial applies them (spec.expand_params)
             out[key] = tune.grid_search(list(args))
         elif kind == "choice":
             out[key] = tune.choice(list(args))

@@ -9,6 +9,7 @@ A spec is one YAML file (or a mapping)::
       train.lr: {loguniform: [1.0e-3, 1.0e-1]}
       algorithm.mu: {grid: [0.0, 0.01, 0.1]}
       clients.profiles: {named: {fast: {...}, slow: {...}}}   # a grid over named values
+      cell: {cases: {a: {train.lr: 0.1, seed: 1}, b: {...}}}  # a grid over named sets of overrides
     columns: {clients.profiles: fleet}   # optional column names (default: the key's last part)
     num_samples: 4                 # samples of the random dimensions (x the grid)
     metric: global_acc             # rank trials by this rounds.parquet column ...
@@ -62,10 +63,13 @@ from engine.results import ROUND_COLUMNS, is_uri, open_storage, redact
 from sweeps.search import TRIAL_INDEX, SearchProblem, SearchSpec, check_budget, check_repeats, check_search
 from sweeps.trackers import TrackersSpec, check_trackers
 
-DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "randint", "named")
+DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "randint", "named", "cases")
 # Grid-like kinds: every value is a trial (x num_samples). `named` is a grid over named values
 # (mappings, lists, ...): Tune and the tables see the names, the trial applies the value.
-GRID_KINDS = ("grid", "named")
+# `cases` is a grid over named *sets of overrides* ({dotted key: value, ...}): its key is a
+# label, not a config key, so one sweep can hold a study's cells that differ in several keys.
+GRID_KINDS = ("grid", "named", "cases")
+NAMED_KINDS = ("named", "cases")  # Tune sees names; the trial applies what they stand for
 # Columns a sweep's metric may name: every rounds.parquet column, plus the method's
 # `server_*` metrics and the per-architecture `global_acc_<arch>` of heterogeneous models.
 METRIC_PREFIXES = ("server_", "global_acc_", "global_loss_")
@@ -253,8 +257,8 @@ class ResolvedSweep:
 
     def trial_raw(self, params: dict[str, Any]) -> dict[str, Any]:
         raw = apply_overrides(self.base_raw, expand_params(self.spec.space, params))
-        if params.get(TRIAL_INDEX):  # repeat i: the experiment's seed + i, for every configuration
-            raw = apply_overrides(raw, {"seed": trial_seed(self.base_cfg.seed, params)})
+        if params.get(TRIAL_INDEX):  # repeat i: the configuration's seed (a case may set it) + i
+            raw = apply_overrides(raw, {"seed": trial_seed(raw.get("seed", self.base_cfg.seed), params)})
         every = self.checkpoint_every
         return apply_overrides(raw, {"checkpoint.every": every}) if every is not None else raw
 
@@ -338,9 +342,10 @@ def _validate_experiment(raw: dict[str, Any], where: str, storage: Path | None =
 
 def _check_probe(base_raw: dict[str, Any], key: str, kind: str, args: Any, value: Any, base_cfg,
                  storage: Path | None = None, ray_running: bool | None = None) -> None:
-    """The base with ``key`` set to one probed ``value`` of its distribution must validate."""
+    """The base with ``key`` set to one probed ``value`` of its distribution must validate (a
+    case of a ``cases`` dimension: the base with the case's overrides)."""
     try:
-        _check_experiment(apply_overrides(base_raw, {key: value}), storage, ray_running)
+        _check_experiment(apply_overrides(base_raw, value if kind == "cases" else {key: value}), storage, ray_running)
     except ConfigError as err:
         raise SweepSpecError(
             f"invalid sweep spec:\n  space.{key}.{kind} = {args!r}: value {value!r} is "
@@ -387,17 +392,20 @@ def _check_distribution(key: str, dist: dict[str, Any]) -> tuple[str, Any]:
             f"invalid sweep spec:\n  {where} = {dist!r}: must be one of "
             + ", ".join(f"{{{d}: ...}}" for d in DISTRIBUTIONS)
             + " (grid/choice: a list of values; uniform/loguniform/randint: [low, high]; "
-            "named: a mapping name -> value)")
+            "named: a mapping name -> value; cases: a mapping name -> {dotted key: value})")
     kind, args = next(iter(dist.items()))
-    if kind == "named":
+    if kind in NAMED_KINDS:
+        what = "value" if kind == "named" else "{dotted key: value, ...}"
         if not isinstance(args, dict) or not args:
             raise SweepSpecError(
-                f"invalid sweep spec:\n  {where}.named = {args!r}: must be a non-empty mapping name -> value")
-        for name in args:
+                f"invalid sweep spec:\n  {where}.{kind} = {args!r}: must be a non-empty mapping name -> {what}")
+        for name, value in args.items():
             if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", name):
                 raise SweepSpecError(
-                    f"invalid sweep spec:\n  {where}.named: name {name!r} must be a string of letters, "
+                    f"invalid sweep spec:\n  {where}.{kind}: name {name!r} must be a string of letters, "
                     "digits, . _ + - (it becomes a value in the tables)")
+            if kind == "cases":
+                _check_case(f"{where}.cases.{name}", value)
         return kind, dict(args)
     if kind in ("grid", "choice"):
         if not isinstance(args, list) or not args:
@@ -423,11 +431,25 @@ def _check_distribution(key: str, dist: dict[str, Any]) -> tuple[str, Any]:
     return kind, [float(low), float(high)]
 
 
+def _check_case(where: str, case: Any) -> None:
+    """One case of a ``cases`` dimension: a mapping of dotted config keys the sweep may set."""
+    if not isinstance(case, dict):
+        raise SweepSpecError(f"invalid sweep spec:\n  {where} = {case!r}: must be a mapping "
+                             "{dotted key: value, ...} (the overrides this case applies to the base)")
+    for key in case:
+        if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][\w]*(\.[\w]+)*", key):
+            raise SweepSpecError(f"invalid sweep spec:\n  {where}.{key}: not a dotted config key like train.lr")
+        for reserved in RESERVED_KEYS:
+            if key == reserved or key.startswith(reserved + "."):
+                raise SweepSpecError(f"invalid sweep spec:\n  {where}.{key}: {reserved} is fixed for the whole "
+                                     "sweep (set it in base or overrides)")
+
+
 def _probe_values(kind: str, args: list[Any]) -> list[Any]:
     """The values substituted into the base to validate a dimension."""
     if kind in ("grid", "choice"):
         return args
-    if kind == "named":
+    if kind in NAMED_KINDS:
         return list(args.values())
     if kind == "randint":
         return [args[0], args[1] - 1]
@@ -468,12 +490,15 @@ def trial_seed(base_seed: int, params: dict[str, Any]) -> int:
 
 def expand_params(space: dict[str, dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
     """A trial's ``{dotted key: value}`` with the names of ``named`` dimensions replaced by their values
-    (without the repeat index, which is not a config key)."""
+    and those of ``cases`` dimensions by their overrides (without the repeat index, which is not a
+    config key)."""
     out = {k: v for k, v in params.items() if k != TRIAL_INDEX}
     for key, dist in space.items():
         (kind, args), = dist.items()
         if kind == "named" and key in out:
             out[key] = copy.deepcopy(args[out[key]])
+        elif kind == "cases" and key in out:
+            out.update(copy.deepcopy(args[out.pop(key)]))
     return out
 
 
@@ -539,11 +564,31 @@ def _check_schedule(spec: SweepSpec, cfg: ExperimentConfig, dims: dict[str, tupl
                 f"invalid sweep spec:\n  checkpoint_every = {every}: PBT copies checkpoints every "
                 f"{s.perturbation_interval} rounds (scheduler.perturbation_interval); checkpoint_every "
                 "must divide it")
-        for key in s.hyperparam_mutations or []:
+        for key in s.hyperparam_mutations or list(dims):
+            if dims.get(key, ("",))[0] == "cases":
+                raise SweepSpecError(
+                    f"invalid sweep spec:\n  space.{key}: a cases dimension cannot be mutated by PBT (its "
+                    "cases set different keys); list the keys PBT may change in scheduler.hyperparam_mutations")
             if key not in dims:
                 raise SweepSpecError(
                     f"invalid sweep spec:\n  scheduler.hyperparam_mutations: {key!r} is not a key of "
                     f"the space; allowed: {', '.join(dims)}")
+
+
+def _check_cases_key(key: str, cases: Any, space: dict[str, Any], base_cfg: ExperimentConfig) -> None:
+    """A ``cases`` dimension's key is a label (its column): a plain name, neither a config field
+    nor set by a case together with another dimension of the space."""
+    if not re.fullmatch(r"[A-Za-z_]\w*", key) or key in type(base_cfg).model_fields:
+        raise SweepSpecError(
+            f"invalid sweep spec:\n  space.{key}: a cases dimension is named by a plain label (its column "
+            f"in the tables, e.g. cell), not a config key; {key!r} is "
+            + ("a config section" if key in type(base_cfg).model_fields else "not a plain name"))
+    for name, case in (cases.items() if isinstance(cases, dict) else []):
+        for other in (case if isinstance(case, dict) else []):
+            if any(other == k or other.startswith(k + ".") or k.startswith(other + ".") for k in space if k != key):
+                raise SweepSpecError(
+                    f"invalid sweep spec:\n  space.{key}.cases.{name}.{other}: also set by another dimension "
+                    "of the space; a key is set by one dimension only")
 
 
 def count_trials(space: dict[str, tuple[str, Any]], num_samples: int, algorithm: str = "random",
@@ -614,7 +659,9 @@ def resolve(
         raise SweepSpecError("invalid sweep spec:\n  space = {}: give at least one dotted key to sweep")
     dims: dict[str, tuple[str, Any]] = {}
     for key, dist in spec.space.items():
-        if not re.fullmatch(r"[A-Za-z_][\w]*(\.[\w]+)*", key):
+        if isinstance(dist, dict) and next(iter(dist), None) == "cases":
+            _check_cases_key(key, dist["cases"], spec.space, base_cfg)
+        elif not re.fullmatch(r"[A-Za-z_][\w]*(\.[\w]+)*", key):
             raise SweepSpecError(f"invalid sweep spec:\n  space.{key}: not a dotted config key like train.lr")
         for reserved in RESERVED_KEYS:
             if key == reserved or key.startswith(reserved + "."):
@@ -635,8 +682,12 @@ def resolve(
     if len(grid_keys) > 1 and combos <= 256:
         for values in itertools.product(*(_probe_values(*dims[k]) for k in grid_keys)):
             combo = dict(zip(grid_keys, values))
+            overrides = {k: v for k, v in combo.items() if dims[k][0] != "cases"}
+            for k in grid_keys:
+                if dims[k][0] == "cases":
+                    overrides.update(combo[k])
             try:
-                load_config(apply_overrides(base_raw, combo))
+                load_config(apply_overrides(base_raw, overrides))
             except ConfigError as err:
                 raise SweepSpecError(
                     f"invalid sweep spec:\n  space: the grid point {combo!r} is rejected by the "

@@ -486,6 +486,42 @@ def test_named_dimension_and_column_names(tmp_path):
             resolve(spec(**bad))
 
 
+def test_cases_dimension_applies_a_named_set_of_overrides_per_trial():
+    """`cases`: a grid over named sets of overrides (a study's cells differ in several keys);
+    Tune and the tables see the names, the trial applies the overrides; a case's seed is the
+    seed its repeats count from."""
+    cases = {"slow": {"train.lr": 0.01, "clients.profiles": {"network": {"5mbps": 1.0}}},
+             "prox": {"algorithm": {"name": "fedprox", "mu": 0.5}, "seed": 7}}
+    r = resolve(spec(space={"cell": {"cases": cases}, "train.batch_size": {"grid": [16, 32]}}, repeats=2))
+    assert r.param_columns == {"cell": "cell", "train.batch_size": "batch_size"}
+    assert r.num_trials == 2 * 2 * 2
+    from sweeps.search import TRIAL_INDEX
+
+    raw = r.trial_raw({"cell": "slow", "train.batch_size": 32, TRIAL_INDEX: 1})
+    assert raw["train"]["lr"] == 0.01 and raw["train"]["batch_size"] == 32 and raw["seed"] == 1
+    assert raw["clients"]["profiles"] == {"network": {"5mbps": 1.0}} and "cell" not in raw
+    raw = r.trial_raw({"cell": "prox", "train.batch_size": 16, TRIAL_INDEX: 1})
+    assert raw["algorithm"] == {"name": "fedprox", "mu": 0.5} and raw["seed"] == 8
+    assert load_config(raw).algorithm.mu == 0.5
+    from sweeps.space import tune_param_space
+
+    assert tune_param_space(r.spec.space)["cell"] == {"grid_search": ["slow", "prox"]}
+    for bad, pattern in [
+        ({"cell": {"cases": {}}}, r"space\.cell\.cases = \{\}: must be a non-empty mapping"),
+        ({"cell": {"cases": {"a": 0.1}}}, r"space\.cell\.cases\.a = 0\.1: must be a mapping \{dotted key"),
+        ({"cell": {"cases": {"a": {"train lr": 1}}}}, r"cases\.a\.train lr: not a dotted config key"),
+        ({"cell": {"cases": {"a": {"executor.kind": "ray"}}}}, r"cases\.a\.executor\.kind: executor\.kind is fixed"),
+        ({"cell": {"cases": {"a": {"train.lr": -1.0}}}}, r"space\.cell\.cases = .*rejected by the experiment config"),
+        ({"train": {"cases": {"a": {"train.lr": 0.1}}}}, r"space\.train: a cases dimension is named by a plain label"),
+        ({"cell": {"cases": {"a": {"train.lr": 0.1}}}, "train.lr": {"grid": [0.2]}},
+         r"space\.cell\.cases\.a\.train\.lr: also set by another dimension"),
+    ]:
+        with pytest.raises(SweepSpecError, match=pattern):
+            resolve(spec(space=bad))
+    with pytest.raises(SweepSpecError, match=r"cases dimension cannot be mutated by PBT"):
+        resolve(spec(space={"cell": {"cases": cases}}, scheduler={"name": "pbt", "perturbation_interval": 1}))
+
+
 def test_pareto_marks_a_front_known_by_construction():
     from sweeps.results import mark_pareto
 
