@@ -37,9 +37,18 @@ choice alone. Results add, per cell, the ground truth (the uniform compressor wi
 AUC) and paired differences of AUC, final accuracy and accuracy at the common budget (ASCEND minus
 each other variant, same seeds) with bootstrap 95 % intervals.
 
-Outputs under ``--out``: one run folder per (experiment, K, variant, seed), ``summary.parquet``
-(one row per run), ``arms.parquet`` (arm shares per group and run) and ``results.md`` (the tables:
-mean and [min, max] over seeds). Finished runs are kept when the study is started again.
+How it runs (``--runner``): ``sweep`` (default) runs every planned run as one trial of one
+``hetsim sweep`` (:func:`sweep_spec`: a ``cases`` dimension ``run`` whose cases are the runs'
+overrides of one base), so the study gets the sweep engine's warm trial processes (imports and
+the dataset cache kept from one run to the next), ``trials.parquet``, trackers and resume;
+``--runner pool`` keeps the earlier process pool (for comparison: ``bench/bench_study.py``).
+
+Outputs under ``--out``: the sweep folders ``sweeps/<n>/`` (one per call that had runs left; run
+folders in ``sweeps/<n>/runs/``) or, with ``--runner pool``, one run folder per (experiment, K,
+variant, seed) under ``runs/``; ``summary.parquet`` (one row per run), ``arms.parquet`` (arm shares
+per group and run) and ``results.md`` (the tables: mean and [min, max] over seeds). Finished runs
+are kept when the study is started again: a later call runs only the planned runs no earlier
+call finished (an interrupted sweep's unfinished runs start again).
 
     nice -n 3 .venv/bin/python studies/ascend_study.py --quick --jobs 2 --out runs/ascend_claims
     nice -n 3 .venv/bin/python studies/ascend_study.py --design v3 --jobs 2 --out runs/ascend_v3
@@ -196,6 +205,74 @@ def variant_algorithm(variant: str, k: int | float, args: argparse.Namespace) ->
     else:
         algo.update(policy="fixed", arm=variant, gamma=None, arms=list(ARMS4))
     return algo
+
+
+def case_name(job: dict[str, Any]) -> str:
+    """A run's name in the sweep (the ``run`` column of trials.parquet)."""
+    return f"{job['experiment']}.k{job['k']:g}.{job['variant']}.s{job['seed']}"
+
+
+def sweep_spec(jobs: list[dict[str, Any]], base: dict[str, Any], args: argparse.Namespace,
+               storage: Path) -> dict[str, Any]:
+    """One sweep over ``jobs``: each job a case of the ``run`` dimension holding the config
+    sections in which it differs from ``base`` (its seed, method, fleet, training)."""
+    cases = {}
+    for job in jobs:
+        cfg = {k: v for k, v in job["config"].items() if k != "output"}  # the sweep places run folders
+        cases[case_name(job)] = {k: v for k, v in cfg.items() if base.get(k) != v}
+    return {"name": "ascend_study", "base": base, "space": {"run": {"cases": cases}},
+            "metric": "global_acc", "mode": "max", "max_concurrent_trials": args.jobs,
+            "resources_per_trial": {"cpus": 1}, "ray": {"num_cpus": args.jobs}, "storage": str(storage)}
+
+
+def finished_cases(out: Path) -> dict[str, Path]:
+    """Run folders of runs an earlier sweep of this study finished (or stopped as diverged)."""
+    import json
+
+    done: dict[str, Path] = {}
+    for info in sorted(out.glob("sweeps/*/runs/*/trial.json")):
+        try:
+            trial = json.loads(info.read_text())
+        except (OSError, ValueError):
+            continue
+        name = (trial.get("params") or {}).get("run")
+        if name and trial.get("status") in ("finished", "diverged") and _finished(info.parent):
+            done[name] = info.parent
+    return done
+
+
+def run_as_sweep(jobs: list[dict[str, Any]], args: argparse.Namespace, out: Path) -> None:
+    """Run the jobs no earlier call finished as one sweep; point every job at its run folder."""
+    done = finished_cases(out)
+    done.update({case_name(j): Path(j["run_dir"]) for j in jobs  # run by --runner pool earlier
+                 if case_name(j) not in done and _finished(Path(j["run_dir"]))})
+    pending = [j for j in jobs if case_name(j) not in done]
+    if pending and not args.report_only:
+        from sweeps import run_sweep
+
+        base = base_config(args, {})
+        base["algorithm"] = pending[0]["config"]["algorithm"]
+        storage = out / "sweeps" / str(len(list(out.glob("sweeps/*"))))
+        print(f"{len(pending)} run(s) to go ({len(jobs) - len(pending)} finished earlier): sweep {storage}", flush=True)
+        run_sweep(sweep_spec(pending, base, args, storage), quiet=False,
+                  command=["studies/ascend_study.py", *sys.argv[1:]])
+        done.update(finished_cases(out))
+    for job in jobs:
+        if case_name(job) in done:
+            job["run_dir"] = str(done[case_name(job)])
+    missing = [case_name(j) for j in jobs if case_name(j) not in done]
+    if missing:
+        print(f"{len(missing)} planned run(s) did not finish (first: {missing[0]}); they are left out of the "
+              "tables; run the study again to run them", flush=True)
+
+
+def summary_row(job: dict[str, Any]) -> dict[str, Any]:
+    """A finished run's row: its job's keys, its wall seconds (from its manifest) and metrics."""
+    from engine.results.tables import load_run
+
+    run = load_run(Path(job["run_dir"]))
+    return {key: job[key] for key in ("experiment", "k", "variant", "seed")} | {
+        "run_dir": job["run_dir"], "wall_s": float(run.manifest.get("wall_s") or float("nan")), **run_metrics(run)}
 
 
 def run_one(job: dict[str, Any]) -> dict[str, Any]:
@@ -416,6 +493,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--distill-steps", type=int, help="server distillation steps per round (spec default 50)")
     ap.add_argument("--jobs", type=int, default=1, help="runs in parallel (one torch thread each)")
     ap.add_argument("--report-only", action="store_true", help="only summarise the finished runs")
+    ap.add_argument("--runner", choices=["sweep", "pool"], default="sweep",
+                    help="sweep: one hetsim sweep with warm trial processes (default); pool: a process pool")
     args = ap.parse_args(argv)
     quick = {"ks": [1000, 10000], "seeds": [0, 1, 2], "rounds": 25, "num_clients": 12, "participation": 1.0,
              "distill_steps": 20}
@@ -452,14 +531,18 @@ def main(argv=None) -> Path:
                    "output": {"dir": str(run_dir.parent), "name": run_dir.name, "overwrite": True}}
             jobs.append({"config": cfg, "run_dir": str(run_dir), "experiment": exp, "k": k, "variant": variant,
                          "seed": seed})
-    if args.report_only:
-        jobs = [j for j in jobs if _finished(Path(j["run_dir"]))]
     t0 = time.perf_counter()
-    if args.jobs > 1 and not args.report_only:
-        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            rows = list(pool.map(run_one, jobs))
+    if args.runner == "sweep":
+        run_as_sweep(jobs, args, out)
+        rows = [summary_row(j) for j in jobs if _finished(Path(j["run_dir"]))]
     else:
-        rows = [run_one(j) for j in jobs]
+        if args.report_only:
+            jobs = [j for j in jobs if _finished(Path(j["run_dir"]))]
+        if args.jobs > 1 and not args.report_only:
+            with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+                rows = list(pool.map(run_one, jobs))
+        else:
+            rows = [run_one(j) for j in jobs]
     summary = pd.DataFrame(rows)
     budgets = cell_budgets(summary)
     curves = pd.DataFrame([curve_metrics(d, b) for d, b in zip(summary["run_dir"], budgets)])

@@ -54,6 +54,28 @@ def test_v3_cell_changes_reach_the_config():
     load_config({**cfg, "algorithm": algo})  # the whole config validates
 
 
+def test_the_study_as_one_sweep_gives_every_run_its_own_config(tmp_path):
+    """--runner sweep: each planned run is a case of the sweep's `run` dimension; the trial's
+    config (base + case) is the run's own config, for runs that differ in seed, method, fleet,
+    links over time and training (a main cell and the Markov-link cell)."""
+    from engine.config.schema import load_config
+    from sweeps import resolve
+
+    args = study.parse_args(["--design", "v3", "--experiments", "v3main", "v3markov", "--ratios", "0.1",
+                             "--bandwidths", "5", "--seeds", "0", "1", "--rounds", "2", "--num-clients", "4"])
+    jobs = [{"config": {**study.base_config(args, change), "seed": seed,
+                        "algorithm": study.variant_algorithm(variant, k, args)},
+             "experiment": exp, "k": k, "variant": variant, "seed": seed}
+            for seed in args.seeds for exp, k, variant, change in study.plan_v3(args)]
+    base = {**study.base_config(args, {}), "algorithm": jobs[0]["config"]["algorithm"]}
+    resolved = resolve(study.sweep_spec(jobs, base, args, tmp_path / "sweep"))
+    assert resolved.num_trials == len(jobs) == len({study.case_name(j) for j in jobs})
+    for job in jobs:
+        trial = load_config(resolved.trial_raw({"run": study.case_name(job)}))
+        own = load_config(job["config"])
+        assert trial.model_dump(exclude={"output"}) == own.model_dump(exclude={"output"}), study.case_name(job)
+
+
 def _summary(diffs: dict[str, list[float]], base: list[float]) -> pd.DataFrame:
     rows = [{"experiment": "cell", "k": 0.01, "variant": "ascend", "seed": s, "auc": a} for s, a in enumerate(base)]
     for variant, d in diffs.items():
