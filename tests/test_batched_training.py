@@ -162,16 +162,23 @@ def without_wall(df):
     return df.drop(columns=list(WALL_COLUMNS), errors="ignore")
 
 
-@pytest.mark.parametrize("algorithm", [
-    "{name: fedavg}",
-    "{name: fedprox, mu: 0.05}",
-    "{name: fedcspack, pack_size: 64, k: 0.3}",
-    "{name: fedavg_compressed, compressor: randomk, k: 0.1}",
-    "{name: ascend, reward: v2}",  # v3 holds its probe out of training: batch_clients refused
+FEDBUFF = "asynchronous={mode: fedbuff, concurrency: 6, buffer_size: 3}"
+
+
+@pytest.mark.parametrize("algorithm,extra", [
+    ("{name: fedavg}", ()),
+    ("{name: fedprox, mu: 0.05}", ()),
+    ("{name: fedcspack, pack_size: 64, k: 0.3}", ()),
+    ("{name: fedavg_compressed, compressor: randomk, k: 0.1}", ()),
+    ("{name: ascend, reward: v2}", ()),
+    ("{name: ascend, reward: v1, policy: exp3}", ()),
+    ("{name: ascend}", ()),  # v3: its local probe held out of the batched training too
+    ("{name: fedprox, mu: 0.05}", (FEDBUFF,)),  # asynchronous: a wave of clients trains together
+    ("{name: fedavg_compressed, compressor: topk, k: 0.1}", (FEDBUFF,)),
 ])
-def test_batched_runs_equal_sequential_runs_on_the_cpu(tmp_path, algorithm):
+def test_batched_runs_equal_sequential_runs_on_the_cpu(tmp_path, algorithm, extra):
     seq, bat = both_runs(tmp_path, f"algorithm={algorithm}", "train.momentum=0.5", "train.local_epochs=2",
-                         "partition.public_fraction=0.1")
+                         "partition.public_fraction=0.1", *extra)
     # clients of different sizes (Dirichlet 0.3), so different numbers of steps
     assert seq.clients["num_samples"].nunique() > 3
     # bytes and everything discrete are equal; metrics within float32 reordering (here the
@@ -185,6 +192,39 @@ def test_batched_runs_equal_sequential_runs_on_the_cpu(tmp_path, algorithm):
     pd.testing.assert_frame_equal(without_wall(seq.clients), without_wall(bat.clients), rtol=1e-5, atol=1e-6)
     if "fedcspack" in algorithm:
         assert seq.clients["packs_shared"].fillna(-1).tolist() == bat.clients["packs_shared"].fillna(-1).tolist()
+
+
+def test_ascend_v3_and_fedcspack_batched_make_the_same_discrete_choices(tmp_path, monkeypatch):
+    """A few rounds of each: the same arms (ASCEND v3, epsilon-greedy past its warm-up) and the
+    same pack masks (FedCSPACK: the indices each upload shares), the tables within tolerance."""
+    from algorithms.fedcspack import FedCSPACKServer
+
+    masks = {False: [], True: []}
+    batched = [False]
+    plain = FedCSPACKServer.aggregate
+
+    def aggregate(self, round, results):
+        masks[batched[0]].extend((round, r.client_id, r.upload.arrays["idx"].tolist()) for r in results)
+        return plain(self, round, results)
+
+    monkeypatch.setattr(FedCSPACKServer, "aggregate", aggregate)
+    common = ["train.momentum=0.5", "partition.public_fraction=0.1", "rounds=5"]
+    seq, bat = both_runs(tmp_path / "a", "algorithm={name: ascend, warmup: 0, eps_min: 0.3, k: 0.1}", *common)
+    ran = seq.clients["arm_label"].notna()
+    assert (seq.clients.loc[ran, "arm_reason"] != "warmup").sum() >= 20  # choices past the warm-up
+    assert seq.clients.loc[ran, "arm_label"].nunique() > 1
+    for col in ("arm_label", "arm_reason", "num_samples", "bytes_up"):
+        assert seq.clients[col].fillna(-1).tolist() == bat.clients[col].fillna(-1).tolist(), col
+    for col in ("phi", "psi", "reward", "train_loss"):
+        np.testing.assert_allclose(bat.clients[col], seq.clients[col], rtol=1e-5, atol=1e-6, err_msg=col)
+    pd.testing.assert_frame_equal(without_wall(seq.rounds), without_wall(bat.rounds), rtol=1e-5, atol=1e-6)
+
+    for flag in (False, True):
+        batched[0] = flag
+        cfg = load_config(None, [*BASE, "algorithm={name: fedcspack, pack_size: 64, k: 0.3}", *common,
+                                 f"executor.batch_clients={flag}"])
+        run_experiment(cfg, tmp_path / f"f{flag}")
+    assert masks[False] and masks[False] == masks[True]
 
 
 def test_batched_convolutions_match_within_the_stated_tolerance(tmp_path):

@@ -271,8 +271,10 @@ class ClientHost:
                 jobs = []
                 for c in members:
                     ctx = started[c].ctx
-                    batches = draw_batches(ctx.rng, started[c].train_ids, s.batch_size, s.local_epochs, s.local_steps)
-                    jobs.append(BatchJob(snapshots[c][0], snapshots[c][1], batches))
+                    rows = self.client.train_rows(ctx)  # the method's training rows (ASCEND v3: no probe)
+                    ids = started[c].train_ids if rows is None else started[c].train_ids[rows]
+                    batches = draw_batches(ctx.rng, ids, s.batch_size, s.local_epochs, s.local_steps)
+                    jobs.append(BatchJob(snapshots[c][0], snapshots[c][1], batches, rows=len(ids)))
                 updates = train_batched(
                     model, jobs, self.x, self.y, lr=round_lr(started[members[0]].ctx),
                     momentum=s.momentum, weight_decay=s.weight_decay, prox_mu=self.client.prox_mu())
