@@ -227,6 +227,40 @@ def test_ascend_v3_and_fedcspack_batched_make_the_same_discrete_choices(tmp_path
     assert masks[False] and masks[False] == masks[True]
 
 
+def test_a_round_that_trains_one_by_one_says_why_once_per_run():
+    """executor.batch_clients: a host with a single client of an architecture, or a model with
+    dropout, trains sequentially; the driver says so once per reason, not every round."""
+    import logging
+
+    from engine.loop.batching import UnbatchedNotice
+
+    class TwoHosts:
+        def host_of(self, ids):
+            return np.asarray(ids) % 2
+
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger = logging.getLogger("hetsim")
+    logger.addHandler(handler)
+    try:
+        models = {"small": nn.Sequential(nn.Linear(2, 2)), "drop": nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.1))}
+        notice = UnbatchedNotice(True, ["small", "drop"], np.array([0, 0, 0, 0, 1, 1]), models)
+        notice.check(TwoHosts(), [0, 2], "round 0")  # two of 'small' on host 0: batched
+        assert lines == []
+        notice.check(TwoHosts(), [0, 1, 2], "round 1")  # host 1 has one
+        notice.check(TwoHosts(), [1, 3, 0], "round 2")  # host 0 has one: not said again
+        assert len(lines) == 1 and "round 1 gave a client host a single client of architecture 'small' (client 1)" \
+            in lines[0]
+        notice.check(TwoHosts(), [4, 5], "round 3")
+        notice.check(TwoHosts(), [4, 5], "round 4")
+        assert len(lines) == 2 and "architecture 'drop' has dropout" in lines[1]
+        UnbatchedNotice(False, ["small"], np.zeros(3, dtype=int), models).check(TwoHosts(), [0], "round 0")
+        assert len(lines) == 2  # batch_clients off: nothing to say
+    finally:
+        logger.removeHandler(handler)
+
+
 def test_batched_convolutions_match_within_the_stated_tolerance(tmp_path):
     """A CNN: batched convolutions sum in another order than one client's do."""
     extra = ["dataset.name=mnist5k", "model.name=cnn", "clients.num_clients=6", "clients.participation=0.5",

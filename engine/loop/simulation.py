@@ -25,6 +25,7 @@ from engine.execution.base import Executor
 from engine.execution.inprocess import InProcessExecutor
 from engine.loop import guards, rows
 from engine.loop.asynchronous import AsyncLoop
+from engine.loop.batching import UnbatchedNotice
 from engine.loop.callbacks import CallbackLike, CallbackList, RoundRecord, RunContext, Stop
 from engine.loop.evaluation import GlobalEvaluation, global_columns, is_evaluation_round
 from engine.loop.selection import select_clients
@@ -74,6 +75,7 @@ class Simulation:
         )
         self.server = spec.server(cfg.algorithm, self.models, cfg.seed, context=context)
         self.reads_profile = spec.client.needs_profile  # (e.g. ASCEND's time term)
+        self.unbatched = UnbatchedNotice(cfg.executor.batch_clients, self.arch_names, self.client_arch, self.models)
         # The server aggregates on the CPU, where the uploads arrive (numpy) and a weighted sum
         # of a few vectors costs less than moving them; only global evaluation uses a GPU, when
         # this process holds one (in-process executor, or a driver actor with driver_gpus).
@@ -174,6 +176,7 @@ class Simulation:
         evaluating = is_evaluation_round(cfg, r)
         broadcast = self.server.broadcast(r)
         now = self.conditions.now(runnable, start_s) if self.conditions is not None and self.reads_profile else None
+        self.unbatched.check(self.executor, runnable, f"round {r}")
         reply = self.executor.run_round(r, runnable.tolist(), broadcast, evaluating, now)
         results = reply.results
 
