@@ -238,10 +238,12 @@ class ClientHost:
     ) -> list[ClientResult]:
         """``executor.batch_clients``: receive and evaluate every client one by one, train the
         clients of each architecture together (:func:`algorithms.batched_training.train_batched`),
-        then let each client's ``fit`` take its trained model and build its upload.
+        then let each client's ``fit`` take its trained model and build its upload. A client's
+        batches are drawn over the rows its method trains on (``Client.train_rows``).
 
         An architecture with a single client this round, or a model that draws random numbers
-        (dropout), trains sequentially. ``wall_fit_s`` is the client's own fit time plus an equal
+        (dropout), trains sequentially (the driver says so once per run: engine/loop/batching.py).
+        ``wall_fit_s`` is the client's own fit time plus an equal
         share of its group's batched training. A failure in a group's batched training is
         reported on the group's first client.
         """
