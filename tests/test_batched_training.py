@@ -227,12 +227,14 @@ def test_ascend_v3_and_fedcspack_batched_make_the_same_discrete_choices(tmp_path
     assert masks[False] and masks[False] == masks[True]
 
 
-def test_a_round_that_trains_one_by_one_says_why_once_per_run():
+def test_a_round_that_trains_one_by_one_says_why_once_per_run(tmp_path):
     """executor.batch_clients: a host with a single client of an architecture, or a model with
-    dropout, trains sequentially; the driver says so once per reason, not every round."""
+    dropout, trains sequentially; the driver says so once per reason, not every round, in its log
+    and in the run's manifest."""
     import logging
 
     from engine.loop.batching import UnbatchedNotice
+    from engine.results.manifest import read_manifest
 
     class TwoHosts:
         def host_of(self, ids):
@@ -255,8 +257,14 @@ def test_a_round_that_trains_one_by_one_says_why_once_per_run():
         notice.check(TwoHosts(), [4, 5], "round 3")
         notice.check(TwoHosts(), [4, 5], "round 4")
         assert len(lines) == 2 and "architecture 'drop' has dropout" in lines[1]
+        assert [f"hetsim: warning: {w}" for w in notice.warnings] == lines
         UnbatchedNotice(False, ["small"], np.zeros(3, dtype=int), models).check(TwoHosts(), [0], "round 0")
         assert len(lines) == 2  # batch_clients off: nothing to say
+        # asynchronous FedBuff: after the first wave, clients are dispatched one at a time
+        path = run_experiment(load_config(None, [*BASE, FEDBUFF, "executor.batch_clients=true"]), tmp_path / "r")
+        said = [w for w in read_manifest(path)["warnings"] if "single client" in w]
+        assert len(said) == 1 and said[0].startswith("executor.batch_clients: wave 1 gave a client host a single")
+        assert sum("single client" in line for line in lines) == 2  # this run's one line
     finally:
         logger.removeHandler(handler)
 

@@ -22,7 +22,9 @@ def _arch(name: str) -> str:
 
 
 class UnbatchedNotice:
-    """Logs at most one line per reason per run (a round that falls back says nothing more)."""
+    """Logs at most one line per reason per run (a round that falls back says nothing more), and
+    adds it to ``warnings`` (the manifest's list, set by the loop; under Ray the driver actor's log
+    reaches no terminal, the manifest does)."""
 
     def __init__(self, batch_clients: bool, arch_names, client_arch: np.ndarray,
                  models: dict[str, torch.nn.Module]):
@@ -34,6 +36,7 @@ class UnbatchedNotice:
 
             self.random = {a for a, m in models.items() if has_randomness(m)}
         self.said: set[str] = set()
+        self.warnings: list[str] = []
 
     def check(self, executor, client_ids, when: str) -> None:
         """``when``: the round (or wave) the clients run in, for the message."""
@@ -44,9 +47,8 @@ class UnbatchedNotice:
         for a in sorted(self.random & set(archs)):
             if "dropout" not in self.said:
                 self.said.add("dropout")
-                log.warning("hetsim: executor.batch_clients: %s has dropout, whose draws a vmap over clients "
-                            "cannot give each client as its own training would: its clients train one by one",
-                            _arch(a))
+                self._say(f"executor.batch_clients: {_arch(a)} has dropout, whose draws a vmap over clients "
+                          "cannot give each client as its own training would: its clients train one by one")
         if "single" in self.said:
             return
         hosts = executor.host_of(ids)
@@ -56,7 +58,12 @@ class UnbatchedNotice:
             if alone:
                 self.said.add("single")
                 c = int(ids[(hosts == h) & (archs == alone[0])][0])
-                log.warning("hetsim: executor.batch_clients: %s gave a client host a single client of %s "
-                            "(client %d), which trains one by one: batching needs two or more clients of one "
-                            "architecture on a host (said once per run)", when, _arch(alone[0]), c)
+                self._say(f"executor.batch_clients: {when} gave a client host a single client of {_arch(alone[0])} "
+                          f"(client {c}), which trains one by one: batching needs two or more clients of one "
+                          "architecture on a host (said once per run)")
                 return
+
+    def _say(self, text: str) -> None:
+        log.warning("hetsim: warning: %s", text)
+        if text not in self.warnings:  # (a resumed run's manifest may have it already)
+            self.warnings.append(text)

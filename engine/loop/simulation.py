@@ -123,6 +123,7 @@ class Simulation:
         cbs = callbacks if isinstance(callbacks, CallbackList) else CallbackList(callbacks)
         cbs.callbacks.insert(0, self.evaluation)  # first: every other callback sees it evaluated
         run = run or RunContext(self.cfg, None, first_round=self.next_round, simulation=self)
+        self.unbatched.warnings = run.info.setdefault("warnings", [])  # run.info: the manifest, in a run
         self.start()
         status = "failed"
         try:
