@@ -243,9 +243,8 @@ class ClientHost:
 
         An architecture with a single client this round, or a model that draws random numbers
         (dropout), trains sequentially (the driver says so once per run: engine/loop/batching.py).
-        ``wall_fit_s`` is the client's own fit time plus an equal
-        share of its group's batched training. A failure in a group's batched training is
-        reported on the group's first client.
+        ``wall_fit_s`` is the client's own fit time plus an equal share of its group's batched
+        training. A failure in a group's batched training is reported on the group's first client.
         """
         # torch.func: only batched training needs it
         from algorithms.batched_training import BatchJob, draw_batches, has_randomness, train_batched
