@@ -414,7 +414,7 @@ class AscendClient(CompressedFedAvgClient):
         if v3:
             x_pub = self.public_probe(ctx, broadcast)
             z_w = logits_of(ctx.model, x_pub)
-        loss, seen = local_sgd(self.training_context(ctx) if v3 else ctx)
+        loss, seen = local_sgd(self.training_context(ctx))
         delta = flat_params(ctx.model) - start
 
         policy = st["policy"]
@@ -535,14 +535,20 @@ class AscendClient(CompressedFedAvgClient):
             raise ValueError("reward v3 needs the public probe in the broadcast (meta['public_probe'])")
         return x[: self.params.psi_probe_size].to(ctx.train_x.device)
 
-    def training_context(self, ctx: ClientContext) -> ClientContext:
-        """v3: ``ctx`` with the local probe held out of the training data."""
-        if ctx.pretrained is not None:
-            raise ValueError("ASCEND reward v3 holds its local probe out of training, which batched training "
-                             "does not: set executor.batch_clients: false")
+    def train_rows(self, ctx: ClientContext) -> torch.Tensor | None:
+        """v3: every row but the local probe's, in order (batched training draws over these too)."""
+        if self.params.reward != "v3":
+            return None
         keep = torch.ones(len(ctx.train_y), dtype=torch.bool, device=ctx.train_x.device)
         keep[self.probe_indices(ctx)] = False
-        return dataclasses.replace(ctx, train_x=ctx.train_x[keep], train_y=ctx.train_y[keep])
+        return keep.nonzero().squeeze(1)
+
+    def training_context(self, ctx: ClientContext) -> ClientContext:
+        """v3: ``ctx`` with the local probe held out of the training data (:meth:`train_rows`)."""
+        rows = self.train_rows(ctx)
+        if rows is None:
+            return ctx
+        return dataclasses.replace(ctx, train_x=ctx.train_x[rows], train_y=ctx.train_y[rows])
 
     def on_dropped(self, state: dict[str, Any], round: int) -> None:
         """The upload of ``round`` never arrived: no update of this client was aggregated.

@@ -127,6 +127,16 @@ class Client:
         """
         return 0.0
 
+    def train_rows(self, ctx: ClientContext) -> torch.Tensor | None:
+        """The rows of ``ctx.train_x`` / ``ctx.train_y`` that ``fit`` trains on (an int64 index
+        tensor on their device, in the order ``fit`` gives them to ``local_sgd``); None: all.
+
+        A method that trains on a subset (ASCEND v3 holds its probe out) says so here, so that
+        batched training (``executor.batch_clients``) draws each client's batches over exactly
+        those rows; ``local_sgd`` checks that ``fit`` then trains on as many rows.
+        """
+        return None
+
     def on_dropped(self, state: dict[str, Any], round: int) -> None:
         """The upload of ``round`` never arrived (deadline, over-selection).
 

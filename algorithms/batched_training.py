@@ -43,6 +43,7 @@ class BatchJob:
     params: dict[str, torch.Tensor]  # start parameters, by name (on the training device)
     buffers: dict[str, torch.Tensor]  # start buffers (BatchNorm statistics), by name
     batches: list[torch.Tensor]  # per step: indices into the shared x / y (int64, on the device)
+    rows: int | None = None  # how many rows the batches were drawn over (None: not checked)
 
 
 @dataclass
@@ -55,6 +56,7 @@ class TrainedUpdate:
     seen: int  # samples processed
     prox_mu: float  # the FedProx coefficient it was trained with
     rng_state: dict[str, Any] | None = None  # the client's generator right after its batches were drawn
+    rows: int | None = None  # the rows its batches were drawn over (Client.train_rows)
     used: bool = field(default=False)
 
     @torch.no_grad()
@@ -69,6 +71,9 @@ class TrainedUpdate:
         if mu != self.prox_mu:
             raise RuntimeError(f"batch_clients: fit asked for local_sgd with prox_mu={mu}, but the "
                                f"batch was trained with prox_mu={self.prox_mu} (Client.prox_mu())")
+        if self.rows is not None and len(ctx.train_y) != self.rows:
+            raise RuntimeError(f"batch_clients: fit trains on {len(ctx.train_y)} rows, but the batch was drawn "
+                               f"over {self.rows} (Client.train_rows() must name the rows fit trains on)")
         start = flat_params(ctx.model)  # the model holds what the client received
         if mu > 0 and not torch.equal(prox_center.to(start.device), start):
             raise RuntimeError("batch_clients: the FedProx centre is not the model the client "
@@ -196,6 +201,7 @@ def train_batched(
             loss=totals[b] / max(seen[b], 1),
             seen=seen[b],
             prox_mu=prox_mu,
+            rows=jobs[b].rows,
         )
         for b in range(nclients)
     ]

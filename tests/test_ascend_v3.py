@@ -175,15 +175,42 @@ def test_v3_closes_the_reward_at_the_next_participation_and_a_lost_upload_earns_
     assert pol.warmup_seen[i] == 2 and pol.warmup_count[i] == 1 and pol.warmup_sum[i] == -1.0
 
 
-def test_v3_with_batched_training_is_refused_with_what_to_do():
-    params = _fixed("topk")
-    server, client = server_for(params), AscendClient(params)
+def test_v3_trains_batched_on_the_rows_without_its_probe():
+    """executor.batch_clients: the batched step draws the client's batches over train_rows (every
+    row but the probe's), so fit gives what the sequential fit gives; a batch drawn over other
+    rows is refused."""
+    from algorithms.batched_training import BatchJob, draw_batches, train_batched
+
+    params = AscendParams(k=5, arms=("topk", "randomk"), warmup=0, eps_min=0.5, gamma=None, distill_steps=0)
+    client, ctx, _, seq = play(params)
+    server, bat_client = server_for(params), AscendClient(params)
     bc = server.broadcast(0)["a"]
     ctx = ctx_for(0, 0, {})
-    client.receive(ctx, bc)
-    ctx.pretrained = object()
-    with pytest.raises(ValueError, match="batch_clients: false"):
-        client.fit(ctx, bc)
+    bat_client.receive(ctx, bc)
+    rows = bat_client.train_rows(ctx)
+    probe = bat_client.probe_indices(ctx)
+    assert len(rows) + len(probe) == 40 and not set(rows.tolist()) & set(probe.tolist())
+    start = {n: p.detach().clone() for n, p in ctx.model.named_parameters()}
+    jobs = [BatchJob(start, {}, draw_batches(ctx.rng, rows, 8, 1), rows=len(rows))]
+    (update,) = train_batched(tiny(), jobs, ctx.train_x, ctx.train_y, lr=0.1)
+    update.rng_state = ctx.rng.bit_generator.state
+    ctx.pretrained = update
+    res = bat_client.fit(ctx, bc)
+    assert res.num_samples == seq.num_samples == len(rows)
+    assert res.metrics["arm_label"] == seq.metrics["arm_label"]
+    assert res.metrics["train_loss"] == pytest.approx(seq.metrics["train_loss"], rel=1e-6)
+    for col in ("phi", "psi", "reward_sent"):
+        assert res.metrics[col] == pytest.approx(seq.metrics[col], rel=1e-5, abs=1e-6), col
+    np.testing.assert_allclose(decode_upload(res.upload).dense(), decode_upload(seq.upload).dense(),
+                               rtol=1e-5, atol=1e-7)
+    # a batch drawn over all 40 rows does not match what v3's fit trains on
+    ctx = ctx_for(0, 0, {})
+    bat_client.receive(ctx, bc)
+    jobs = [BatchJob(start, {}, draw_batches(ctx.rng, torch.arange(40), 8, 1), rows=40)]
+    (update,) = train_batched(tiny(), jobs, ctx.train_x, ctx.train_y, lr=0.1)
+    ctx.pretrained = update
+    with pytest.raises(RuntimeError, match=r"fit trains on 32 rows, but the batch was drawn over 40"):
+        bat_client.fit(ctx, bc)
 
 
 # ------------------------------------------------------------------------------ warm-up v3

@@ -162,16 +162,23 @@ def without_wall(df):
     return df.drop(columns=list(WALL_COLUMNS), errors="ignore")
 
 
-@pytest.mark.parametrize("algorithm", [
-    "{name: fedavg}",
-    "{name: fedprox, mu: 0.05}",
-    "{name: fedcspack, pack_size: 64, k: 0.3}",
-    "{name: fedavg_compressed, compressor: randomk, k: 0.1}",
-    "{name: ascend, reward: v2}",  # v3 holds its probe out of training: batch_clients refused
+FEDBUFF = "asynchronous={mode: fedbuff, concurrency: 6, buffer_size: 3}"
+
+
+@pytest.mark.parametrize("algorithm,extra", [
+    ("{name: fedavg}", ()),
+    ("{name: fedprox, mu: 0.05}", ()),
+    ("{name: fedcspack, pack_size: 64, k: 0.3}", ()),
+    ("{name: fedavg_compressed, compressor: randomk, k: 0.1}", ()),
+    ("{name: ascend, reward: v2}", ()),
+    ("{name: ascend, reward: v1, policy: exp3}", ()),
+    ("{name: ascend}", ()),  # v3: its local probe held out of the batched training too
+    ("{name: fedprox, mu: 0.05}", (FEDBUFF,)),  # asynchronous: a wave of clients trains together
+    ("{name: fedavg_compressed, compressor: topk, k: 0.1}", (FEDBUFF,)),
 ])
-def test_batched_runs_equal_sequential_runs_on_the_cpu(tmp_path, algorithm):
+def test_batched_runs_equal_sequential_runs_on_the_cpu(tmp_path, algorithm, extra):
     seq, bat = both_runs(tmp_path, f"algorithm={algorithm}", "train.momentum=0.5", "train.local_epochs=2",
-                         "partition.public_fraction=0.1")
+                         "partition.public_fraction=0.1", *extra)
     # clients of different sizes (Dirichlet 0.3), so different numbers of steps
     assert seq.clients["num_samples"].nunique() > 3
     # bytes and everything discrete are equal; metrics within float32 reordering (here the
@@ -185,6 +192,81 @@ def test_batched_runs_equal_sequential_runs_on_the_cpu(tmp_path, algorithm):
     pd.testing.assert_frame_equal(without_wall(seq.clients), without_wall(bat.clients), rtol=1e-5, atol=1e-6)
     if "fedcspack" in algorithm:
         assert seq.clients["packs_shared"].fillna(-1).tolist() == bat.clients["packs_shared"].fillna(-1).tolist()
+
+
+def test_ascend_v3_and_fedcspack_batched_make_the_same_discrete_choices(tmp_path, monkeypatch):
+    """A few rounds of each: the same arms (ASCEND v3, epsilon-greedy past its warm-up) and the
+    same pack masks (FedCSPACK: the indices each upload shares), the tables within tolerance."""
+    from algorithms.fedcspack import FedCSPACKServer
+
+    masks = {False: [], True: []}
+    batched = [False]
+    plain = FedCSPACKServer.aggregate
+
+    def aggregate(self, round, results):
+        masks[batched[0]].extend((round, r.client_id, r.upload.arrays["idx"].tolist()) for r in results)
+        return plain(self, round, results)
+
+    monkeypatch.setattr(FedCSPACKServer, "aggregate", aggregate)
+    common = ["train.momentum=0.5", "partition.public_fraction=0.1", "rounds=5"]
+    seq, bat = both_runs(tmp_path / "a", "algorithm={name: ascend, warmup: 0, eps_min: 0.3, k: 0.1}", *common)
+    ran = seq.clients["arm_label"].notna()
+    assert (seq.clients.loc[ran, "arm_reason"] != "warmup").sum() >= 20  # choices past the warm-up
+    assert seq.clients.loc[ran, "arm_label"].nunique() > 1
+    for col in ("arm_label", "arm_reason", "num_samples", "bytes_up"):
+        assert seq.clients[col].fillna(-1).tolist() == bat.clients[col].fillna(-1).tolist(), col
+    for col in ("phi", "psi", "reward", "train_loss"):
+        np.testing.assert_allclose(bat.clients[col], seq.clients[col], rtol=1e-5, atol=1e-6, err_msg=col)
+    pd.testing.assert_frame_equal(without_wall(seq.rounds), without_wall(bat.rounds), rtol=1e-5, atol=1e-6)
+
+    for flag in (False, True):
+        batched[0] = flag
+        cfg = load_config(None, [*BASE, "algorithm={name: fedcspack, pack_size: 64, k: 0.3}", *common,
+                                 f"executor.batch_clients={flag}"])
+        run_experiment(cfg, tmp_path / f"f{flag}")
+    assert masks[False] and masks[False] == masks[True]
+
+
+def test_a_round_that_trains_one_by_one_says_why_once_per_run(tmp_path):
+    """executor.batch_clients: a host with a single client of an architecture, or a model with
+    dropout, trains sequentially; the driver says so once per reason, not every round, in its log
+    and in the run's manifest."""
+    import logging
+
+    from engine.loop.batching import UnbatchedNotice
+    from engine.results.manifest import read_manifest
+
+    class TwoHosts:
+        def host_of(self, ids):
+            return np.asarray(ids) % 2
+
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger = logging.getLogger("hetsim")
+    logger.addHandler(handler)
+    try:
+        models = {"small": nn.Sequential(nn.Linear(2, 2)), "drop": nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.1))}
+        notice = UnbatchedNotice(True, ["small", "drop"], np.array([0, 0, 0, 0, 1, 1]), models)
+        notice.check(TwoHosts(), [0, 2], "round 0")  # two of 'small' on host 0: batched
+        assert lines == []
+        notice.check(TwoHosts(), [0, 1, 2], "round 1")  # host 1 has one
+        notice.check(TwoHosts(), [1, 3, 0], "round 2")  # host 0 has one: not said again
+        assert len(lines) == 1 and "round 1 gave a client host a single client of architecture 'small' (client 1)" \
+            in lines[0]
+        notice.check(TwoHosts(), [4, 5], "round 3")
+        notice.check(TwoHosts(), [4, 5], "round 4")
+        assert len(lines) == 2 and "architecture 'drop' has dropout" in lines[1]
+        assert [f"hetsim: warning: {w}" for w in notice.warnings] == lines
+        UnbatchedNotice(False, ["small"], np.zeros(3, dtype=int), models).check(TwoHosts(), [0], "round 0")
+        assert len(lines) == 2  # batch_clients off: nothing to say
+        # asynchronous FedBuff: after the first wave, clients are dispatched one at a time
+        path = run_experiment(load_config(None, [*BASE, FEDBUFF, "executor.batch_clients=true"]), tmp_path / "r")
+        said = [w for w in read_manifest(path)["warnings"] if "single client" in w]
+        assert len(said) == 1 and said[0].startswith("executor.batch_clients: wave 1 gave a client host a single")
+        assert sum("single client" in line for line in lines) == 2  # this run's one line
+    finally:
+        logger.removeHandler(handler)
 
 
 def test_batched_convolutions_match_within_the_stated_tolerance(tmp_path):

@@ -238,12 +238,13 @@ class ClientHost:
     ) -> list[ClientResult]:
         """``executor.batch_clients``: receive and evaluate every client one by one, train the
         clients of each architecture together (:func:`algorithms.batched_training.train_batched`),
-        then let each client's ``fit`` take its trained model and build its upload.
+        then let each client's ``fit`` take its trained model and build its upload. A client's
+        batches are drawn over the rows its method trains on (``Client.train_rows``).
 
         An architecture with a single client this round, or a model that draws random numbers
-        (dropout), trains sequentially. ``wall_fit_s`` is the client's own fit time plus an equal
-        share of its group's batched training. A failure in a group's batched training is
-        reported on the group's first client.
+        (dropout), trains sequentially (the driver says so once per run: engine/loop/batching.py).
+        ``wall_fit_s`` is the client's own fit time plus an equal share of its group's batched
+        training. A failure in a group's batched training is reported on the group's first client.
         """
         # torch.func: only batched training needs it
         from algorithms.batched_training import BatchJob, draw_batches, has_randomness, train_batched
@@ -271,8 +272,10 @@ class ClientHost:
                 jobs = []
                 for c in members:
                     ctx = started[c].ctx
-                    batches = draw_batches(ctx.rng, started[c].train_ids, s.batch_size, s.local_epochs, s.local_steps)
-                    jobs.append(BatchJob(snapshots[c][0], snapshots[c][1], batches))
+                    rows = self.client.train_rows(ctx)  # the method's training rows (ASCEND v3: no probe)
+                    ids = started[c].train_ids if rows is None else started[c].train_ids[rows]
+                    batches = draw_batches(ctx.rng, ids, s.batch_size, s.local_epochs, s.local_steps)
+                    jobs.append(BatchJob(snapshots[c][0], snapshots[c][1], batches, rows=len(ids)))
                 updates = train_batched(
                     model, jobs, self.x, self.y, lr=round_lr(started[members[0]].ctx),
                     momentum=s.momentum, weight_decay=s.weight_decay, prox_mu=self.client.prox_mu())

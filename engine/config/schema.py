@@ -257,7 +257,8 @@ class ExecutorConfig(Section):
     gpus_per_actor: float = Field(0.0, ge=0, description="GPU share of each client actor (0.25: four per GPU)")
     driver_gpus: float = Field(0.0, ge=0, description="GPU share of the driver actor (global evaluation)")
     batch_clients: bool = Field(
-        False, description="train the selected clients of one architecture together (torch.func)")
+        False, description="train the selected clients of one architecture together (torch.func; every method; "
+        "off by default: no CPU speed-up, and equal to sequential up to float32 reordering; docs/gpu.md)")
     cuda_deterministic: bool = Field(True, description="torch.use_deterministic_algorithms on CUDA")
     state_memory_mb: float | None = Field(
         None, gt=0, description="per client host: client state kept in memory; beyond it the least recently "

@@ -11,6 +11,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from algorithms.base import Broadcast, ClientResult
 from engine.clients.host import HostSetup
 
@@ -54,6 +56,10 @@ class Executor(ABC):
     @abstractmethod
     def load_client_states(self, directory: Path, shards: list[dict]) -> None:
         """Give every host the states of its clients from a checkpoint's shards."""
+
+    def host_of(self, client_ids) -> np.ndarray:
+        """The host (0 .. hosts - 1) that runs each client; one host unless overridden."""
+        return np.zeros(len(client_ids), dtype=np.int64)
 
     def drain_faults(self) -> list[dict]:
         """Incidents not yet returned by :meth:`run_round` (e.g. during the last checkpoint)."""

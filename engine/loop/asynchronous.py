@@ -100,6 +100,7 @@ class AsyncLoop:
             self.bases[self.version] = {arch: np.asarray(p.arrays["state"], dtype=np.float64)
                                         for arch, p in broadcast.items()}
         now = sim.conditions.now(ids, self.now) if sim.conditions is not None and sim.reads_profile else None
+        sim.unbatched.check(sim.executor, ids, f"wave {wave}")
         reply = sim.executor.run_round(wave, ids.tolist(), broadcast, False, now)
         self.faults.extend(reply.faults)
         results = reply.results

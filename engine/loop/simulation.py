@@ -25,6 +25,7 @@ from engine.execution.base import Executor
 from engine.execution.inprocess import InProcessExecutor
 from engine.loop import guards, rows
 from engine.loop.asynchronous import AsyncLoop
+from engine.loop.batching import UnbatchedNotice
 from engine.loop.callbacks import CallbackLike, CallbackList, RoundRecord, RunContext, Stop
 from engine.loop.evaluation import GlobalEvaluation, global_columns, is_evaluation_round
 from engine.loop.selection import select_clients
@@ -74,6 +75,7 @@ class Simulation:
         )
         self.server = spec.server(cfg.algorithm, self.models, cfg.seed, context=context)
         self.reads_profile = spec.client.needs_profile  # (e.g. ASCEND's time term)
+        self.unbatched = UnbatchedNotice(cfg.executor.batch_clients, self.arch_names, self.client_arch, self.models)
         # The server aggregates on the CPU, where the uploads arrive (numpy) and a weighted sum
         # of a few vectors costs less than moving them; only global evaluation uses a GPU, when
         # this process holds one (in-process executor, or a driver actor with driver_gpus).
@@ -121,6 +123,7 @@ class Simulation:
         cbs = callbacks if isinstance(callbacks, CallbackList) else CallbackList(callbacks)
         cbs.callbacks.insert(0, self.evaluation)  # first: every other callback sees it evaluated
         run = run or RunContext(self.cfg, None, first_round=self.next_round, simulation=self)
+        self.unbatched.warnings = run.info.setdefault("warnings", [])  # run.info: the manifest, in a run
         self.start()
         status = "failed"
         try:
@@ -174,6 +177,7 @@ class Simulation:
         evaluating = is_evaluation_round(cfg, r)
         broadcast = self.server.broadcast(r)
         now = self.conditions.now(runnable, start_s) if self.conditions is not None and self.reads_profile else None
+        self.unbatched.check(self.executor, runnable, f"round {r}")
         reply = self.executor.run_round(r, runnable.tolist(), broadcast, evaluating, now)
         results = reply.results
 

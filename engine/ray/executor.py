@@ -169,13 +169,13 @@ class RayExecutor(Executor):
                     f"{ray.available_resources()}"
                 )
 
-    def actor_of(self, client_ids) -> np.ndarray:
+    def host_of(self, client_ids) -> np.ndarray:
         return np.asarray(client_ids, dtype=np.int64) % self.num_actors
 
     def run_round(self, round, client_ids, broadcast, evaluate, now=None):
         self._round = round
         ids = np.asarray(client_ids, dtype=np.int64)
-        owners = self.actor_of(ids)
+        owners = self.host_of(ids)
         groups = {int(a): ids[owners == a].tolist() for a in np.unique(owners)}
         if not groups and not self._lost:
             return RoundReply([], self.drain_faults())
@@ -194,7 +194,7 @@ class RayExecutor(Executor):
 
     def notify_dropped(self, round, client_ids) -> None:
         ids = np.asarray(client_ids, dtype=np.int64)
-        owners = self.actor_of(ids)
+        owners = self.host_of(ids)
         for a in np.unique(owners):
             self._lost.setdefault(int(a), []).append((round, ids[owners == a].tolist()))
 
