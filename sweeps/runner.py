@@ -56,7 +56,7 @@ from sweeps.results import (  # noqa: E402
     tune_rounds_frame,
     write,
 )
-from sweeps.search import TIME_ATTRS, describe_search  # noqa: E402
+from sweeps.search import TIME_ATTRS, describe_search, shown_values  # noqa: E402
 from sweeps.searchers import param_space, search_alg, tune_num_samples  # noqa: E402
 from sweeps.space import ClipToSpace, plain, tune_mutations  # noqa: E402
 from sweeps.spec import ResolvedSweep, SweepSpecError, resolve, storage_location  # noqa: E402
@@ -385,10 +385,7 @@ def dry_run_text(source, *, storage=None, address=None, overrides=None) -> str:
         lines.append(f"base overrides: {', '.join(r.spec.overrides)}")
     for key, dist in r.spec.space.items():
         (kind, args), = dist.items()
-        if kind == "cases":  # a study's cells: their names (what each sets is in the spec)
-            names = list(args)
-            args = ", ".join(names[:8]) + (f", ... ({len(names)} cases)" if len(names) > 8 else "")
-        lines.append(f"  {r.param_columns[key]:<16} {key} ~ {kind} {args}")
+        lines.append(f"  {r.param_columns[key]:<16} {key} ~ {kind} {shown_values(kind, args)}")
     lines += describe_search(r.spec, r.base_cfg.seed)
     kinds = {kind for dist in r.spec.space.values() for kind in dist}
     if kinds == {"grid"} and r.spec.search.algorithm != "optuna":  # a full grid: every point, num_samples times

@@ -171,6 +171,14 @@ def check_budget(s) -> None:
             f"scheduler.grace_period = {s.grace_period!r}: must be < max_t ({s.max_t!r} {unit})")
 
 
+def shown_values(kind: str, args: Any) -> Any:
+    """A dimension's values as ``--dry-run`` lists them: a ``cases`` dimension (a study's
+    runs) by the names of its first cases; what each sets is in the spec."""
+    if kind != "cases":
+        return args
+    return ", ".join(list(args)[:8]) + (f", ... ({len(args)} cases)" if len(args) > 8 else "")
+
+
 def describe_search(spec, base_seed: int) -> list[str]:
     """``hetsim sweep --dry-run`` lines on the searcher and the repeats (``spec``: a SweepSpec)."""
     lines = []
