@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from scipy import stats as _scipy_stats
 
 LEVEL = 0.95  # the intervals of configs.parquet
 STAT_SUFFIXES = ("_mean", "_std", "_ci_low", "_ci_high")
@@ -16,10 +15,12 @@ STAT_SUFFIXES = ("_mean", "_std", "_ci_low", "_ci_high")
 def t_half_width(std: np.ndarray | pd.Series, n: np.ndarray | pd.Series, level: float = LEVEL) -> np.ndarray:
     """Half width of the two-sided ``level`` t-interval of a mean: t(1-(1-level)/2, n-1) * std / sqrt(n).
     NaN for n < 2 (one value has no spread)."""
+    from scipy import stats  # reason: ~1 s of import that every trial process would pay; only tables need it
+
     n = np.asarray(n, dtype=float)
     std = np.asarray(std, dtype=float)
     with np.errstate(invalid="ignore", divide="ignore"):
-        t = _scipy_stats.t.ppf(0.5 + level / 2, np.where(n >= 2, n - 1, np.nan))
+        t = stats.t.ppf(0.5 + level / 2, np.where(n >= 2, n - 1, np.nan))
         return t * std / np.sqrt(n)
 
 
