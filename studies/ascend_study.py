@@ -24,7 +24,7 @@ Experiments (``--experiments``; each one answers one claim):
   periodick, qsgd8) and uniform ``qsgd8`` at K = 10000.
 
 ``--design v3`` runs the study design of the spec's version 3 instead (``V3_CELLS``, ``plan_v3``):
-K as a ratio of d (``--ratios``), every client of a cell on one bandwidth (``--bandwidths``, 5 and
+K as a ratio of d (``--ratios``), every client of a cell on one bandwidth (``--bandwidths``, 5, 50 and
 500 Mbps), >= 60 rounds, >= 5 paired seeds. Cells: ``v3main`` (ASCEND v3 against the uniform
 compressors at both bandwidths and K/d 0.01 / 0.1; at 5 Mbps and K/d 0.01 also EXP3 with the same
 reward, ASCEND v2 and v1, and joint (compressor, K) arms), ``v3alpha0.1`` / ``v3alpha1`` (Dirichlet
@@ -110,6 +110,7 @@ V3_CELLS: list[tuple[str, int, tuple[float, ...], list[str], dict[str, Any]]] = 
                             "ascend_joint"], {}),
     ("v3main", 5, (0.1,), ["ascend", "topk", "randomk", "periodick"], {}),
     ("v3main", 500, (0.01, 0.1), ["ascend", "topk", "randomk", "periodick"], {}),
+    ("v3main", 50, (0.01, 0.1), ["ascend", "topk", "randomk", "periodick"], {}),
     # the secondary cells run the first 3 seeds only ("seeds": the budget)
     ("v3alpha0.1", 5, (0.01,), ["ascend", "topk"], {"alpha": 0.1, "seeds": 3}),
     ("v3alpha1", 5, (0.01,), ["ascend", "topk"], {"alpha": 1.0, "seeds": 3}),
@@ -500,7 +501,7 @@ def parse_args(argv=None) -> argparse.Namespace:
              "distill_steps": 20}
     full = {"ks": [100, 1000, 5000, 10000], "seeds": [0, 1, 2], "rounds": 100, "num_clients": 20,
             "participation": 0.5, "distill_steps": 50}
-    v3 = {"experiments": list(EXPERIMENTS_V3), "ratios": [0.01, 0.1], "bandwidths": [5, 500],
+    v3 = {"experiments": list(EXPERIMENTS_V3), "ratios": [0.01, 0.1], "bandwidths": [5, 50, 500],
           "seeds": [0, 1, 2, 3, 4], "rounds": 60, "num_clients": 12, "participation": 1.0, "distill_steps": 20}
     smoke = {**v3, "experiments": ["v3main"], "ratios": [0.01], "bandwidths": [5], "seeds": [0, 1],
              "rounds": 3, "num_clients": 4, "distill_steps": 3}
