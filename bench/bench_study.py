@@ -24,10 +24,11 @@ Per mode: wall seconds, runs per hour, and the **per-trial overhead** = (wall x 
 sum of the runs' round seconds) / 40: the capacity each run costs outside its rounds. For the
 sweep the fixed start is subtracted first (it is paid once per sweep, not per trial). With
 ``HETSIM_TRACE`` every process marks where its seconds go; the split is printed per mode as
-median seconds per run: ``before`` (from the process's launch (cold) or the previous run's end
+median seconds per run: ``start`` (from the process's launch (cold) or the previous run's end
 in the same process (warm) to the run's start: interpreter, imports, trial set-up, validation
-with its dataset, partition and models), ``build`` (the run's simulation and executor built),
-``rounds``, ``write`` (tables compacted, manifest closed).
+with its dataset, partition and models), ``data`` (the run's dataset and partition),
+``model`` (its models, clients and executor), ``rounds``, ``write`` (tables compacted, manifest
+closed).
 
 **The limit.** The same clients, batches and aggregation as a bare PyTorch loop
 (``bench_engine.BareLoop``) give the training FLOP/s this machine reaches on these shapes with
@@ -119,9 +120,12 @@ def trace_split(path: Path, launches: dict[int, float] | None = None) -> dict[st
             at[event] = t
             if event == "run: begins":
                 begin = t
-                phases["before"].append(t - prev_end)
+                phases["start"].append(t - prev_end)
+            elif event == "sim: data built" and begin is not None and "data" not in at:
+                at["data"] = t
             elif event == "run: folder complete" and begin is not None:
-                phases["build"].append(at["loop: rounds begin"] - begin)
+                phases["data"].append(at.pop("data", begin) - begin)
+                phases["model"].append(at["loop: rounds begin"] - at["sim: data built"])
                 phases["rounds"].append(at["loop: rounds end"] - at["loop: rounds begin"])
                 phases["write"].append(t - at["loop: rounds end"])
                 prev_end, begin = t, None
