@@ -17,6 +17,12 @@ Each round is first written as its own small Parquet part under ``_parts/<table>
 until it holds ``CHUNK_BYTES``), so a run of any length keeps a bounded number of files and
 compacts quickly when it ends; then the parts and chunks become one file per table.
 :func:`load_run` reads either form.
+
+A file that cannot be read (a full disk, a power loss) is named with what to do
+(:class:`RunFolderError`); a resume finds such files (:func:`damaged_files`) and sets them
+aside (:func:`set_aside`) when a checkpoint rebuilds their rounds (``docs/checkpoints.md``).
+Over 400 lines because the writer, the readers and the damaged-file checks share one part layout
+(numbers, chunks, what a reader reads), which is kept in this one module.
 """
 from __future__ import annotations
 
