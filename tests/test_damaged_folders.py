@@ -202,3 +202,29 @@ def test_damaged_files_lists_parts_and_compacted_tables_with_their_first_part(fo
     assert found == {("clients", "_parts/clients/0000001.parquet", 1), ("profiles", "profiles.parquet", 0)}
     meta = json.loads((path / "checkpoints/round-000001/checkpoint.json").read_text())
     assert meta["tables"] == {"rounds": 1, "clients": 1}  # what "at or before" is measured by
+
+
+def test_a_damaged_chunk_needs_a_checkpoint_from_before_its_first_part(tmp_path, monkeypatch):
+    """Merged parts (a chunk) hold the rounds of all their parts: only a checkpoint written before
+    the first of them rebuilds it; a later loose part, any checkpoint written before it."""
+    from engine.checkpoint.folder import rebuilds
+    from engine.results import tables
+
+    monkeypatch.setattr(tables, "COMPACT_PARTS", 4)
+    w = RunWriter(tmp_path)
+    for r in range(10):
+        w.append("rounds", [{"round": r, "x": r}])
+    parts = sorted(p.name for p in (tmp_path / "_parts/rounds").iterdir())
+    assert parts == ["0000000-0000007.parquet", "0000008.parquet", "0000009.parquet"]
+    chunk_bytes = (tmp_path / "_parts/rounds/0000000-0000007.parquet").read_bytes()
+    _garble(tmp_path / "_parts/rounds/0000000-0000007.parquet")
+    _zero(tmp_path / "_parts/rounds/0000009.parquet")
+    chunk, late = damaged_files(tmp_path)
+    assert (chunk.first, late.first) == (0, 9)
+    assert not rebuilds({"tables": {"rounds": 5}}, [chunk]) and rebuilds({"tables": {}}, [chunk])
+    assert rebuilds({"tables": {"rounds": 9}}, [late]) and not rebuilds({"tables": {"rounds": 10}}, [late])
+    # resuming at round 9 from a checkpoint written after 9 parts: the late part goes aside
+    (tmp_path / "_parts/rounds/0000000-0000007.parquet").write_bytes(chunk_bytes)
+    dropped = RunWriter(tmp_path).rewind(9, {"rounds": 9}, damaged=[late.path])
+    assert dropped == {"rounds": 0} and (tmp_path / "_parts/rounds/0000009.parquet.damaged").is_file()
+    assert tables.read_table(tmp_path, "rounds")["round"].tolist() == list(range(9))
