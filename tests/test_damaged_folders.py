@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from engine.config.schema import load_config
-from engine.results.tables import WALL_COLUMNS, RunFolderError, RunWriter, damaged_files, load_run
+from engine.results.storage import open_storage
+from engine.results.tables import WALL_COLUMNS, RunFolderError, RunWriter, damaged_files, load_run, read_table
 from engine.run.api import run_experiment
 from hetsim.cli import main
 
@@ -108,6 +109,9 @@ def test_readers_name_the_damaged_file_and_exit_2(folders, tmp_path, case, capsy
         load_run(path)
     if rel.startswith("_parts/"):  # the message says what to do: the resume rebuilds it
         assert f"hetsim run --resume {path}" in err
+    if rel.endswith(".parquet"):  # as through a storage (object stores are read this way)
+        with pytest.raises(RunFolderError, match=f"{path / rel} is unreadable"):
+            read_table(open_storage(path), rel.split("/")[-2] if "/" in rel else Path(rel).stem)
     assert (path / rel).exists() and not list(path.rglob("*.damaged")), "a reader changes nothing"
 
 
