@@ -269,7 +269,7 @@ def _unreadable(path: Path | str, err: BaseException) -> RunFolderError:
 def _remedy(path: str) -> str:
     """What to do about a damaged Parquet file of a run folder, by where it lies."""
     parent, name = path.rstrip("/").rsplit("/", 1) if "/" in path else ("", path)
-    run, _, table = parent.rpartition("/")
+    run = parent.rpartition("/")[0]
     if run.endswith(f"/{PARTS}") or run == PARTS:  # a part: a resume rebuilds its rounds
         run = run[: -len(PARTS)].rstrip("/") or "."
         return (f"`hetsim run --resume {run}` sets it aside (as {name}{DAMAGED}) and recomputes its rounds "

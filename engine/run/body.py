@@ -289,14 +289,15 @@ def _restore_for_resume(sim: Simulation, path: Path, writer: RunWriter, manifest
     damaged = check_damaged_tables(path)  # raises if no checkpoint can rebuild them
     rebuild = [d for d in damaged if d.table not in HISTORY_TABLES]
     ckpt, meta = None, None
-    for _, candidate in reversed(list_checkpoints(path)):  # newest first; one that fails to
+    # newest first; one that fails to load (cut by a power loss) is skipped
+    for _, candidate in reversed(list_checkpoints(path)):
         if rebuild:  # one past the damaged files' rounds would lose them: an older one
             try:
                 if not rebuilds(read_meta(candidate), rebuild):
                     continue
             except CheckpointError:
                 pass  # the restore below says why it is skipped
-        try:                                               # load (cut by a power loss) is skipped
+        try:
             meta = restore_checkpoint(sim, candidate, allow_config_change=allow_config_change)
             ckpt = candidate
             break
