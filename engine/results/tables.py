@@ -187,6 +187,14 @@ class RunWriter:
             part_dir = self.dir / PARTS / name
             numbers = [_span(n)[1] for n in live_parts(_names(part_dir))]
             self._seq[name] = max([(sequence or {}).get(name, 0), *(n + 1 for n in numbers)])
+        for name in sorted(names & set(HISTORY_TABLES)):  # kept whole; the resumed run adds to them
+            part_dir = self.dir / PARTS / name
+            compacted = self.dir / f"{name}.parquet"
+            if name != "profiles" and compacted.exists() and not live_parts(_names(part_dir)):
+                part_dir.mkdir(parents=True, exist_ok=True)  # else the next compaction replaces it
+                os.replace(compacted, part_dir / "0000000.parquet")
+            numbers = [_span(n)[1] for n in live_parts(_names(part_dir))]
+            self._seq[name] = max([self._seq.get(name, 0), *(n + 1 for n in numbers)])
         self._loose.clear()  # counted again on the next append
         return dropped
 
