@@ -625,3 +625,23 @@ def test_show_prints_the_trial_table_of_a_sweep_and_of_a_whatif_folder(tmp_path,
     assert err == "" and out.startswith(f"{wi}: what-if wi\ntrials: 2 finished\n")
     assert "fleet" in out and "fast" in out and "slow" in out
     assert "slow vs fast: the same accuracy, the same arrivals" in out
+
+
+def test_show_and_report_of_a_sweep_folder_with_damaged_files(tmp_path, capsys):
+    from engine.results import open_storage
+    from sweeps.results import load_sweep, write
+
+    base = SWEEP_BASE | {"rounds": 2, "algorithm": {"name": "fedavg"}}
+    sweep = _sweep_folder(tmp_path / "sw", {"name": "lr", "base": base, "space": {"train.lr": {"grid": [0.05, 0.1]}}},
+                          {"t_0": {"train.lr": 0.05}, "t_1": {"train.lr": 0.1}})
+    loaded = load_sweep(sweep)
+    write(open_storage(sweep), loaded.trials, loaded.rounds)  # as a sweep leaves them when it ends
+    (sweep / "trials.parquet").write_bytes(b"PAR1 cut short")
+    assert main(["show", str(sweep)]) == 0  # the summaries are read from the trials' folders instead
+    out, err = capsys.readouterr()
+    assert "trials: 2 finished" in out and f"{sweep}/trials.parquet is unreadable" in err
+    (sweep / "runs/t_1/trial.json").write_text('{"params": {"train.lr"')
+    for argv in (["show", str(sweep)], ["report", str(sweep), "-o", str(tmp_path / "r.html")]):
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert "This is a bug" not in err and f"{sweep}/runs/t_1/trial.json is damaged (not valid JSON" in err
