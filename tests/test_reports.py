@@ -444,6 +444,9 @@ def test_whatif_without_deadline_moves_only_time(tmp_path, local_ray, capsys):
     # and the folder is an ordinary sweep folder: `hetsim report` draws it
     page = parse_page(build_report(storage))
     assert "fig-sweep-param-fleet" in page.figures
+    assert main(["show", str(storage)]) == 0  # and `hetsim show` prints its trials
+    out = capsys.readouterr().out
+    assert out.startswith(f"{storage}: what-if") and "slow vs fast: the same accuracy, the same arrivals" in out
 
 
 @pytest.mark.ray
