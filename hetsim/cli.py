@@ -77,9 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("show", help="summarise a run folder", parents=[common])
-    p.add_argument("run_dir", help="a run folder: a path or a URI (s3://bucket/runs/x); `latest` = the newest "
-                   "under ./runs, DIR/latest the newest under DIR")
+    p = sub.add_parser("show", help="summarise a run folder; a sweep or what-if folder: its trials",
+                       parents=[common])
+    p.add_argument("run_dir", help="a run, sweep or what-if folder: a path or a URI (s3://bucket/runs/x); "
+                   "`latest` = the newest run under ./runs, DIR/latest the newest under DIR")
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser(
@@ -236,7 +237,9 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_show(args) -> int:
-    print(summary_table(resolve_latest(args.run_dir)))  # a path or a URI (s3://...)
+    path = resolve_latest(args.run_dir)  # a path or a URI (s3://...)
+    trials = results_cli.sweep_summary(path)  # a sweep or what-if folder: its trial table
+    print(trials if trials is not None else summary_table(path))
     return 0
 
 

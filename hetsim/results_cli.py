@@ -6,6 +6,7 @@ command functions, so ``hetsim --help`` stays fast.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from hetsim.common import resolve_latest
 
@@ -92,3 +93,29 @@ def cmd_whatif(args) -> int:
 
     return run_whatif_command(args)
 
+
+
+def sweep_summary(path: str) -> str | None:
+    """What ``hetsim show`` prints for a sweep or what-if folder: its trials by status, the best
+    ones, and for a what-if whether the fleets differ; None for any other folder (a run's)."""
+    if "://" in str(path):
+        from engine.results import open_storage  # pyarrow's filesystems: only for a URI
+
+        if not open_storage(path).exists("sweep.yaml"):
+            return None
+    elif not (Path(path) / "sweep.yaml").is_file():  # (sweeps.results.SWEEP_FILE: not imported for a run)
+        return None
+    from hetsim.whatif import difference_lines  # pandas, scipy: a sweep folder only
+    from sweeps.results import load_sweep, summary_table
+    from sweeps.whatif import FLEET_COLUMN
+
+    sweep = load_sweep(path)
+    fleets = FLEET_COLUMN in sweep.param_columns.values()
+    kind = "what-if" if fleets else "sweep"
+    lines = [f"{sweep.path}: {kind} {sweep.spec.get('name') or ''}".rstrip(), summary_table(sweep)]
+    if fleets:
+        lines += difference_lines(sweep)
+    if not sweep.complete:
+        lines.append(f"unfinished: continue with `hetsim sweep --resume {sweep.path}`")
+    lines.append(f"\n`hetsim report {sweep.path}` draws it; sweeps.load_sweep loads it into pandas")
+    return "\n".join(lines)

@@ -59,12 +59,8 @@ def report_whatif(sweep, metric: str = "global_acc", target: float | None = None
     page, table, target = compare_page(entries, metric, target,
                                        title=f"hetsim whatif: {Path(sweep.path).name}: {fleets}")
     print(text_table(table, metric, target))
-    for d in whatif.fleet_differences(sweep):
-        acc = ("the same accuracy" if d["same_accuracy"]
-               else f"different accuracy from round {d['first_round_acc']}")
-        arr = ("the same arrivals" if d["same_arrivals"]
-               else f"different arrivals from round {d['first_round_arrivals']}")
-        print(f"{d['fleet']} vs {d['reference']}: {acc}, {arr}")
+    for line in difference_lines(sweep):
+        print(line)
     out = page.write(Path(sweep.path) / COMPARE_FILE)
     links = whatif.link_fleet_folders(sweep)
     print(f"\nresults: {sweep.path}  (trials.parquet, rounds.parquet with a `fleet` column)")
@@ -76,3 +72,15 @@ def report_whatif(sweep, metric: str = "global_acc", target: float | None = None
         print(f"interrupted: continue with `hetsim sweep --resume {sweep.path}`", file=sys.stderr)
         return 130
     return 1 if len(errors) == len(sweep.trials) else 0
+
+
+def difference_lines(sweep) -> list[str]:
+    """Per fleet against the first: "slow vs fast: the same accuracy, different arrivals from round 2"."""
+    out = []
+    for d in whatif.fleet_differences(sweep):
+        acc = ("the same accuracy" if d["same_accuracy"]
+               else f"different accuracy from round {d['first_round_acc']}")
+        arr = ("the same arrivals" if d["same_arrivals"]
+               else f"different arrivals from round {d['first_round_arrivals']}")
+        out.append(f"{d['fleet']} vs {d['reference']}: {acc}, {arr}")
+    return out

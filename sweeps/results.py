@@ -23,6 +23,7 @@ agree column by column; kept in one module they are read and changed together.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,11 +32,13 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from engine import ConfigError, apply_overrides, load_config, parse_yaml
-from engine.results import ROUND_COLUMNS, Storage, load_run, open_storage, read_table
+from engine import ConfigError, UserError, apply_overrides, load_config, parse_yaml
+from engine.results import ROUND_COLUMNS, RunFolderError, Storage, load_run, open_storage, read_table
 from sweeps.search import TRIAL_INDEX
 from sweeps.spec import expand_params, trial_seed
 from sweeps.stats import config_stats, pareto_mask, within_noise
+
+log = logging.getLogger("hetsim")
 
 SWEEP_FILE = "sweep.yaml"
 TRIALS_FILE = "trials.parquet"
@@ -229,8 +232,8 @@ def summarize_trial(
     spec = sweep["spec"]
     rounds_total = _planned_rounds(spec, state.params)
     run = storage.child(RUNS_DIR, state.trial_id)
-    info = run.read_json("trial.json") if run.exists("trial.json") else {}
-    manifest = run.read_json("manifest.json") if run.exists("manifest.json") else {}
+    info = _read_json(run, "trial.json")
+    manifest = _read_json(run, "manifest.json")
     if run.exists("config.yaml"):
         config = parse_yaml(run.read_text("config.yaml"), f"{run}/config.yaml") or {}
         rounds_total = int(config.get("rounds", rounds_total))
@@ -464,7 +467,7 @@ def states_from_folders(storage: Storage) -> list[TrialState]:
     states = []
     for name in storage.list(RUNS_DIR, dirs=True):
         run = storage.child(RUNS_DIR, name)
-        info = run.read_json("trial.json") if run.exists("trial.json") else {}
+        info = _read_json(run, "trial.json")
         states.append(TrialState(name, info.get("params", {})))
     return states
 
@@ -484,16 +487,86 @@ def load_sweep(path: str | Path | Storage, refresh: bool = False,
             path = p.parent
     store = open_storage(path, storage_options)
     sweep = read_sweep_file(store)
-    if refresh or not store.exists(TRIALS_FILE):
+    tables = None if refresh or not store.exists(TRIALS_FILE) else _read_tables(store)
+    if tables is None:
         trials, rounds = collect(store, sweep, states_from_folders(store))
         configs = config_table(trials, sweep)
     else:
-        trials = store.read_parquet(TRIALS_FILE)
-        rounds = store.read_parquet(ROUNDS_FILE) if store.exists(ROUNDS_FILE) else pd.DataFrame()
-        configs = store.read_parquet(CONFIGS_FILE) if store.exists(CONFIGS_FILE) else config_table(trials, sweep)
+        trials, rounds, configs = tables
+        configs = configs if configs is not None else config_table(trials, sweep)
     return Sweep(path=store.uri if store.is_remote else Path(store.path), trials=trials, rounds=rounds,
                  spec=sweep["spec"], param_columns=dict(sweep["param_columns"]),
                  num_trials=sweep.get("num_trials"), storage=store, configs=configs)
+
+
+def summary_table(sweep: Sweep, top: int = 10) -> str:
+    """Trials by status, then the best ``top`` trials by ``best_<metric>``."""
+    t = sweep.trials
+    if t.empty:
+        return f"{sweep.path}: no trials"
+    counts = t["status"].value_counts()
+    head = "trials: " + ", ".join(f"{counts[s]} {s}" for s in
+                                  ("finished", "early_stopped", "diverged", "error", "unfinished")
+                                  if s in counts)
+    metric = sweep.metric
+    rank = sweep.rank_column
+    cols = ["trial_id", *sweep.param_columns.values(), "status", "rounds_done",
+            f"final_{metric}", f"best_{metric}", rank, "total_sim_time_s", "total_bytes_up", "total_energy_j"]
+    if sweep.repeats > 1:  # configurations: means over the seeds and their 95 % intervals
+        cols = ["config_id", *sweep.param_columns.values(), "n", f"{rank}_mean", f"{rank}_ci_low",
+                f"{rank}_ci_high", "within_noise_of_best", "total_sim_time_s_mean", "total_bytes_up_mean"]
+    cols = [c for c in dict.fromkeys(cols) if c in t.columns or c in sweep.configs.columns]
+    best = sweep.best(top)[cols].rename(columns={"total_bytes_up_mean": "total_bytes_up"})
+    if "total_bytes_up" in best:
+        best = best.assign(total_bytes_up=[f"{v / 1e6:.3g} MB" for v in best["total_bytes_up"]])
+    order = "min" if rank.startswith("time_to_") else sweep.mode
+    what = f"configurations ({sweep.repeats} seeds each) by mean {rank}" if sweep.repeats > 1 else f"by {rank}"
+    lines = [head, f"best {min(top, len(best))} {what} ({order}):",
+             best.to_string(index=False, float_format=lambda v: f"{v:.4g}")]
+    retried = t[t["attempts"] > 1] if "attempts" in t.columns else t.iloc[0:0]
+    if len(retried):
+        lines.append(f"{len(retried)} trial(s) needed more than one attempt (attempts column)")
+    errors = t[t["status"].isin(("error", "diverged"))]
+    for _, row in errors.head(5).iterrows():
+        lines.append(f"{row['status']} {row['trial_id']}: {row['error']}")
+    if len(errors) > 5:
+        lines.append(f"... {len(errors) - 5} more errored or diverged trials in trials.parquet")
+    return "\n".join(lines)
+
+
+def _read_tables(store: Storage) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None] | None:
+    """trials, rounds and configs.parquet; None (with a warning) if one cannot be read: they are
+    summaries of the trials' run folders, which the caller reads instead."""
+    out = []
+    for name in (TRIALS_FILE, ROUNDS_FILE, CONFIGS_FILE):
+        try:
+            out.append(store.read_parquet(name) if store.exists(name) else None)
+        except UserError:  # unreachable storage: its message says so
+            raise
+        except Exception as err:  # noqa: BLE001 - pyarrow raises several types for a damaged file
+            log.warning("hetsim: warning: %s/%s is unreadable (%s: %s); the trials are read from their run "
+                        "folders instead (`hetsim sweep --resume` writes it again)", store.uri, name,
+                        type(err).__name__, str(err).strip()[:200])
+            return None
+    trials, rounds, configs = out
+    return trials, rounds if rounds is not None else pd.DataFrame(), configs
+
+
+def _read_json(run: Storage, name: str) -> dict[str, Any]:
+    """A trial folder's trial.json or manifest.json ({} if absent); a damaged one is named."""
+    if not run.exists(name):
+        return {}
+    text = run.read_bytes(name).decode(errors="replace")
+    try:
+        data = json.loads(text)
+    except ValueError as err:
+        data, why = None, f"not valid JSON: {err}" if text.strip() else "empty"
+    else:
+        why = f"a JSON {type(data).__name__}, not an object"
+    if not isinstance(data, dict):
+        raise RunFolderError(f"{run.uri}/{name} is damaged ({why}); restore it from a copy (the sweep's "
+                             "other trials are intact)")
+    return data
 
 
 def tune_rounds_frame(metrics_df: pd.DataFrame | None) -> pd.DataFrame | None:

@@ -53,6 +53,7 @@ from sweeps.results import (  # noqa: E402
     collect,
     load_sweep,
     read_sweep_file,
+    summary_table,  # noqa: F401 - `hetsim sweep` prints it as runner.summary_table
     tune_rounds_frame,
     write,
 )
@@ -335,41 +336,6 @@ def resume_sweep(
 
 def is_complete(sweep: Sweep) -> bool:
     return sweep.complete
-
-
-def summary_table(sweep: Sweep, top: int = 10) -> str:
-    """Trials by status, then the best ``top`` trials by ``best_<metric>``."""
-    t = sweep.trials
-    if t.empty:
-        return f"{sweep.path}: no trials"
-    counts = t["status"].value_counts()
-    head = "trials: " + ", ".join(f"{counts[s]} {s}" for s in
-                                  ("finished", "early_stopped", "diverged", "error", "unfinished")
-                                  if s in counts)
-    metric = sweep.metric
-    rank = sweep.rank_column
-    cols = ["trial_id", *sweep.param_columns.values(), "status", "rounds_done",
-            f"final_{metric}", f"best_{metric}", rank, "total_sim_time_s", "total_bytes_up", "total_energy_j"]
-    if sweep.repeats > 1:  # configurations: means over the seeds and their 95 % intervals
-        cols = ["config_id", *sweep.param_columns.values(), "n", f"{rank}_mean", f"{rank}_ci_low",
-                f"{rank}_ci_high", "within_noise_of_best", "total_sim_time_s_mean", "total_bytes_up_mean"]
-    cols = [c for c in dict.fromkeys(cols) if c in t.columns or c in sweep.configs.columns]
-    best = sweep.best(top)[cols].rename(columns={"total_bytes_up_mean": "total_bytes_up"})
-    if "total_bytes_up" in best:
-        best = best.assign(total_bytes_up=[f"{v / 1e6:.3g} MB" for v in best["total_bytes_up"]])
-    order = "min" if rank.startswith("time_to_") else sweep.mode
-    what = f"configurations ({sweep.repeats} seeds each) by mean {rank}" if sweep.repeats > 1 else f"by {rank}"
-    lines = [head, f"best {min(top, len(best))} {what} ({order}):",
-             best.to_string(index=False, float_format=lambda v: f"{v:.4g}")]
-    retried = t[t["attempts"] > 1] if "attempts" in t.columns else t.iloc[0:0]
-    if len(retried):
-        lines.append(f"{len(retried)} trial(s) needed more than one attempt (attempts column)")
-    errors = t[t["status"].isin(("error", "diverged"))]
-    for _, row in errors.head(5).iterrows():
-        lines.append(f"{row['status']} {row['trial_id']}: {row['error']}")
-    if len(errors) > 5:
-        lines.append(f"... {len(errors) - 5} more errored or diverged trials in trials.parquet")
-    return "\n".join(lines)
 
 
 DRY_RUN_LIST = 50  # grid points listed by --dry-run; more are counted

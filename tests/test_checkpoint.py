@@ -285,6 +285,22 @@ def test_rewind_drops_later_rounds_from_parts_and_compacted_tables(tmp_path):
     assert read_table(tmp_path, "rounds")["round"].tolist() == [0, 1, 2, 3]
 
 
+def test_a_resumed_writer_adds_to_the_fault_log_of_earlier_attempts(tmp_path):
+    for compacted in (True, False):  # a stopped run's compacted log, a killed run's parts
+        path = tmp_path / str(compacted)
+        w = RunWriter(path)
+        w.append("rounds", [{"round": 0}])
+        w.append("faults", [{"round": 0, "actor": 1}])
+        if compacted:
+            w.finalize()
+        w2 = RunWriter(path)
+        w2.rewind(1)
+        w2.append("rounds", [{"round": 1}])
+        w2.append("faults", [{"round": 1, "actor": 2}])
+        w2.finalize()
+        assert read_table(path, "faults")["actor"].tolist() == [1, 2], compacted
+
+
 # ------------------------------------------------------------------------------ real processes
 def hetsim_process(path: Path, overrides: list[str], *args: str,
                    env: dict[str, str] | None = None) -> subprocess.Popen:

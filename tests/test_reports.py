@@ -444,6 +444,9 @@ def test_whatif_without_deadline_moves_only_time(tmp_path, local_ray, capsys):
     # and the folder is an ordinary sweep folder: `hetsim report` draws it
     page = parse_page(build_report(storage))
     assert "fig-sweep-param-fleet" in page.figures
+    assert main(["show", str(storage)]) == 0  # and `hetsim show` prints its trials
+    out = capsys.readouterr().out
+    assert out.startswith(f"{storage}: what-if") and "slow vs fast: the same accuracy, the same arrivals" in out
 
 
 @pytest.mark.ray
@@ -583,3 +586,65 @@ def test_whatif_fleets_may_replay_trace_files_given_by_relative_paths(tmp_path, 
     runs = {row.fleet: s.run(row.trial_id) for row in s.trials.itertuples()}
     assert runs["replayed"].clients["down_state"].str.startswith("a@").all()
     assert (runs["replayed"].clients["sim_upload_s"] > runs["fast"].clients["sim_upload_s"]).all()
+
+
+def _sweep_folder(root: Path, spec: dict, trials: dict[str, dict]) -> Path:
+    """A sweep folder as a sweep leaves it, without Ray: sweep.yaml, and one run folder with its
+    trial.json per trial (``trials``: trial id -> its params as Tune gives them)."""
+    import json
+
+    import yaml
+
+    from sweeps.spec import expand_params, resolve
+
+    resolved = resolve(spec, storage=root)
+    root.mkdir(parents=True)
+    (root / "sweep.yaml").write_text(yaml.safe_dump(resolved.to_dict(), sort_keys=False))
+    for trial_id, params in trials.items():
+        run = root / "runs" / trial_id
+        values = expand_params(spec["space"], params)
+        run_experiment(load_config(spec["base"], values), run, command=["test"])
+        (run / "trial.json").write_text(json.dumps({"params": params, "status": "finished"}))
+    return root
+
+
+def test_show_prints_the_trial_table_of_a_sweep_and_of_a_whatif_folder(tmp_path, capsys):
+    from sweeps.whatif import whatif_sweep_spec
+
+    base = SWEEP_BASE | {"rounds": 2, "algorithm": {"name": "fedavg"}}
+    sweep = _sweep_folder(tmp_path / "sw", {"name": "lr", "base": base, "space": {"train.lr": {"grid": [0.05, 0.1]}}},
+                          {"t_0": {"train.lr": 0.05}, "t_1": {"train.lr": 0.1}})
+    assert main(["show", str(sweep)]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and out.startswith(f"{sweep}: sweep lr\ntrials: 2 finished\n")
+    assert "lr" in out and "t_0" in out and "t_1" in out and "by best_global_acc (max)" in out
+    assert f"hetsim report {sweep}" in out
+
+    spec = whatif_sweep_spec(base, {"fast": FAST, "slow": SLOW}, name="wi", storage=tmp_path / "wi")
+    wi = _sweep_folder(tmp_path / "wi", spec, {"t_0": {"clients.profiles": "fast"},
+                                              "t_1": {"clients.profiles": "slow"}})
+    assert main(["show", str(wi)]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and out.startswith(f"{wi}: what-if wi\ntrials: 2 finished\n")
+    assert "fleet" in out and "fast" in out and "slow" in out
+    assert "slow vs fast: the same accuracy, the same arrivals" in out
+
+
+def test_show_and_report_of_a_sweep_folder_with_damaged_files(tmp_path, capsys):
+    from engine.results import open_storage
+    from sweeps.results import load_sweep, write
+
+    base = SWEEP_BASE | {"rounds": 2, "algorithm": {"name": "fedavg"}}
+    sweep = _sweep_folder(tmp_path / "sw", {"name": "lr", "base": base, "space": {"train.lr": {"grid": [0.05, 0.1]}}},
+                          {"t_0": {"train.lr": 0.05}, "t_1": {"train.lr": 0.1}})
+    loaded = load_sweep(sweep)
+    write(open_storage(sweep), loaded.trials, loaded.rounds)  # as a sweep leaves them when it ends
+    (sweep / "trials.parquet").write_bytes(b"PAR1 cut short")
+    assert main(["show", str(sweep)]) == 0  # the summaries are read from the trials' folders instead
+    out, err = capsys.readouterr()
+    assert "trials: 2 finished" in out and f"{sweep}/trials.parquet is unreadable" in err
+    (sweep / "runs/t_1/trial.json").write_text('{"params": {"train.lr"')
+    for argv in (["show", str(sweep)], ["report", str(sweep), "-o", str(tmp_path / "r.html")]):
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert "This is a bug" not in err and f"{sweep}/runs/t_1/trial.json is damaged (not valid JSON" in err

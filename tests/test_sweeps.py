@@ -282,6 +282,8 @@ def test_grid_sweep_writes_parquet_and_matches_direct_runs(tmp_path, local_ray):
     from sweeps.runner import summary_table
     text = summary_table(sweep)
     assert "by time_to_global_acc_0.2 (min)" in text and " MB" in text
+    from hetsim.results_cli import sweep_summary  # what `hetsim show <sweep folder>` prints
+    assert text in sweep_summary(str(sweep.path))
     from hetsim.report import build_report  # two grids: the report's heat map of the pairs
     html = build_report(sweep.path, tmp_path / "sweep.html").read_text()
     assert 'id="fig-sweep-heatmap"' in html and (tmp_path / "sweep_figures" / "fig-sweep-heatmap.png").is_file()

@@ -22,7 +22,7 @@ from engine.config.schema import ExperimentConfig
 from engine.errors import CorruptRunFolderError, storage_fault
 from engine.loop.callbacks import RoundRecord, RunCallback, RunContext
 from engine.loop.simulation import Simulation
-from engine.results.tables import RunWriter
+from engine.results.tables import DAMAGED, HISTORY_TABLES, DamagedFile, RunWriter, damaged_files
 
 CHECKPOINTS = "checkpoints"
 INDEX = "index.json"
@@ -83,6 +83,44 @@ def check_resume_point(run_dir: str | Path, cfg: ExperimentConfig) -> None:
         raise CorruptRunFolderError(
             f"cannot resume {run_dir}: checkpoint {d.name} continues at round {meta['next_round']}, past "
             f"the run's rounds = {cfg.rounds}; the checkpoint or config.yaml was edited; {how}")
+
+
+def rebuilds(meta: dict, damaged: list[DamagedFile]) -> bool:
+    """Whether resuming from the checkpoint ``meta`` recomputes every row the ``damaged`` round
+    tables' files held: each was written after it (its first part number is at or past the part
+    count the checkpoint recorded; part numbers only grow, so it holds later rounds only)."""
+    tables = meta.get("tables") or {}
+    return all(d.first >= int(tables.get(d.table, 0)) for d in damaged if d.table not in HISTORY_TABLES)
+
+
+def check_damaged_tables(run_dir: str | Path) -> list[DamagedFile]:
+    """The unreadable table files of a run folder to resume (:func:`damaged_files`), after
+    making sure a resume can rebuild them: ``CorruptRunFolderError`` if the run has checkpoints
+    but none at or before the rounds a damaged round-table file held. (Without checkpoints the
+    resume starts from round 0 and recomputes every round anyway.) Nothing is changed here."""
+    run_dir = Path(run_dir)
+    damaged = damaged_files(run_dir)
+    rounds = [d for d in damaged if d.table not in HISTORY_TABLES]
+    found = list_checkpoints(run_dir)
+    if not rounds or not found:
+        return damaged
+    metas = []
+    for _, d in found:
+        try:
+            metas.append((d, read_meta(d)))
+        except CheckpointError:
+            continue
+    if not metas or any(rebuilds(m, rounds) for _, m in metas):
+        return damaged  # (no readable checkpoint: the restore says so)
+    oldest, meta = metas[0]
+    first = rounds[0]
+    others = f" (and {len(rounds) - 1} more damaged file(s))" if len(rounds) > 1 else ""
+    raise CorruptRunFolderError(
+        f"{first.path} is damaged ({first.error}){others}, and no checkpoint can rebuild its rows: it "
+        f"holds rounds before the oldest checkpoint, {oldest.name} (which continues at round "
+        f"{meta.get('next_round')}). To recompute the run from round 0, remove {run_dir / CHECKPOINTS} "
+        f"and resume again (`hetsim run --resume {run_dir}`): the damaged file is then set aside as "
+        f"{first.path.name}{DAMAGED}")
 
 
 def write_index(run_dir: str | Path) -> None:

@@ -55,10 +55,15 @@ def save_blob(value: Any, dest: str | Path | io.BufferedIOBase, path: str = "sta
 
 
 def _load_raw(src: str | Path | bytes) -> dict:
-    if isinstance(src, (bytes, bytearray, memoryview)):
-        obj = torch.load(io.BytesIO(src), weights_only=True)
-    else:
-        obj = torch.load(src, weights_only=True, mmap=True)
+    try:
+        if isinstance(src, (bytes, bytearray, memoryview)):
+            obj = torch.load(io.BytesIO(src), weights_only=True)
+        else:
+            obj = torch.load(src, weights_only=True, mmap=True)
+    except Exception as err:  # noqa: BLE001 - torch and pickle raise several types for a damaged file
+        what = src if not isinstance(src, (bytes, bytearray, memoryview)) else "a client-state shard"
+        raise CheckpointError(f"{what} is damaged, not a checkpoint file torch can read "
+                              f"({type(err).__name__}: {str(err).strip()[:200]})") from None
     if not isinstance(obj, dict) or obj.get("format") != BLOB_FORMAT:
         raise CheckpointError(f"{src if not isinstance(src, (bytes, bytearray, memoryview)) else 'shard'} "
                               f"is not a {BLOB_FORMAT} file")

@@ -59,19 +59,28 @@ def read_manifest(run_dir: str | Path) -> dict[str, Any]:
     """The manifest of ``run_dir``: OSError if it is missing or unreadable,
     :class:`CorruptRunFolderError` (a ValueError) if it is not a JSON object."""
     path = Path(run_dir) / MANIFEST
-    text = path.read_text(errors="replace")
+    return parse_manifest(path.read_text(errors="replace"), path, run_dir)
+
+
+def parse_manifest(text: str, where: str | Path, run_dir: str | Path) -> dict[str, Any]:
+    """``text`` (the manifest read from ``where``) as a manifest, or :class:`CorruptRunFolderError`
+    saying what is wrong and what to do."""
     try:
         manifest = json.loads(text)
     except ValueError as err:
         raise CorruptRunFolderError(
-            f"{path} is damaged ({'empty' if not text.strip() else f'not valid JSON: {err}'}; was it "
+            f"{where} is damaged ({'empty' if not text.strip() else f'not valid JSON: {err}'}; was it "
             f"cut by a full disk or a power loss?); restore it, or start the run again with "
-            f"`hetsim run -c {Path(run_dir) / 'config.yaml'}`") from None
+            f"`hetsim run -c {_config_of(run_dir)}`") from None
     if not isinstance(manifest, dict):
         raise CorruptRunFolderError(
-            f"{path} holds a JSON {type(manifest).__name__}, not a manifest (a JSON object); restore "
-            f"it, or start the run again with `hetsim run -c {Path(run_dir) / 'config.yaml'}`")
+            f"{where} holds a JSON {type(manifest).__name__}, not a manifest (a JSON object); restore "
+            f"it, or start the run again with `hetsim run -c {_config_of(run_dir)}`")
     return manifest
+
+
+def _config_of(run_dir: str | Path) -> str:
+    return f"{str(run_dir).rstrip('/')}/config.yaml"  # a URI stays a URI (not Path's s3:/)
 
 
 def write_manifest(run_dir: str | Path, manifest: dict[str, Any]) -> None:

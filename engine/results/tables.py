@@ -17,15 +17,20 @@ Each round is first written as its own small Parquet part under ``_parts/<table>
 until it holds ``CHUNK_BYTES``), so a run of any length keeps a bounded number of files and
 compacts quickly when it ends; then the parts and chunks become one file per table.
 :func:`load_run` reads either form.
+
+A file that cannot be read (a full disk, a power loss) is named with what to do
+(:class:`RunFolderError`); a resume finds such files (:func:`damaged_files`) and sets them
+aside (:func:`set_aside`) when a checkpoint rebuilds their rounds (``docs/checkpoints.md``).
+Over 400 lines because the writer, the readers and the damaged-file checks share one part layout
+(numbers, chunks, what a reader reads), which is kept in this one module.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import pandas as pd
 import pyarrow as pa
@@ -34,10 +39,12 @@ import yaml
 
 from engine.atomic import write_atomic
 from engine.config.yamlio import parse_yaml
-from engine.errors import UserError
+from engine.errors import CorruptRunFolderError, UserError
+from engine.results.manifest import parse_manifest
 from engine.results.storage import Storage, open_storage
 
 PARTS = "_parts"
+DAMAGED = ".damaged"  # suffix of a file set aside as unreadable (readers' globs skip it)
 COMPACT_PARTS = 64  # loose parts of one table that are merged into its open chunk
 CHUNK_BYTES = 32 * 2**20  # a chunk this large is closed: the next merge starts a new one
 
@@ -160,28 +167,47 @@ class RunWriter:
         """Parts written so far per table (checkpoints record it)."""
         return dict(self._seq)
 
-    def rewind(self, next_round: int, sequence: dict[str, int] | None = None) -> dict[str, int]:
+    def rewind(self, next_round: int, sequence: dict[str, int] | None = None,
+               damaged: Iterable[Path] = ()) -> dict[str, int]:
         """Drop every row of round >= ``next_round`` from every round table (parts and compacted
         tables) and continue numbering parts after the ones that remain, so a resumed run
         appends each round exactly once. ``sequence``: the part counts a checkpoint recorded
         (parts are never numbered below them). Tables in ``HISTORY_TABLES`` are kept whole.
-        Crash-safe: every step can be redone. Returns the rows dropped per table."""
+        ``damaged``: unreadable files (:func:`damaged_files`) that hold only rounds >= ``next_round``
+        (the caller resumes from a checkpoint at or before them): set aside, not read, and listed
+        in ``self.set_aside`` (old path: new). Crash-safe: every step can be redone. Returns the
+        rows dropped per table (a set-aside file's rows are not counted: they cannot be read)."""
         dropped: dict[str, int] = {}
+        self.set_aside: dict[Path, Path] = {}  # old path -> new
+        bad = {Path(p) for p in damaged}
         names = {p.name for p in (self.dir / PARTS).glob("*") if p.is_dir()}
         names |= {p.stem for p in self.dir.glob("*.parquet")}
         for name in sorted(names - set(HISTORY_TABLES)):
-            dropped[name] = self._rewind_table(name, next_round)
+            dropped[name] = self._rewind_table(name, next_round, bad)
             part_dir = self.dir / PARTS / name
             numbers = [_span(n)[1] for n in live_parts(_names(part_dir))]
             self._seq[name] = max([(sequence or {}).get(name, 0), *(n + 1 for n in numbers)])
+        for name in sorted(names & set(HISTORY_TABLES)):  # kept whole; the resumed run adds to them
+            part_dir = self.dir / PARTS / name
+            compacted = self.dir / f"{name}.parquet"
+            if name != "profiles" and compacted.exists() and not live_parts(_names(part_dir)):
+                part_dir.mkdir(parents=True, exist_ok=True)  # else the next compaction replaces it
+                os.replace(compacted, part_dir / "0000000.parquet")
+            numbers = [_span(n)[1] for n in live_parts(_names(part_dir))]
+            self._seq[name] = max([self._seq.get(name, 0), *(n + 1 for n in numbers)])
         self._loose.clear()  # counted again on the next append
         return dropped
 
-    def _rewind_table(self, name: str, next_round: int) -> int:
+    def _rewind_table(self, name: str, next_round: int, bad: set[Path]) -> int:
         part_dir = self.dir / PARTS / name
         compacted = self.dir / f"{name}.parquet"
+        if compacted in bad:  # all its rounds are recomputed; parts beside it are older copies
+            self.set_aside[compacted] = set_aside(compacted)
+            for p in part_dir.glob("*.parquet"):
+                p.unlink()
+            return 0
         if compacted.exists():  # a finalized run: the compacted table is the truth; it becomes part 0
-            df = pd.read_parquet(compacted)
+            df = _read_parquet(compacted)
             _require_round(df, name)
             keep = df[df["round"] < next_round]
             part_dir.mkdir(parents=True, exist_ok=True)
@@ -198,7 +224,10 @@ class RunWriter:
         if part_dir.exists():
             _remove_covered(part_dir)  # a merge that was killed before it removed its inputs
         for p in [part_dir / n for n in live_parts(_names(part_dir))]:
-            rounds = pd.read_parquet(p, columns=None)
+            if p in bad:  # written after the checkpoint resumed from: its rounds are recomputed
+                self.set_aside[p] = set_aside(p)
+                continue
+            rounds = _read_parquet(p)
             _require_round(rounds, name)
             late = rounds["round"] >= next_round
             if late.all():
@@ -217,7 +246,16 @@ class RunWriter:
             df = _read_parts(table_dir)
             if df is not None:
                 self.write_table(table_dir.name, df)
-        shutil.rmtree(parts_root)
+        kept = [p for p in parts_root.rglob(f"*{DAMAGED}*") if p.is_file()]
+        if not kept:
+            shutil.rmtree(parts_root)
+            return
+        # files set aside as damaged stay for the user to inspect; the rest goes
+        for p in sorted(parts_root.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+            if p.is_file() and DAMAGED not in p.name:
+                p.unlink()
+            elif p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
 
 
 def _require_round(df: pd.DataFrame, name: str) -> None:
@@ -229,13 +267,87 @@ class RunFolderError(UserError, FileNotFoundError):
     """A run folder (or one of its files) is missing or unreadable."""
 
 
+def _unreadable(path: Path | str, err: BaseException) -> RunFolderError:
+    """The error for a run folder's Parquet file that cannot be read: which, why, what to do."""
+    return RunFolderError(
+        f"{path} is unreadable ({type(err).__name__}: {str(err).strip()[:200]}); the file is "
+        f"truncated or not Parquet (cut by a full disk or a power loss?); {_remedy(str(path))}")
+
+
+def _remedy(path: str) -> str:
+    """What to do about a damaged Parquet file of a run folder, by where it lies."""
+    parent, name = path.rstrip("/").rsplit("/", 1) if "/" in path else ("", path)
+    run = parent.rpartition("/")[0]
+    if run.endswith(f"/{PARTS}") or run == PARTS:  # a part: a resume rebuilds its rounds
+        run = run[: -len(PARTS)].rstrip("/") or "."
+        return (f"`hetsim run --resume {run}` sets it aside (as {name}{DAMAGED}) and recomputes its rounds "
+                f"from a checkpoint at or before them")
+    run = parent or "."
+    again = f"restore it from a copy, or run the experiment again (`hetsim run -c {run}/config.yaml`)"
+    if name == "profiles.parquet":  # built from the config: a resume writes it again
+        return f"if the run is unfinished, `hetsim run --resume {run}` writes it again; else {again}"
+    return again
+
+
 def _read_parquet(path: Path) -> pd.DataFrame:
     try:
         return pd.read_parquet(path)
     except Exception as err:  # noqa: BLE001 - pyarrow raises several types for a truncated or foreign file
-        raise RunFolderError(
-            f"{path} is unreadable ({type(err).__name__}: {str(err).strip()[:200]}); the file is "
-            "truncated or not Parquet (was the run killed while writing it?)") from None
+        raise _unreadable(path, err) from None
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a damaged file to ``<name>.damaged`` (``.damaged-2``, ... if taken), out of every
+    reader's way but kept for the user to inspect; returns the new path."""
+    for i in range(1, 1000):
+        target = path.with_name(f"{path.name}{DAMAGED}" + (f"-{i}" if i > 1 else ""))
+        if not target.exists():
+            os.replace(path, target)
+            return target
+    raise FileExistsError(f"{path}: too many damaged copies beside it; remove them")
+
+
+@dataclass
+class DamagedFile:
+    """A Parquet file of a run folder that cannot be read."""
+
+    table: str
+    path: Path
+    first: int  # the first part number it holds (a chunk's first); 0 for a compacted table
+    error: str
+
+
+def parquet_problem(path: Path) -> str | None:
+    """Why the Parquet file ``path`` cannot be read, or None. Reads its footer and its ``round``
+    column (what a resume needs), not every column: a file cut short or not Parquet fails here."""
+    try:
+        with pq.ParquetFile(path) as f:
+            f.read(columns=["round"] if "round" in f.schema_arrow.names else [])
+    except Exception as err:  # noqa: BLE001 - pyarrow raises several types for a damaged file
+        return f"{type(err).__name__}: {str(err).strip()[:200]}"
+    return None
+
+
+def damaged_files(run_dir: str | Path) -> list[DamagedFile]:
+    """Every table file of a local run folder that cannot be read: compacted tables, and the
+    parts readers would read (files already set aside are not listed)."""
+    run_dir = Path(run_dir)
+    names = {p.name for p in (run_dir / PARTS).glob("*") if p.is_dir()}
+    names |= {p.stem for p in run_dir.glob("*.parquet")}
+    out = []
+    for name in sorted(names):
+        compacted = run_dir / f"{name}.parquet"
+        if compacted.exists():  # parts beside it are copies a compaction left: never read
+            problem = parquet_problem(compacted)
+            if problem is not None:
+                out.append(DamagedFile(name, compacted, 0, problem))
+            continue
+        part_dir = run_dir / PARTS / name
+        for part in live_parts(_names(part_dir)):
+            problem = parquet_problem(part_dir / part)
+            if problem is not None:
+                out.append(DamagedFile(name, part_dir / part, _span(part)[0], problem))
+    return out
 
 
 def _span(name: str) -> tuple[int, int] | None:
@@ -330,9 +442,9 @@ def _read_table_once(run_dir, table: str) -> pd.DataFrame | None:
     if not isinstance(run_dir, (str, Path)) or "://" in str(run_dir):
         store = _as_storage(run_dir)
         if store.exists(f"{table}.parquet"):
-            return store.read_parquet(f"{table}.parquet")
+            return _read_stored(store, f"{table}.parquet")
         parts = live_parts(store.list(f"{PARTS}/{table}", dirs=False))
-        frames = [store.read_parquet(f"{PARTS}/{table}/{p}") for p in parts]
+        frames = [_read_stored(store, f"{PARTS}/{table}/{p}") for p in parts]
         frames = [f for f in frames if not f.empty]
         return pd.concat(frames, ignore_index=True) if frames else None
     run_dir = Path(run_dir)
@@ -341,6 +453,17 @@ def _read_table_once(run_dir, table: str) -> pd.DataFrame | None:
         return _read_parquet(final)
     table_dir = run_dir / PARTS / table
     return _read_parts(table_dir) if table_dir.exists() else None
+
+
+def _read_stored(store: Storage, rel: str) -> pd.DataFrame:
+    try:
+        return store.read_parquet(rel)
+    except UserError:  # unreachable storage: its message says so
+        raise
+    except FileNotFoundError:  # a part compacted meanwhile: read_table reads again
+        raise
+    except Exception as err:  # noqa: BLE001 - pyarrow raises several types for a damaged file
+        raise _unreadable(store.child(rel).uri, err) from None
 
 
 @dataclass
@@ -371,21 +494,29 @@ def load_run(run_dir) -> Run:
             what = "is a file" if path.exists() else "does not exist"
             raise RunFolderError(f"{path} {what}; give a run folder (it holds manifest.json)")
         exists = lambda name: (path / name).exists()  # noqa: E731
-        read_text = lambda name: (path / name).read_text()  # noqa: E731
+        read_text = lambda name: (path / name).read_text(errors="replace")  # noqa: E731 - garbage: said by the parser
     else:
         source = store = _as_storage(run_dir)
         path = Path(store.path) if not store.is_remote else store.uri
-        exists, read_text = store.exists, store.read_text
+        exists = store.exists
+        read_text = lambda name: store.read_bytes(name).decode(errors="replace")  # noqa: E731
     if not exists("manifest.json"):
         raise RunFolderError(f"{path} is not a run folder (no manifest.json)")
     try:
-        manifest = json.loads(read_text("manifest.json"))
+        manifest = parse_manifest(read_text("manifest.json"), f"{path}/manifest.json", path)
+    except (OSError, CorruptRunFolderError) as err:
+        raise RunFolderError(str(err) if isinstance(err, CorruptRunFolderError) else
+                             f"{path}/manifest.json is unreadable ({type(err).__name__}: {err})") from None
+    try:
         config = parse_yaml(read_text("config.yaml"), f"{path}/config.yaml") if exists("config.yaml") else {}
-    except (OSError, ValueError, yaml.YAMLError) as err:
-        raise RunFolderError(f"{path}: manifest.json or config.yaml is unreadable "
-                             f"({type(err).__name__}: {err})") from None
-    if not isinstance(manifest, dict):
-        raise RunFolderError(f"{path}/manifest.json does not hold a manifest (a JSON object)")
+    except (OSError, ValueError, UserError, yaml.YAMLError) as err:
+        raise RunFolderError(
+            f"{path}/config.yaml is damaged ({type(err).__name__}: {' '.join(str(err).split())[:300]}); restore it "
+            "from a copy (every checkpoint's checkpoint.json holds the config too, under 'config')") from None
+    if config is not None and not isinstance(config, dict):
+        raise RunFolderError(
+            f"{path}/config.yaml is damaged (it holds a {type(config).__name__}, not a config); restore it "
+            "from a copy (every checkpoint's checkpoint.json holds the config too, under 'config')")
     rounds = read_table(source, "rounds")
     clients = read_table(source, "clients")
     return Run(

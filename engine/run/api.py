@@ -8,10 +8,11 @@ import logging
 import sys
 from pathlib import Path
 
-from engine.checkpoint.folder import check_resume_point
+from engine.checkpoint.folder import check_damaged_tables, check_resume_point
 from engine.checkpoint.snapshot import check_resumable
 from engine.clients.device import check_device_request
 from engine.config.schema import ExperimentConfig, load_config
+from engine.errors import CorruptRunFolderError, UserError
 from engine.loop.callbacks import CallbackLike
 from engine.results.manifest import read_manifest
 from engine.results.storage import is_uri
@@ -115,13 +116,19 @@ def resume_config(
     if not (path / "manifest.json").is_file() or not (path / "config.yaml").is_file():
         raise FileNotFoundError(f"{path} is not a run folder (no manifest.json / config.yaml)")
     read_manifest(path)  # a truncated one or a JSON list: said before anything starts
-    saved = load_config(path / "config.yaml")
+    try:
+        saved = load_config(path / "config.yaml")
+    except UserError as err:
+        raise CorruptRunFolderError(
+            f"{path / 'config.yaml'} is damaged: {err}; restore it from a copy (every checkpoint's "
+            "checkpoint.json holds the config too, under 'config')") from None
     if isinstance(cfg, ExperimentConfig):
         new = load_config(cfg.to_dict(), overrides) if overrides else cfg
     else:
         new = load_config(cfg if cfg is not None else path / "config.yaml", overrides)
     check_resumable(saved, new)
     check_resume_point(path, new)  # config.yaml edited after the checkpoint, or past its rounds
+    check_damaged_tables(path)  # a damaged table file no checkpoint can rebuild: before anything changes
     return new
 
 

@@ -12,9 +12,16 @@ import time
 import traceback
 from pathlib import Path
 
-from engine.checkpoint.folder import CHECKPOINTS, CheckpointCallback, list_checkpoints, prune_checkpoints
+from engine.checkpoint.folder import (
+    CHECKPOINTS,
+    CheckpointCallback,
+    check_damaged_tables,
+    list_checkpoints,
+    prune_checkpoints,
+    rebuilds,
+)
 from engine.checkpoint.format import CheckpointError
-from engine.checkpoint.snapshot import restore_checkpoint
+from engine.checkpoint.snapshot import read_meta, restore_checkpoint
 from engine.clients.device import check_device_request
 from engine.config.schema import ExperimentConfig, dump_config
 from engine.errors import CorruptRunFolderError, StorageFault, storage_fault
@@ -22,7 +29,7 @@ from engine.execution.inprocess import InProcessExecutor
 from engine.loop.callbacks import CallbackLike, RoundRecord, RunCallback, RunContext, around_recorder
 from engine.loop.simulation import Simulation
 from engine.results.manifest import SCHEMA_VERSION, ManifestKeeper, process_identity, read_manifest, utc_now
-from engine.results.tables import RunWriter, read_table
+from engine.results.tables import HISTORY_TABLES, RunWriter, read_table, set_aside
 from engine.trace import mark
 
 log = logging.getLogger("hetsim")
@@ -117,10 +124,7 @@ def execute_run(
         mark("run: simulation built")
         manifest["num_classes"] = int(sim.data.num_classes)  # what "chance" is, for reports
         if not resume:
-            profiles = sim.profiles.to_frame()
-            if sim.conditions is not None:
-                profiles = profiles.assign(**sim.conditions.columns())
-            writer.write_table("profiles", profiles)
+            writer.write_table("profiles", _profiles_frame(sim))
         sim.start()
         mark("run: executor started")
         manifest["executor"] = {**sim.executor.describe(), "eval_device": sim.eval_device.type}
@@ -270,12 +274,30 @@ def _resumed_manifest(path: Path, command: list[str]) -> tuple[dict, dict]:
     return manifest, entry
 
 
+def _profiles_frame(sim: Simulation):
+    profiles = sim.profiles.to_frame()
+    if sim.conditions is not None:
+        profiles = profiles.assign(**sim.conditions.columns())
+    return profiles
+
+
 def _restore_for_resume(sim: Simulation, path: Path, writer: RunWriter, manifest: dict, entry: dict,
                         allow_config_change: bool = False) -> None:
-    """Load the newest checkpoint into ``sim`` and cut the tables back to it."""
+    """Load the newest checkpoint into ``sim`` and cut the tables back to it. Table files that
+    cannot be read are set aside: a round table's from the newest checkpoint at or before its
+    rounds (which recomputes them), profiles.parquet written again from the config."""
+    damaged = check_damaged_tables(path)  # raises if no checkpoint can rebuild them
+    rebuild = [d for d in damaged if d.table not in HISTORY_TABLES]
     ckpt, meta = None, None
-    for _, candidate in reversed(list_checkpoints(path)):  # newest first; one that fails to
-        try:                                               # load (cut by a power loss) is skipped
+    # newest first; one that fails to load (cut by a power loss) is skipped
+    for _, candidate in reversed(list_checkpoints(path)):
+        if rebuild:  # one past the damaged files' rounds would lose them: an older one
+            try:
+                if not rebuilds(read_meta(candidate), rebuild):
+                    continue
+            except CheckpointError:
+                pass  # the restore below says why it is skipped
+        try:
             meta = restore_checkpoint(sim, candidate, allow_config_change=allow_config_change)
             ckpt = candidate
             break
@@ -291,8 +313,25 @@ def _restore_for_resume(sim: Simulation, path: Path, writer: RunWriter, manifest
             "it from round 0")
     entry["from_round"] = sim.next_round
     entry["checkpoint"] = f"{CHECKPOINTS}/{ckpt.name}" if ckpt is not None else None
-    entry["rows_dropped"] = writer.rewind(sim.next_round, meta["tables"] if meta else None)
+    # checkpoints past this one go before any damaged file is set aside: a resume killed in
+    # between must not continue from one of them, past rounds that are no longer on disk
     prune_checkpoints(path, sim.cfg.checkpoint.keep, newer_than=sim.next_round)
+    entry["rows_dropped"] = writer.rewind(sim.next_round, meta["tables"] if meta else None,
+                                          damaged=[d.path for d in rebuild])
+    source = f"checkpoint {ckpt.name}" if ckpt is not None else "round 0 (the run has no checkpoint)"
+    errors = {d.path: d.error for d in damaged}
+    notes = [(old, new, f"its rounds are recomputed from {source}") for old, new in writer.set_aside.items()]
+    for d in damaged:
+        if d.table == "profiles":  # built from the config and seed: the same table again
+            notes.append((d.path, set_aside(d.path), "written again from the config"))
+            writer.write_table("profiles", _profiles_frame(sim))
+        elif d.table in HISTORY_TABLES:  # a log of replaced client hosts: results do not need it
+            notes.append((d.path, set_aside(d.path), "its records of replaced client hosts are lost"))
+    for old, new, what in notes:
+        text = f"{old} is damaged ({errors[old]}): set aside as {new.name}; {what}"
+        log.warning("hetsim: warning: %s", text)
+        manifest.setdefault("warnings", []).append(text)
+        entry.setdefault("set_aside", []).append(str(new.relative_to(path)))
     sim.executor.recovery_checkpoint = ckpt
     manifest.setdefault("resumes", []).append(entry)
 
