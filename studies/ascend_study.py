@@ -38,9 +38,10 @@ AUC) and paired differences of AUC, final accuracy and accuracy at the common bu
 each other variant, same seeds) with bootstrap 95 % intervals.
 
 How it runs (``--runner``): ``sweep`` (default) runs every planned run as one trial of one
-``hetsim sweep`` (:func:`sweep_spec`: a ``cases`` dimension ``run`` whose cases are the runs'
-overrides of one base), so the study gets the sweep engine's warm trial processes (imports and
-the dataset cache kept from one run to the next), ``trials.parquet``, trackers and resume;
+``hetsim sweep`` (:func:`sweeps.cases.run_cases`: a ``cases`` dimension ``run`` whose cases are
+the runs' overrides of one base, :func:`case_overrides`), so the study gets the sweep engine's
+warm trial processes (imports and the dataset cache kept from one run to the next),
+``trials.parquet``, trackers and resume;
 ``--runner pool`` keeps the earlier process pool (for comparison: ``bench/bench_study.py``).
 
 Outputs under ``--out``: the sweep folders ``sweeps/<n>/`` (one per call that had runs left; run
@@ -213,51 +214,27 @@ def case_name(job: dict[str, Any]) -> str:
     return f"{job['experiment']}.k{job['k']:g}.{job['variant']}.s{job['seed']}"
 
 
-def sweep_spec(jobs: list[dict[str, Any]], base: dict[str, Any], args: argparse.Namespace,
-               storage: Path) -> dict[str, Any]:
-    """One sweep over ``jobs``: each job a case of the ``run`` dimension holding the config
-    sections in which it differs from ``base`` (its seed, method, fleet, training)."""
-    cases = {}
-    for job in jobs:
-        cfg = {k: v for k, v in job["config"].items() if k != "output"}  # the sweep places run folders
-        cases[case_name(job)] = {k: v for k, v in cfg.items() if base.get(k) != v}
-    return {"name": "ascend_study", "base": base, "space": {"run": {"cases": cases}},
-            "metric": "global_acc", "mode": "max", "max_concurrent_trials": args.jobs,
-            "resources_per_trial": {"cpus": 1}, "ray": {"num_cpus": args.jobs}, "storage": str(storage)}
-
-
-def finished_cases(out: Path) -> dict[str, Path]:
-    """Run folders of runs an earlier sweep of this study finished (or stopped as diverged)."""
-    import json
-
-    done: dict[str, Path] = {}
-    for info in sorted(out.glob("sweeps/*/runs/*/trial.json")):
-        try:
-            trial = json.loads(info.read_text())
-        except (OSError, ValueError):
-            continue
-        name = (trial.get("params") or {}).get("run")
-        if name and trial.get("status") in ("finished", "diverged") and _finished(info.parent):
-            done[name] = info.parent
-    return done
+def case_overrides(job: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """The config sections in which a run differs from the study's base (its seed, method,
+    fleet, training): its case in the sweep. The sweep places run folders (no ``output``)."""
+    return {k: v for k, v in job["config"].items() if k != "output" and base.get(k) != v}
 
 
 def run_as_sweep(jobs: list[dict[str, Any]], args: argparse.Namespace, out: Path) -> None:
-    """Run the jobs no earlier call finished as one sweep; point every job at its run folder."""
-    done = finished_cases(out)
-    done.update({case_name(j): Path(j["run_dir"]) for j in jobs  # run by --runner pool earlier
-                 if case_name(j) not in done and _finished(Path(j["run_dir"]))})
-    pending = [j for j in jobs if case_name(j) not in done]
-    if pending and not args.report_only:
-        from sweeps import run_sweep
+    """Run the jobs no earlier call finished as one sweep (:func:`sweeps.cases.run_cases`);
+    point every job at its run folder."""
+    from sweeps.cases import run_cases
 
-        base = base_config(args, {})
-        base["algorithm"] = pending[0]["config"]["algorithm"]
-        storage = out / "sweeps" / str(len(list(out.glob("sweeps/*"))))
-        print(f"{len(pending)} run(s) to go ({len(jobs) - len(pending)} finished earlier): sweep {storage}", flush=True)
-        run_sweep(sweep_spec(pending, base, args, storage), quiet=False,
-                  command=["studies/ascend_study.py", *sys.argv[1:]])
-        done.update(finished_cases(out))
+    base = {**base_config(args, {}), "algorithm": jobs[0]["config"]["algorithm"]}
+    earlier = {case_name(j): Path(j["run_dir"]) for j in jobs if _finished(Path(j["run_dir"]))}  # --runner pool
+    cases = {case_name(j): case_overrides(j, base) for j in jobs}
+    if args.report_only:
+        from sweeps.cases import finished_cases
+
+        done = {**earlier, **finished_cases(out)}
+    else:
+        done = run_cases(cases, out, base=base, name="ascend_study", jobs=args.jobs, done=earlier,
+                         command=["studies/ascend_study.py", *sys.argv[1:]])
     for job in jobs:
         if case_name(job) in done:
             job["run_dir"] = str(done[case_name(job)])

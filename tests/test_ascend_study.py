@@ -67,8 +67,11 @@ def test_the_study_as_one_sweep_gives_every_run_its_own_config(tmp_path):
                         "algorithm": study.variant_algorithm(variant, k, args)},
              "experiment": exp, "k": k, "variant": variant, "seed": seed}
             for seed in args.seeds for exp, k, variant, change in study.plan_v3(args)]
+    from sweeps.cases import cases_spec
+
     base = {**study.base_config(args, {}), "algorithm": jobs[0]["config"]["algorithm"]}
-    resolved = resolve(study.sweep_spec(jobs, base, args, tmp_path / "sweep"))
+    cases = {study.case_name(j): study.case_overrides(j, base) for j in jobs}
+    resolved = resolve(cases_spec(cases, tmp_path / "sweep", base=base, jobs=2))
     assert resolved.num_trials == len(jobs) == len({study.case_name(j) for j in jobs})
     for job in jobs:
         trial = load_config(resolved.trial_raw({"run": study.case_name(job)}))

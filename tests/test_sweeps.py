@@ -311,6 +311,25 @@ def test_grid_sweep_writes_parquet_and_matches_direct_runs(tmp_path, local_ray):
 
 
 @pytest.mark.ray
+def test_run_cases_runs_a_studys_cases_once_and_a_later_call_only_what_is_left(tmp_path, local_ray):
+    """sweeps.cases.run_cases: named runs as one sweep; each case's run equals its config run
+    directly; a second call with one more case runs that case alone, in a second sweep."""
+    from sweeps.cases import run_cases
+
+    cases = {"a": {"train.lr": 0.05}, "b": {"train.lr": 0.1, "seed": 3}}
+    with one_torch_thread():
+        first = run_cases(cases, tmp_path, base=BASE, jobs=2, quiet=True)
+        assert sorted(first) == ["a", "b"]
+        second = run_cases({**cases, "c": {"algorithm.mu": 0.5}}, tmp_path, base=BASE, jobs=2, quiet=True)
+    assert {k: second[k] for k in "ab"} == first
+    assert sorted(p.name for p in (tmp_path / "sweeps").iterdir()) == ["0", "1"]
+    assert second["c"].parent.parent.name == "1" and len(list((tmp_path / "sweeps" / "1" / "runs").iterdir())) == 1
+    direct = direct_rounds(tmp_path, {"train.lr": 0.1, "seed": 3}, "b")
+    pd.testing.assert_frame_equal(load_run(first["b"]).rounds.drop(columns=list(WALL_COLUMNS), errors="ignore"),
+                                  direct.drop(columns=list(WALL_COLUMNS), errors="ignore"), check_dtype=False)
+
+
+@pytest.mark.ray
 def test_a_failing_trial_is_recorded_and_the_others_finish(tmp_path, local_ray, capsys):
     # a client that raises at run time (validation cannot see it coming) fails one trial
     fleet = {"num_clients": 10, "participation": 1.0, "profiles": {"availability": 1.0, "dropout": 0.0}}
