@@ -14,10 +14,13 @@ last `--last` evaluated rounds to smooth round-to-round noise.
 
 FedCSPACK's outcome is sensitive to rounding (docs/fedcspack.md), so compare over several
 `--seeds`: each seed changes the partition, the profiles, the initial model and the client draws.
-Writes <out>/summary.parquet (one row per seed and configuration, with each seed's
-differences to FedAvg of the same seed), <out>/summary.md (with several seeds, first the mean
-over seeds with the min and max of the personalized accuracy) and one run folder per seed and
-configuration, <out>/seed<S>/<group>-<config>.
+Runs go through the sweep engine (``--runner sweep``, the default): every (seed, configuration) is
+a case of one sweep (:func:`sweeps.cases.run_cases`), with ``--jobs`` runs at a time in warm trial
+processes, folders under <out>/sweeps/<n>/runs/; a later call runs only what no call finished.
+``--runner loop`` runs them one by one in this process into <out>/seed<S>/<group>-<config>.
+Writes <out>/summary.parquet (one row per seed and configuration, with each seed's differences to
+FedAvg of the same seed) and <out>/summary.md (with several seeds, first the mean over seeds with
+the min and max of the personalized accuracy).
 """
 from __future__ import annotations
 
@@ -88,6 +91,9 @@ def main() -> None:
     p.add_argument("--rerun", action="store_true", help="run configurations whose folder already has results")
     p.add_argument("--pack-sizes", default=",".join(map(str, PACK_SIZES)), help="pack sizes of the packsize part")
     p.add_argument("--skip", default="", help="comma-separated configurations to leave out, e.g. fedprox")
+    p.add_argument("--runner", choices=["sweep", "loop"], default="sweep",
+                   help="sweep: one hetsim sweep, warm trial processes (default); loop: one run after another here")
+    p.add_argument("--jobs", type=int, default=2, help="runs at a time (--runner sweep)")
     args = p.parse_args()
     if args.quick:
         args.dataset, args.rounds = "mnist5k", min(args.rounds, 20)
@@ -109,7 +115,9 @@ def main() -> None:
         plan += [("cap", name, extra) for name, extra in CAP.items()]
     plan = [entry for entry in plan if entry[1] not in args.skip.split(",")]
     rows = []
-    for seed in seeds:
+    if args.runner == "sweep":
+        rows = run_plan_as_sweep(plan, seeds, base, args, out)
+    for seed in seeds if args.runner == "loop" else []:
         for group, name, extra in plan:
             t0 = time.perf_counter()
             cfg = load_config(None, [*base, f"seed={seed}", *extra, *args.overrides])
@@ -128,6 +136,31 @@ def main() -> None:
     md = "\n\n".join(_format(t) for t in tables)
     (out / "summary.md").write_text(md + "\n")
     print(md)
+
+
+def case_name(seed: int, group: str, name: str) -> str:
+    return f"s{seed}.{group}.{name.replace('=', '-')}"  # a case name has no '='
+
+
+def run_plan_as_sweep(plan, seeds: list[int], base: list[str], args, out: Path) -> list[dict]:
+    """Every (seed, configuration) a case of one sweep; summary rows of those that finished."""
+    from engine.config.schema import parse_override
+    from sweeps.cases import run_cases
+
+    cases = {case_name(seed, group, name): {".".join(k): v for k, v in map(parse_override, [f"seed={seed}", *extra])}
+             for seed in seeds for group, name, extra in plan}
+    shared = [o for o in base if not o.startswith("output.")] + list(args.overrides)  # the sweep places folders
+    done = run_cases(cases, out, overrides=shared, name="fedcspack_study", jobs=args.jobs,
+                     command=["studies/fedcspack_study.py"])
+    rows = []
+    for seed in seeds:
+        for group, name, _ in plan:
+            path = done.get(case_name(seed, group, name))
+            if path is None:
+                print(f"seed {seed} {group} {name}: did not finish; left out (run the study again)", flush=True)
+                continue
+            rows.append({"seed": seed, **summarise(name, group, path, args.last)})
+    return rows
 
 
 def _finished(path: Path) -> bool:
