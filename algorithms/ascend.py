@@ -297,7 +297,8 @@ class AscendClient(CompressedFedAvgClient):
     round's payload arrays, for ``on_dropped``), ``policy`` (a bandit dataclass), ``T_sum`` /
     ``T_count`` (v2: the running mean T̄) or ``T_warm`` (v1), ``pending`` (the reward to close at
     the next participation), ``undo`` (what to restore if this upload's round is rolled back)
-    and ``round_info`` (receive -> fit)."""
+    and ``round_info`` (receive -> fit); v4: ``W_sum`` (the client's work so far, for T_exp);
+    ``time_model: measured``: ``Tm_sum`` / ``Tm_count`` (the running mean of the measured T)."""
 
     params: AscendParams
     needs_profile = True  # the reward's T is the client's simulated time
