@@ -297,7 +297,7 @@ class AscendClient(CompressedFedAvgClient):
     round's payload arrays, for ``on_dropped``), ``policy`` (a bandit dataclass), ``T_sum`` /
     ``T_count`` (v2: the running mean T̄) or ``T_warm`` (v1), ``pending`` (the reward to close at
     the next participation), ``undo`` (what to restore if this upload's round is rolled back)
-    and ``round_info`` (receive -> fit); v4: ``W_sum`` (the client's work so far, for T_exp);
+    and ``round_info`` (receive -> fit); v4: ``W_sum`` / ``W_count`` (the client's work so far, for T_exp);
     ``time_model: measured``: ``Tm_sum`` / ``Tm_count`` (the running mean of the measured T)."""
 
     params: AscendParams
@@ -361,12 +361,12 @@ class AscendClient(CompressedFedAvgClient):
         if "policy" not in st:
             st["policy"] = self.new_policy(ctx.rng)
             st["T_warm"], st["T_sum"], st["T_count"] = [], 0.0, 0
-            if p.reward == "v4":
-                st["W_sum"] = np.zeros(4)  # the client's work so far (algorithms.ascend_time.WORK_FIELDS)
-            if p.time_model == "measured":
-                st["Tm_sum"], st["Tm_count"] = 0.0, 0  # v3, measured: the running mean of the measured T
         else:
             self.sync_policy_params(st["policy"])
+        if p.reward == "v4" and "W_sum" not in st:  # (also a state restored under another config)
+            st["W_sum"], st["W_count"] = np.zeros(4), 0  # the client's work so far (ascend_time.WORK_FIELDS)
+        if p.time_model == "measured" and "Tm_sum" not in st:
+            st["Tm_sum"], st["Tm_count"] = 0.0, 0  # v3, measured: the running mean of the measured T
         restored = math.nan
         undo = st.get("undo")
         if undo is not None and undo["round"] in set(meta.get("rolled_back", ())):
@@ -537,10 +537,11 @@ class AscendClient(CompressedFedAvgClient):
             if p.reward == "v4":  # T_exp: the client's mean work so far at this round's rates
                 work = work_vector(broadcast.nbytes, ctx.flops_per_sample * seen, t_select, upload.nbytes)
                 st["W_sum"] = st["W_sum"] + work
-                t_exp = expected_seconds(st["W_sum"], st["T_count"], profile_costs(pf), pf.latency_s)
+                st["W_count"] += 1
+                t_exp = expected_seconds(st["W_sum"], st["W_count"], profile_costs(pf), pf.latency_s)
                 parts = reward_v4(phi, psi, T, t_exp, p.rho_value, p.kappa, p.reward_clip)
                 v4_parts["sim_Texp"] = t_exp
-                pending.update(work=work, wbar=st["W_sum"] / st["T_count"])
+                pending.update(work=work, wbar=st["W_sum"] / st["W_count"])
             else:
                 parts = reward_v3(phi, psi, T, t_bar, p.rho_value, p.kappa, p.reward_clip)
             parts.update(reward_df=df, reward_tbar=t_bar)
