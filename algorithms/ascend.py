@@ -73,6 +73,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from algorithms.ascend_time import (
+    expected_seconds,
+    measured_costs,
+    measured_seconds,
+    round_seconds,
+    work_vector,
+)
+from algorithms.ascend_time import unit_costs as profile_costs
 from algorithms.bandits import EpsilonGreedyEMA, Exp3, FixedArm, forced
 from algorithms.base import (
     AlgorithmSpec,
@@ -105,6 +113,7 @@ from hardware_profiles import clock
 FORCED_ARM = "topk"  # [paper] the arm a rollback forces
 FORWARD_FRACTION = 1.0 / 3.0  # forward pass ~ 1/3 of a training step (probe-loss evaluation cost)
 CONTROL_VALUE_BYTES = 4  # each number of the broadcast's control meta travels as 32 bits
+FIDELITY_REWARDS = ("v3", "v4")  # the rewards of local and knowledge fidelity (v4: v3 with T_exp for T̄)
 
 PROBE_SALT = 0xA5CE  # local probe set
 PUBLIC_PROBE_SALT = 0x9B0B  # server's public probe subset
@@ -188,6 +197,17 @@ def reward_v3(phi: float, psi: float, T: float, T_bar: float, rho: float = 0.6, 
     raw = g * factor
     return {"reward": _clip(raw, clip), "reward_raw": raw, "reward_g": g, "reward_rho": rho,
             "reward_factor": factor, "reward_phi": phi, "reward_psi": psi}
+
+
+def reward_v4(phi: float, psi: float, T: float, T_exp: float, rho: float = 0.6, kappa: float = 1.0,
+              clip: float = 1.0) -> dict[str, float]:
+    """Version 4 (docs/ascend.md, "Reward v4"): v3 with the client's running mean ``T̄`` replaced by
+    ``T_exp``, the client's mean work so far priced at the present link and compute rates
+    (:func:`algorithms.ascend_time.expected_seconds`): ``factor = (T_exp/T)^kappa`` for ``g >= 0``,
+    ``(T/T_exp)^kappa`` for ``g < 0``. The parts are v3's, plus ``reward_texp``."""
+    parts = reward_v3(phi, psi, T, T_exp, rho, kappa, clip)
+    parts["reward_texp"] = T_exp
+    return parts
 
 
 def selection_seconds(profile: Any, arm: str, d: int, k: int, ops: float, in_seconds: bool) -> tuple[float, float]:
@@ -277,10 +297,15 @@ class AscendClient(CompressedFedAvgClient):
     round's payload arrays, for ``on_dropped``), ``policy`` (a bandit dataclass), ``T_sum`` /
     ``T_count`` (v2: the running mean T̄) or ``T_warm`` (v1), ``pending`` (the reward to close at
     the next participation), ``undo`` (what to restore if this upload's round is rolled back)
-    and ``round_info`` (receive -> fit)."""
+    and ``round_info`` (receive -> fit); v4: ``W_sum`` / ``W_count`` (the client's work so far, for T_exp);
+    ``time_model: measured``: ``Tm_sum`` / ``Tm_count`` (the running mean of the measured T)."""
 
     params: AscendParams
     needs_profile = True  # the reward's T is the client's simulated time
+
+    @classmethod
+    def reads_phase_times(cls, params: AscendParams) -> bool:
+        return params.time_model == "measured"
 
     def new_policy(self, rng: np.random.Generator | None = None):
         """The client's policy; v3's warm-up order is a permutation of the arms drawn from ``rng``
@@ -288,7 +313,7 @@ class AscendClient(CompressedFedAvgClient):
         from the seed), played in blocks."""
         p = self.params
         if p.policy == "egreedy":
-            v3 = p.reward == "v3"
+            v3 = p.reward in FIDELITY_REWARDS
             if v3 and rng is None:
                 raise ValueError("reward v3's warm-up order needs the client's generator")
             return EpsilonGreedyEMA(
@@ -316,7 +341,7 @@ class AscendClient(CompressedFedAvgClient):
         holds it out of training, so it is at most ``probe_fraction`` of the data."""
         n = len(ctx.train_y)
         m = min(n, self.params.probe_batches * ctx.train.batch_size)
-        if self.params.reward == "v3":
+        if self.params.reward in FIDELITY_REWARDS:
             m = min(m, int(self.params.probe_fraction * n))
         rng = np.random.default_rng([PROBE_SALT, ctx.client_id, n])
         return torch.from_numpy(np.sort(rng.permutation(n)[:m])).to(ctx.train_x.device)
@@ -338,6 +363,10 @@ class AscendClient(CompressedFedAvgClient):
             st["T_warm"], st["T_sum"], st["T_count"] = [], 0.0, 0
         else:
             self.sync_policy_params(st["policy"])
+        if p.reward == "v4" and "W_sum" not in st:  # (also a state restored under another config)
+            st["W_sum"], st["W_count"] = np.zeros(4), 0  # the client's work so far (ascend_time.WORK_FIELDS)
+        if p.time_model == "measured" and "Tm_sum" not in st:
+            st["Tm_sum"], st["Tm_count"] = 0.0, 0  # v3, measured: the running mean of the measured T
         restored = math.nan
         undo = st.get("undo")
         if undo is not None and undo["round"] in set(meta.get("rolled_back", ())):
@@ -352,7 +381,7 @@ class AscendClient(CompressedFedAvgClient):
             restored = undo["round"]
         f_now, n_probe = self.probe_loss(ctx)
         d_now = float(meta.get("probe_kl", {}).get(ctx.round, math.nan))  # v1 only
-        closed = _closed_none()
+        closed = {**_closed_none(), **self._extra_closed()}
         pending = st.pop("pending", None)
         if pending is not None:
             if p.reward == "v1":
@@ -360,13 +389,13 @@ class AscendClient(CompressedFedAvgClient):
             elif p.reward == "v2":
                 parts = self._close_v2(ctx.client_id, meta, pending)
             else:
-                parts = self._close_v3(pending)
+                parts = self._close_v3(st, pending, ctx.last_times)
             fed = pending["reason"] != "forced" or p.learn_from_forced
             if fed:
                 st["policy"].update(pending["arm"], parts["reward"])
             closed.update(parts)
-            closed.update(reward_T=pending["T"], reward_arm=pending["arm"], reward_round=pending["round"],
-                          reward_fed=fed)
+            closed.update(reward_T=parts.get("reward_T", pending["T"]), reward_arm=pending["arm"],
+                          reward_round=pending["round"], reward_fed=fed)
         st["round_info"] = {
             "round": ctx.round, "f": f_now, "n_probe": n_probe, "D": d_now,
             "restored_round": restored, "closed": closed,
@@ -395,12 +424,43 @@ class AscendClient(CompressedFedAvgClient):
         parts.update(reward_df=pending["df"], reward_dd=dd, reward_tbar=pending["tbar"])
         return parts
 
-    def _close_v3(self, pending) -> dict[str, Any]:
-        """Version 3: the reward computed at the upload (``fit``: nothing comes from the server),
-        or −clip if the upload did not arrive."""
+    def _extra_closed(self) -> dict[str, Any]:
+        """The closed reward's columns of v4 (``reward_texp``) and ``time_model: measured``
+        (``reward_measured``), present only when they apply (v3's tables stay as they were)."""
+        out: dict[str, Any] = {"reward_texp": math.nan} if self.params.reward == "v4" else {}
+        if self.params.time_model == "measured":
+            out["reward_measured"] = False
+        return out
+
+    def _close_v3(self, st, pending, last: dict[str, float] | None = None) -> dict[str, Any]:
+        """Versions 3 and 4: the reward computed at the upload (``fit``: nothing comes from the
+        server), or −clip if the upload did not arrive. ``time_model: measured``: recomputed with
+        the clock's phase times of that round (``last``, from the engine) when they are there."""
         parts = dict(pending["parts"])
+        if self.params.time_model == "measured" and last is not None and int(last["round"]) == pending["round"]:
+            parts.update(self._measured_parts(st, pending, last))
         if pending.get("lost"):
             parts.update(reward=-self.params.reward_clip, reward_lost=True)
+        return parts
+
+    def _measured_parts(self, st, pending, last: dict[str, float]) -> dict[str, Any]:
+        """``time_model: measured``: T = the round's measured phase times (the compute phase's
+        training share); v3: T̄ = the running mean of the measured T; v4: T_exp = the client's mean
+        work (as it was at that round) priced at the unit costs those phase times imply."""
+        p, pp = self.params, pending["parts"]
+        share, lat = pending["train_share"], pending["latency"]
+        T = measured_seconds(last, share)
+        st["Tm_sum"] += T
+        st["Tm_count"] += 1
+        if p.reward == "v4":
+            costs = measured_costs(last, pending["work"], lat, share)
+            t_exp = float(round_seconds(pending["wbar"], costs, lat))
+            parts = reward_v4(pp["reward_phi"], pp["reward_psi"], T, t_exp, p.rho_value, p.kappa, p.reward_clip)
+        else:
+            t_bar = st["Tm_sum"] / st["Tm_count"]
+            parts = reward_v3(pp["reward_phi"], pp["reward_psi"], T, t_bar, p.rho_value, p.kappa, p.reward_clip)
+            parts["reward_tbar"] = t_bar
+        parts.update(reward_T=T, reward_measured=True)
         return parts
 
     def fit(self, ctx: ClientContext, broadcast: Payload) -> ClientResult:
@@ -408,7 +468,7 @@ class AscendClient(CompressedFedAvgClient):
         info = st.pop("round_info", None)
         if info is None or info["round"] != ctx.round:
             raise RuntimeError("AscendClient.fit called without receive() for this round")
-        v3 = p.reward == "v3"
+        v3 = p.reward in FIDELITY_REWARDS
         start = flat_params(ctx.model)
         z_w = x_pub = None
         if v3:
@@ -433,6 +493,7 @@ class AscendClient(CompressedFedAvgClient):
             label, reason = policy.choose(ctx.rng)
         arm, arm_k = parse_arm(label)
         v3_parts = {c: math.nan for c in V3_COLUMNS}
+        v4_parts = {"sim_Texp": math.nan} if p.reward == "v4" else {}
         f_full = z_full = None
         forwards = info["n_probe"]
         if v3:  # the fresh update's own probe loss and public logits, before it is compressed
@@ -473,11 +534,25 @@ class AscendClient(CompressedFedAvgClient):
             kl_fs = float(kl_teacher_student(z_full, z_sent, tau))
             phi = local_fidelity(info["f"], f_full, f_sent)
             psi = knowledge_fidelity(kl_fs, kl_fw)
-            parts = reward_v3(phi, psi, T, t_bar, p.rho_value, p.kappa, p.reward_clip)
+            if p.reward == "v4":  # T_exp: the client's mean work so far at this round's rates
+                work = work_vector(broadcast.nbytes, ctx.flops_per_sample * seen, t_select, upload.nbytes)
+                st["W_sum"] = st["W_sum"] + work
+                st["W_count"] += 1
+                t_exp = expected_seconds(st["W_sum"], st["W_count"], profile_costs(pf), pf.latency_s)
+                parts = reward_v4(phi, psi, T, t_exp, p.rho_value, p.kappa, p.reward_clip)
+                v4_parts["sim_Texp"] = t_exp
+                pending.update(work=work, wbar=st["W_sum"] / st["W_count"])
+            else:
+                parts = reward_v3(phi, psi, T, t_bar, p.rho_value, p.kappa, p.reward_clip)
             parts.update(reward_df=df, reward_tbar=t_bar)
             v3_parts.update(phi=phi, psi=psi, progress_g=parts["reward_g"], reward_sent=parts["reward"],
                             probe_loss_full=f_full, kl_full_w=kl_fw, kl_full_sent=kl_fs)
             pending.update(T=T, parts=parts)
+            if p.time_model == "measured":  # what the measured phase times are compared with
+                pending.update(train_share=seen / (seen + FORWARD_FRACTION * forwards), latency=float(pf.latency_s))
+                if "work" not in pending:
+                    pending["work"] = work_vector(broadcast.nbytes, ctx.flops_per_sample * seen, t_select,
+                                                  upload.nbytes)
         else:
             T = simulated_seconds(pf, train_flops, ops, upload.nbytes)
             pending["T"] = T
@@ -513,6 +588,7 @@ class AscendClient(CompressedFedAvgClient):
             "sim_Tbar": t_bar,
             "restored_round": info["restored_round"],
             **v3_parts,
+            **v4_parts,
         }
         metrics.update(policy_values(policy, p.arms))
         metrics.update(info["closed"])
@@ -537,7 +613,7 @@ class AscendClient(CompressedFedAvgClient):
 
     def train_rows(self, ctx: ClientContext) -> torch.Tensor | None:
         """v3: every row but the local probe's, in order (batched training draws over these too)."""
-        if self.params.reward != "v3":
+        if self.params.reward not in FIDELITY_REWARDS:
             return None
         keep = torch.ones(len(ctx.train_y), dtype=torch.bool, device=ctx.train_x.device)
         keep[self.probe_indices(ctx)] = False
@@ -674,7 +750,7 @@ class AscendServer(Server):
                     del hist[old]
                 payload.meta["probe_kl"] = dict(hist)
                 control += 2 * len(hist)
-            elif p.reward == "v3":  # the clients' public probe (not counted: clients may hold it)
+            elif p.reward in FIDELITY_REWARDS:  # the clients' public probe (not counted: clients may hold it)
                 payload.meta["public_probe"] = self.probe_x
             else:
                 entries = self.dd_entries[arch]
@@ -877,6 +953,7 @@ __all__ = [
     "local_fidelity",
     "reward_v2",
     "reward_v3",
+    "reward_v4",
     "selection_seconds",
     "simulated_seconds",
     "time_factor",

@@ -80,6 +80,10 @@ class ClientContext:
     # other clients of its architecture (algorithms.batched_training.TrainedUpdate); local_sgd
     # applies it instead of training
     pretrained: Any = None
+    # the clock's phase times of this client's last round (``round``, ``download_s``, ``compute_s``,
+    # ``compress_s``, ``upload_s``: clients.parquet's sim_*, conditions over time included), filled
+    # only for methods whose Client says :meth:`Client.reads_phase_times`; None before its first
+    last_times: dict[str, float] | None = None
 
 
 @dataclass
@@ -110,6 +114,12 @@ class Client:
 
     def __init__(self, params: AlgorithmParams):
         self.params = params
+
+    @classmethod
+    def reads_phase_times(cls, params: AlgorithmParams) -> bool:
+        """True: the engine fills ``ctx.last_times`` with the clock's phase times of the client's
+        last round (what a real client measures of itself; e.g. ASCEND's ``time_model: measured``)."""
+        return False
 
     def receive(self, ctx: ClientContext, broadcast: Payload) -> None:
         """Load the client's model for this round into ``ctx.model`` (personalization rule)."""

@@ -251,10 +251,14 @@ class AscendParams(CompressionOptions):
     exp3_gamma: float = Field(0.1, gt=0, le=1, description="EXP3 uniform-mixing rate")
     learn_from_forced: bool = Field(False, description="feed rewards of forced (post-rollback) rounds to the policy")
     # reward
-    reward: Literal["v3", "v2", "v1"] = Field(
+    reward: Literal["v4", "v3", "v2", "v1"] = Field(
         "v3", description="v3: local and knowledge fidelity of the update actually sent, (T/Tbar)^kappa, random "
-        "block warm-up, selection priced in seconds; v2: per-client dF and the server's dD; v1: change of the "
-        "global model between participations (v1, v2 kept for comparison)")
+        "block warm-up, selection priced in seconds; v4: v3 with Tbar replaced by Texp, the client's mean work "
+        "priced at the present link and compute rates (link swings cancel); v2: per-client dF and the server's "
+        "dD; v1: change of the global model between participations (v1, v2 kept for comparison)")
+    time_model: Literal["profile", "measured"] = Field(
+        "profile", description="v3/v4: T (and Tbar / Texp) from the round-start profile (profile), or from the "
+        "phase times the clock measured for the client's round, delivered at its next participation (measured)")
     rho: Optional[float] = Field(  # noqa: UP007
         None, ge=0, le=1, description="weight of the knowledge term (v3: psi, v1/v2: dD; 1-rho: the local term); "
         "None = the version's default (v3: 0.6, v1/v2: 0.5)")
@@ -335,15 +339,21 @@ class AscendParams(CompressionOptions):
             raise ValueError(f"arm={self.arm!r} is only used with policy 'fixed' (policy is {self.policy!r})")
         return self
 
+    @model_validator(mode="after")
+    def _check_time_model(self) -> "AscendParams":
+        if self.time_model == "measured" and self.reward not in ("v3", "v4"):
+            raise ValueError(f"time_model='measured' is not allowed with reward={self.reward!r}: only with v3 or v4")
+        return self
+
     @property
     def rho_value(self) -> float:
         """``rho``, or the reward version's default when it is None."""
-        return (0.6 if self.reward == "v3" else 0.5) if self.rho is None else float(self.rho)
+        return (0.6 if self.reward in ("v3", "v4") else 0.5) if self.rho is None else float(self.rho)
 
     @property
     def seconds_pricing(self) -> bool:
         """Whether selection is priced in seconds from the catalog (``select_cost``)."""
-        return self.select_cost == "seconds" or (self.select_cost == "auto" and self.reward == "v3")
+        return self.select_cost == "seconds" or (self.select_cost == "auto" and self.reward in ("v3", "v4"))
 
     @property
     def tbar_window(self) -> int:

@@ -29,7 +29,8 @@ K as a ratio of d (``--ratios``), every client of a cell on one bandwidth (``--b
 compressors at both bandwidths and K/d 0.01 / 0.1; at 5 Mbps and K/d 0.01 also EXP3 with the same
 reward, ASCEND v2 and v1, and joint (compressor, K) arms), ``v3alpha0.1`` / ``v3alpha1`` (Dirichlet
 0.1 and 1), ``v3steps`` (10 local SGD steps instead of an epoch), ``v3markov`` (Gilbert-Elliott links:
-the EMA bandit against a sample-mean one, ``ascend_mean``) and the what-ifs ``v3slowtopk``
+the EMA bandit against a sample-mean one, ``ascend_mean``, and reward v4, ``ascend_v4`` /
+``ascend_v4m``) and the what-ifs ``v3slowtopk``
 (Top-K's selection 100x the catalog's ns per element) and ``v3slowrpi`` (the same on the rpi4
 clients only). Uniform baselines there are ASCEND with a fixed arm and reward v3: the same
 held-out probe, measurement forwards and selection pricing as ASCEND, so a difference is the
@@ -74,7 +75,8 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-ADAPTIVE = ("ascend", "ascend_v1", "ascend_v2", "ascend_rho0", "exp3", "ascend4", "ascend_joint", "ascend_mean")
+ADAPTIVE = ("ascend", "ascend_v1", "ascend_v2", "ascend_rho0", "exp3", "ascend4", "ascend_joint", "ascend_mean",
+            "ascend_v4", "ascend_v4m")
 UNIFORM = ("topk", "randomk", "periodick", "qsgd8")
 ARMS4 = ("topk", "randomk", "periodick", "qsgd8")
 POLICY_REASONS = ("explore", "exploit", "sample")  # the policy's own choices (not warm-up / forced)
@@ -116,8 +118,9 @@ V3_CELLS: list[tuple[str, int, tuple[float, ...], list[str], dict[str, Any]]] = 
     ("v3alpha0.1", 5, (0.01,), ["ascend", "topk"], {"alpha": 0.1, "seeds": 3}),
     ("v3alpha1", 5, (0.01,), ["ascend", "topk"], {"alpha": 1.0, "seeds": 3}),
     ("v3steps", 5, (0.01,), ["ascend", "topk", "randomk", "periodick"], {"local_steps": 10, "seeds": 3}),
-    # Gilbert-Elliott links (a tenth of the rate in the bad state): EMA against a stationary bandit
-    ("v3markov", 5, (0.1,), ["ascend", "ascend_mean", "topk", "randomk"],
+    # Gilbert-Elliott links (a tenth of the rate in the bad state): EMA against a stationary bandit,
+    # and reward v4 (T_exp at the link's present rates; v4m: from the clock's measured phase times)
+    ("v3markov", 5, (0.1,), ["ascend", "ascend_mean", "topk", "randomk", "ascend_v4", "ascend_v4m"],
      {"local_steps": 10, "markov": True, "seeds": 3}),
     # what-if: Top-K's selection 100x the catalog's ns per element (a device without a fast sort)
     ("v3slowtopk", 500, (0.1,), ["ascend", "topk", "randomk"], {"local_steps": 10, "slow_topk": 100.0, "seeds": 3}),
@@ -198,6 +201,10 @@ def variant_algorithm(variant: str, k: int | float, args: argparse.Namespace) ->
         algo.update(policy="egreedy", arms=JOINT_ARMS)
     elif variant == "ascend_mean":
         algo.update(policy="egreedy", q_update="mean")
+    elif variant == "ascend_v4":
+        algo.update(policy="egreedy", reward="v4")
+    elif variant == "ascend_v4m":
+        algo.update(policy="egreedy", reward="v4", time_model="measured")
     elif variant == "ascend_rho0":
         algo.update(policy="egreedy", rho=0.0)
     elif variant == "ascend4":
@@ -307,6 +314,10 @@ def run_metrics(run) -> dict[str, Any]:
         out["reward_sd"] = float(closed["reward"].std())
         clipped = closed["reward"].abs() >= 1.0 - 1e-12
         out["reward_clipped"] = float(clipped.mean())
+        factor = closed["reward_factor"].dropna()
+        if len(factor):  # the time factor's spread (v3: T̄/T, v4: T_exp/T; inverted for g < 0)
+            out["reward_factor_p05"] = float(factor.quantile(0.05))
+            out["reward_factor_p95"] = float(factor.quantile(0.95))
         if "reward_lost" in closed:
             out["reward_lost"] = float(closed["reward_lost"].astype(bool).mean())
         for part in ("reward_df", "reward_dd", "reward_phi", "reward_psi"):
@@ -549,7 +560,7 @@ def write_markdown(out: Path, args, summary: pd.DataFrame, arms: pd.DataFrame, w
              "sim_time_s", "mb_up", "rollbacks", "exploit_frac"]
     reward = ["reward_mean", "reward_clipped", "reward_lost", "reward_df_median", "reward_dd_median",
               "reward_dd_min", "reward_dd_max", "reward_phi_median", "reward_psi_median", "tbar_over_t_p05",
-              "tbar_over_t_p95", "select_share", "measure_share"]
+              "tbar_over_t_p95", "reward_factor_p05", "reward_factor_p95", "select_share", "measure_share"]
     have = lambda cols: [c for c in cols if c in summary.columns and summary[c].notna().any()]  # noqa: E731
     lines = [
         "# ASCEND study results",

@@ -102,7 +102,7 @@ def test_registered_and_params_validation():
     for bad, field in [({"policy": "greedy"}, "policy"), ({"policy": "fixed"}, "arm"), ({"arm": "topk"}, "arm"),
                        ({"arms": ["topk", "topk"]}, "arms"), ({"gamma": -0.1}, "gamma"), ({"epsilon": 1.5}, "epsilon"),
                        ({"teacher": "x"}, "teacher"), ({"k": 0}, "k"), ({"arms": ["bestk"]}, "arms"),
-                       ({"reward": "v4"}, "reward")]:
+                       ({"reward": "v5"}, "reward")]:
         with pytest.raises(ValueError, match=field):
             AscendParams(**bad)
 

@@ -52,6 +52,10 @@ def test_v3_cell_changes_reach_the_config():
     algo = study.variant_algorithm("ascend_mean", 0.1, args)
     assert algo["q_update"] == "mean" and algo["reward"] == "v3"
     load_config({**cfg, "algorithm": algo})  # the whole config validates
+    for variant, time_model in (("ascend_v4", "profile"), ("ascend_v4m", "measured")):  # reward v4
+        algo = study.variant_algorithm(variant, 0.1, args)
+        assert algo["reward"] == "v4" and algo.get("time_model", "profile") == time_model
+        load_config({**cfg, "algorithm": algo})
 
 
 def test_the_study_as_one_sweep_gives_every_run_its_own_config(tmp_path):

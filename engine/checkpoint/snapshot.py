@@ -154,6 +154,7 @@ def write_checkpoint(
         server_bytes = save_blob(
             {"server": sim.server.checkpoint_state(), "rng": _rng_state(), "sim_time_s": sim.sim_time_s,
              "batteries": sim.batteries.state() if sim.batteries is not None else None,
+             "last_times": sim.last_times,  # the clients' last phase times (methods that read them), or None
              # asynchronous runs: the event loop (updates in flight, buffer, base versions)
              "asynchronous": sim.asynchronous.state() if sim.asynchronous is not None else None},
             tmp / SERVER_FILE, path=f"{type(sim.server).__name__}",
@@ -238,6 +239,8 @@ def restore_checkpoint(sim: Simulation, directory: str | Path, *, allow_config_c
     sim.server.restore_checkpoint_state(state["server"])
     _set_rng_state(state["rng"])
     sim.sim_time_s = state["sim_time_s"]
+    if sim.last_times is not None:
+        sim.last_times = {int(c): dict(v) for c, v in (state.get("last_times") or {}).items()}
     if sim.batteries is not None:
         sim.batteries.restore(state["batteries"])
     if sim.asynchronous is not None:

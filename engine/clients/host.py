@@ -29,6 +29,8 @@ from engine.config.schema import ExperimentConfig
 from engine.data.partition import FederatedData
 from engine.models.arch import arch_flops, build_arch_model
 
+LAST_TIMES = "last_times"  # the key of ``now[cid]`` that carries ctx.last_times (the rest: profile fields)
+
 
 @dataclass
 class HostSetup:
@@ -140,7 +142,8 @@ class ClientHost:
         now: dict[int, dict[str, float]] | None = None,
     ) -> list[ClientResult]:
         """``now``: fleets with conditions over time, per client the profile fields as they are
-        at the round's start (a method that reads ``ctx.profile`` sees them)."""
+        at the round's start (a method that reads ``ctx.profile`` sees them); under the key
+        ``last_times`` the clock's phase times of the client's last round (``ctx.last_times``)."""
         self._now = now or {}
         if self.setup.data.on_demand:
             self._load_rows(client_ids, evaluate_clients and self.cfg.evaluation.personalized)
@@ -196,6 +199,7 @@ class ClientHost:
             train=self.train_settings,
             flops_per_sample=self.flops_per_sample[arch],
             profile=self._profile(cid) if self.client.needs_profile and setup.profiles is not None else None,
+            last_times=getattr(self, "_now", {}).get(cid, {}).get(LAST_TIMES),
         )
         torch_seed = int(ctx.rng.integers(2**62))
         seed_torch(torch_seed)
@@ -216,7 +220,7 @@ class ClientHost:
 
     def _profile(self, cid: int):
         profile = self.setup.profiles.profile(cid)
-        now = getattr(self, "_now", {}).get(cid)
+        now = {k: v for k, v in getattr(self, "_now", {}).get(cid, {}).items() if k != LAST_TIMES}
         return profile.model_copy(update=now) if now else profile
 
     def _finish_client(self, started: _Started, extra_wall_s: float = 0.0) -> ClientResult:

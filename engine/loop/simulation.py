@@ -17,7 +17,7 @@ import torch
 from algorithms import ALGORITHMS
 from algorithms.base import ServerContext
 from engine.clients.device import prepare_device, resolve_device
-from engine.clients.host import HostSetup
+from engine.clients.host import LAST_TIMES, HostSetup
 from engine.config.schema import ExperimentConfig
 from engine.data.build import build_data
 from engine.data.partition import FederatedData
@@ -75,6 +75,10 @@ class Simulation:
         )
         self.server = spec.server(cfg.algorithm, self.models, cfg.seed, context=context)
         self.reads_profile = spec.client.needs_profile  # (e.g. ASCEND's time term)
+        # per client, the clock's phase times of its last round, for methods that read them
+        # (ctx.last_times, e.g. ASCEND's time_model: measured); checkpointed; None: not kept
+        self.last_times: dict[int, dict[str, float]] | None = (
+            {} if spec.client.reads_phase_times(cfg.algorithm) else None)
         self.unbatched = UnbatchedNotice(cfg.executor.batch_clients, self.arch_names, self.client_arch, self.models)
         # The server aggregates on the CPU, where the uploads arrive (numpy) and a weighted sum
         # of a few vectors costs less than moving them; only global evaluation uses a GPU, when
@@ -177,6 +181,11 @@ class Simulation:
         evaluating = is_evaluation_round(cfg, r)
         broadcast = self.server.broadcast(r)
         now = self.conditions.now(runnable, start_s) if self.conditions is not None and self.reads_profile else None
+        if self.last_times is not None:
+            now = now or {}
+            for c in runnable.tolist():
+                if c in self.last_times:
+                    now.setdefault(c, {})[LAST_TIMES] = self.last_times[c]
         self.unbatched.check(self.executor, runnable, f"round {r}")
         reply = self.executor.run_round(r, runnable.tolist(), broadcast, evaluating, now)
         results = reply.results
@@ -188,6 +197,10 @@ class Simulation:
         times = clock.client_times(self.profiles, runnable, sent["bytes_down"], sent["bytes_up"],
                                    sent["train_flops"], sent["compress_ops"], measured_compute_s=measured)
         timeline = rows.timeline(self.conditions, runnable, start_s, times, sent, measured)
+        if self.last_times is not None:  # the phase times as the clock reports them (conditions included)
+            phases = ("download_s", "compute_s", "compress_s", "upload_s")
+            for i, c in enumerate(runnable.tolist()):
+                self.last_times[c] = {"round": r, **{k: float(times[k][i]) for k in phases}}
         leaves = leaves[run_mask] - start_s
         empties = (empties_at(self.profiles, runnable, times, batteries.charge_j(runnable, charging))
                    if batteries else None)
