@@ -88,7 +88,8 @@ def main() -> None:
     p.add_argument("--out", default="runs/fedcspack_study")
     p.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2")
     p.add_argument("--set", dest="overrides", action="append", default=[])
-    p.add_argument("--rerun", action="store_true", help="--runner loop: run configurations whose folder already has results")
+    p.add_argument("--rerun", action="store_true",
+                   help="--runner loop: run configurations whose folder already has results")
     p.add_argument("--pack-sizes", default=",".join(map(str, PACK_SIZES)), help="pack sizes of the packsize part")
     p.add_argument("--skip", default="", help="comma-separated configurations to leave out, e.g. fedprox")
     p.add_argument("--runner", choices=["sweep", "loop"], default="sweep",
