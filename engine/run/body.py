@@ -13,9 +13,9 @@ import traceback
 from pathlib import Path
 
 from engine.checkpoint.folder import CHECKPOINTS, CheckpointCallback, list_checkpoints, prune_checkpoints
-from engine.checkpoint.format import CheckpointError
 from engine.checkpoint.snapshot import restore_checkpoint
 from engine.clients.device import check_device_request
+from engine.clients.format import CheckpointError
 from engine.config.schema import ExperimentConfig, dump_config
 from engine.errors import CorruptRunFolderError, StorageFault, storage_fault
 from engine.execution.inprocess import InProcessExecutor
