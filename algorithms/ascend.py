@@ -3,61 +3,14 @@
 Spec: ``/work/shared/specs/ascend.md`` (Liu et al., 2026; version 3, the default, with
 versions 1 and 2 selectable: ``reward: v1|v2|v3``). Method doc: ``docs/ascend.md``.
 
-FedKD base (FedDF-style): clients with different architectures upload compressed model
-deltas with error feedback; the server averages the reconstructed deltas per architecture
-(weighted by sample counts) and then distils every architecture's model towards a teacher on
-the public split. Each client picks its own compressor every round with its own bandit policy
-(EMA epsilon-greedy with warm-up, epsilon decaying in the client's own choices; EXP3 and a
-fixed arm as baselines). A rollback guard restores every architecture's previous parameters
-(and, lazily, every client's residual) when the global loss on the public probe set spikes,
-and forces Top-K for a few rounds.
+What is here: the method's two halves, :class:`AscendClient` (bandit choice of a compressor per
+round, the reward of each version) and :class:`AscendServer` (per-architecture aggregation,
+distillation towards a teacher, the rollback guard), the reward functions they share, and ``SPEC``.
 
-Version 3 (default) measures everything on the client at the upload, per arm, bounded:
-
-* local fidelity ``φ = (f(w) − f(w+Δ̂)) / max(f(w) − f(w+Δ), ε_f)`` on a local probe *held out of
-  training*; knowledge fidelity ``ψ = 1 − KL(p_{w+Δ} ‖ p_{w+Δ̂}) / max(KL(p_{w+Δ} ‖ p_w), ε_k)`` on
-  the public probe (the clients hold it: it rides in the broadcast's meta, not counted);
-  ``g = ρ·ψ + (1−ρ)·φ`` (ρ = 0.6), ``r = g·(T̄/T)^κ`` or ``g·(T/T̄)^κ`` for ``g < 0``, clipped; T is
-  download + training + selection + upload (the measurement forwards are charged to the clock,
-  not to the arm); fed to the policy at the next participation (−1 if the upload was lost);
-* warm-up: each arm in a block of ``warmup`` plays, the arms in a random order per client
-  (its generator at its first participation), Q from the plays after each block's first;
-* selection priced in seconds from the device tier (``clock.select_seconds``), reported as the
-  op count the clock prices at exactly those seconds (``select_cost``);
-* ``arms`` may hold (compressor, K) pairs (``topk@0.01``): the bandit chooses K too.
-
-Reward version 2 (``reward: v2``) measures the client's *own* choice, the decoded update
-``Δ̂_n`` it actually sent:
-
-* ``Δf_n = (f_n(w^t) − f_n(w^t + Δ̂_n)) / f_n(w^t)`` on the client's fixed probe batches, right
-  after compression (``fit``);
-* ``ΔD_n = (D(w^t) − D(w^t + Δ̂_n)) / D(w^t)``, ``D(w) = KL(teacher^{t−1} ‖ w)`` on the server's
-  fixed public probe set, for every arrived upload (``aggregate``, before the aggregation);
-  sent back in the next broadcasts (``meta["dd"]``: client id -> [round, ΔD]) and so closed at
-  the client's next participation. No teacher yet (round 0): ΔD is NaN and ρ_eff = 0;
-* ``g = ρ_eff·ΔD + (1−ρ_eff)·Δf``; ``r = g·T̄/T`` if ``g >= 0`` else ``g·T/T̄`` (faster earns
-  more for progress and loses less for regress), ``T̄`` the client's own running mean of ``T``
-  (this upload included); clipped to [−clip, clip];
-* an upload that did not arrive (deadline, over-selection; ``on_dropped``) earns ``−clip``
-  (−1 by default): its time was spent for nothing. (A dropout fails during local training,
-  before the arm is chosen, so no arm is charged; the engine does not call ``on_dropped`` then.)
-
-Round t, client n (architecture P): ``receive`` loads ``w_P^t``, restores the residual and
-policy if its last upload was in a rolled-back round (lazy rollback; the pending reward is
-dropped), evaluates ``f_n(w_P^t)`` and closes the pending reward of its previous participation
-(v2: with ΔD from the broadcast, or −1 if lost; v1: from the change of the global model) and
-feeds it to the policy (not for forced arms). ``fit`` trains, chooses the arm (forced Top-K
-while the broadcast says so), compresses ``a = e + Δ`` with error feedback, measures Δf (v2)
-and ``T = T_train + T_select(s) + T_upload(bytes(s))`` (latency included) with the virtual
-clock's own functions on the client's profile, and keeps the reward pending.
-
-Server, round t: ΔD of every arrived upload (v2), per-architecture sparse aggregation,
-teacher logits, ``distill_steps`` Adam steps of ``KL(teacher ‖ student)`` per architecture,
-rollback check (a rollback, and an accepted spike under ``max_consecutive_rollbacks``, are
-rows of the ``rollbacks`` table), trace rows.
-
-Every piece of persistent state is plain data (tensors, numpy arrays, scalars, lists, dicts,
-the bandit dataclasses), so a generic checkpoint codec can save it. No Ray, no file I/O.
+Deliberately not here: the bandit policies (:mod:`algorithms.bandits`), the compressors and
+error feedback (:mod:`algorithms.compressors`), the hyperparameters' validation
+(:mod:`algorithms.params`), Ray and file I/O. How the method works (FedKD base, the three reward
+versions, a round on the client and on the server, its state) is in docs/ascend.md, "Design notes".
 
 Over 400 lines because it is one method, both halves and the reward versions they share, in the
 order of the spec's sections; its bandits and compressors are modules of their own.

@@ -99,10 +99,29 @@ class ClientResult:
     metrics: dict[str, Any] = field(default_factory=dict)  # per-client trace columns
 
 
+@dataclass(frozen=True)
+class ModelSize:
+    """What a method's checks of its options may ask about the model, known once the models are
+    built (``hetsim validate``): the parameters of the smallest architecture the run trains."""
+
+    parameters: int
+    architecture: str | None = None  # its name in a heterogeneous run's zoo
+
+    def __str__(self) -> str:  # for messages: "1,234 parameters (architecture 'cnn')"
+        arch = f" (architecture {self.architecture!r})" if self.architecture else ""
+        return f"{self.parameters:,} parameters{arch}"
+
+
 class AlgorithmParams(BaseModel):
     """Base of every method's hyperparameters (validated, unknown keys rejected)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def check(self, model: ModelSize) -> list[str]:
+        """Problems of these options against the model, one indented line each (``hetsim validate``
+        shows them all at once). The field validators check what needs no model; a method whose
+        options refer to the model's size (K coordinates, packs) overrides this."""
+        return []
 
 
 class Client:

@@ -16,53 +16,10 @@ Layout of this module
   :func:`selection_ops`;
 * :class:`FedCSPACKParams`, :class:`FedCSPACKClient`, :class:`FedCSPACKServer` and ``SPEC``.
 
-Design choices (where the spec leaves room)
--------------------------------------------
-* **Padding and the KL term.** ``J = ceil(n / P)``; the last pack is zero-padded to ``P``. The
-  padding is identical (zeros) in the local and the global vector, so it changes neither the
-  dot product nor the norms: the cosine of the last pack is the cosine of its real values. In
-  the KL term the padding zeros are *equal logits* (0) in both packs, but they do *not* cancel:
-  softmax normalises over all ``P`` entries, so the padded positions carry probability mass
-  ``exp(-LSE(G_j))`` vs ``exp(-LSE(L_j))`` and contribute
-  ``(P - r) * exp(-LSE(G_j)) * (LSE(L_j) - LSE(G_j))`` to ``beta`` of the last pack (``r`` = its
-  number of real values). The default, ``kl_padding="include"``, keeps them: every pack is a
-  ``P``-way distribution, exactly as the reference code computes it (it pads with zeros before
-  the softmax). ``kl_padding="exclude"`` computes the last pack's KL over its ``r`` real values
-  only. Only the last pack is affected, and only when ``P`` does not divide ``n``.
-* **Numerics of ``pack_scores``** (spec, decisions version 2: every mask weight within 1e-5
-  relative of a float64 reference). The per-pack sums are one compiled pass over the ``(J, P)``
-  view (:func:`~algorithms.pack_kernel.pack_sums`; for tensors on a GPU the same four numbers
-  come from torch ops in float64 on that device, :mod:`algorithms.pack_stats_torch`): the dot
-  products accumulated in float64 from exact float64 products, and ``beta`` in a form without
-  cancellation (``ln(1 + sum p_G phi(u))`` with
-  ``phi(u) = e^-u - 1 + u >= 0``, ``u`` the deviation of ``G - L`` from its ``p_G``-weighted
-  mean; see the kernel's docstring), accumulated in float64: about 1e-7 relative error, where
-  the earlier float32 partition sums were off by a median 0.1 % and up to 8 % on the kd weights
-  of a real CNN update. A pack of one value has ``beta = 0`` exactly. Packs with ``|weights|``
-  beyond 87 (exp would clamp) or non-finite values are recomputed with the max-shifted float64
-  ``log_softmax`` form. ``beta`` is >= 0 (rounding below 0 is clamped).
-* ``theta`` and ``beta`` are returned as float64 tensors; ``theta_a`` is computed from the sums
-  of the same per-pack sums with the same float64 formula, so with a single pack
-  ``theta_1 == theta_a`` exactly and the strict test ``theta_ij < theta_a`` is consistent.
-  On an 11M-value vector this ``theta_a`` is within ~1e-8 of a float64 computation, whereas a
-  plain float32 ``torch.cosine_similarity`` over all values (the reference code) can be off by
-  ~1e-3, enough to flip the packs nearest the threshold (bench/bench_pack_selection.py shows it).
-* ``sharing="full"`` shares every pack with weight 1 (FedAvg-like) and charges no selection
-  ops; the pack scores are still computed, only for the trace columns.
-* **Top-K** (``k``): an int >= 1 is a pack count; a float in (0, 1) is a fraction of ``J``,
-  giving ``K = max(1, floor(k * J))`` packs (a cap, so never more than the fraction); ``"all"``
-  shares every candidate (the reference code). ``1.0`` is rejected as ambiguous (one pack or
-  all?). Ties in ``theta`` are broken by pack index (stable sort).
-* **W_prev** is the pre-round global model. ``fit`` reads it from the broadcast it is passed
-  (the very payload ``receive`` used), so nothing per-client is stored for it: no memory grows.
-* Client state (``ctx.state``) holds, per client: the full local parameter vector after its last
-  training (only for ``own_mask`` / ``global_mask``), the pack set it last shared and that
-  round (only for ``own_mask``) and its buffers (always: BatchNorm statistics are never shared).
-* **Lost uploads** (spec, decisions version 2): packs count as shared only when the upload
-  arrived. ``on_dropped`` empties the recorded pack set of the lost round, so under ``own_mask``
-  the next ``receive`` overwrites nothing and the client keeps its whole trained model (a
-  client whose *first* upload was lost therefore keeps its own model too).
-* Trace columns when a client shares nothing: ``mask_w_mean/min/max`` are ``float('nan')``.
+Deliberately not here: the pack kernel (:mod:`algorithms.pack_kernel`, its GPU twin
+:mod:`algorithms.pack_stats_torch`), the hyperparameters' validation (:mod:`algorithms.params`),
+Ray and file I/O. The choices where the spec leaves room (padding and the KL term, numerics,
+Top-K, lost uploads, ...) are in docs/fedcspack.md, "Design notes".
 
 Over 400 lines because it is one method, both halves and the pack statistics they share, in
 the order of the spec; the fused pack kernel is a module of its own.

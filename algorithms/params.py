@@ -16,7 +16,7 @@ from typing import Any, Literal, Optional, Union
 import numpy as np
 from pydantic import Field, StrictFloat, StrictInt, field_validator, model_validator
 
-from algorithms.base import AlgorithmParams
+from algorithms.base import AlgorithmParams, ModelSize
 
 # The built-in compressors and their op-count constants by key (config keys ``<name>_<key>``,
 # e.g. ``topk_per_element``), calibrated in algorithms/compressors.py, whose classes take their
@@ -160,6 +160,13 @@ class CompressionOptions(AlgorithmParams):
     def _check_op_costs(cls, v):
         return validate_op_costs(v)
 
+    def check(self, model: ModelSize) -> list[str]:
+        d = model.parameters
+        if isinstance(self.k, int) and self.k > d and not self.clamp_k:
+            return [f"  algorithm.k = {self.k}: more coordinates than the model has ({model}); "
+                    f"give k <= {d} (k is {k_allowed('coordinates')}), or algorithm.clamp_k: true"]
+        return []
+
 
 class CompressedFedAvgParams(CompressionOptions):
     name: Literal["fedavg_compressed"] = "fedavg_compressed"
@@ -199,6 +206,18 @@ class FedCSPACKParams(AlgorithmParams):
     @classmethod
     def _check_k(cls, v: Any) -> Any:
         return check_k(v, what="packs", allow_all=True, one_is_ambiguous=True)
+
+    def check(self, model: ModelSize) -> list[str]:
+        d = model.parameters
+        if self.pack_size > d:
+            return [f"  algorithm.pack_size = {self.pack_size}: larger than the model ({model}), "
+                    f"so it would be one pack; give pack_size <= {d}"]
+        packs = math.ceil(d / self.pack_size)
+        if isinstance(self.k, int) and self.k > packs:
+            allowed = k_allowed("packs", allow_all=True, one_is_ambiguous=True)
+            return [f"  algorithm.k = {self.k}: more packs than the model has ({packs} packs "
+                    f"of {self.pack_size} for {model}); give k <= {packs} (k is {allowed})"]
+        return []
 
 
 # ------------------------------------------------------------------------------ ASCEND

@@ -2,16 +2,17 @@
 
 Everything a user, :mod:`sweeps` or :mod:`hetsim` needs is importable from here (``from engine
 import run_experiment``); results also from :mod:`engine.results`. The subpackages are the
-table of contents (docs/architecture.md has the map):
+table of contents, lowest layer first (docs/architecture.md has the map and the layer rule):
 
-    config/      the experiment config: schema, YAML reading, the default experiment
+    storage/     where folders live: local, s3://, gs://
+    config/      the experiment config: schema, YAML reading, the names it checks, the default experiment
     data/        datasets, partitions, the federated data of a config
     models/      the built-in models, architectures per client
-    clients/     the client host (many virtual clients in one process), devices
+    clients/     the client host (many virtual clients in one process), devices, the .pt state format
     execution/   the executor interface and the in-process executor
     loop/        the round loop (Simulation), its callbacks, selection, rows, evaluation
-    checkpoint/  the checkpoint format, snapshots of a simulation, checkpoints in run folders
-    results/     run folders' tables and manifest, storage (local, s3://, gs://)
+    results/     run folders' tables and manifest
+    checkpoint/  snapshots of a simulation, checkpoints in run folders
     ray/         everything that talks to Ray: cluster, pool, actors, Ray executor, driver
     run/         running an experiment: the public API, the run body, folders, validation
 

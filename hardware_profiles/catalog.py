@@ -21,7 +21,7 @@ from typing import Any, Mapping, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from .profile import SELECT_FIELDS, HardwareProfile, rule_violation
+from .profile import SELECT_FIELDS, HardwareProfile, SelectionCosts, rule_violation
 
 CATALOG_PATH = Path(__file__).with_name("catalog.yaml")
 
@@ -44,8 +44,9 @@ def _check(field: str, v: float) -> float:
     return v
 
 
-class DeviceTier(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class _DeviceTierHead(BaseModel):
+    """The fields of :class:`DeviceTier` before its selection costs (kept in this order, as the
+    YAML lists them and as its errors are reported)."""
 
     gflops: float
     memory_gb: float
@@ -57,13 +58,14 @@ class DeviceTier(BaseModel):
     idle_w: float = math.nan
     battery_wh: float = 0.0  # 0: mains-powered
     power_source: str = ""
-    # selection cost (hardware_profiles.clock.select_seconds); left out: NaN, the op-count model prices it
-    cache_bytes: float = math.nan
-    topk_ns_in_cache: float = math.nan
-    topk_ns_out_of_cache: float = math.nan
-    randomk_ns_per_kept: float = math.nan
-    periodick_ns_per_kept: float = math.nan
-    quant_ns_per_elem: float = math.nan
+
+
+class DeviceTier(SelectionCosts, _DeviceTierHead):
+    """A device tier: :class:`_DeviceTierHead`'s fields, the :class:`SelectionCosts` (left out:
+    NaN, the op-count model prices selection), then where those came from."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     select_source: str = ""
 
     @field_validator("gflops", "memory_gb", "availability", "dropout", "train_w", "idle_w", "battery_wh",

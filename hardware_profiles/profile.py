@@ -16,6 +16,23 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, model_validator
 
+
+class SelectionCosts(BaseModel):
+    """The selection-cost model's numbers (hardware_profiles.clock.select_seconds, ASCEND's
+    selection cost v3), declared once for a catalog device tier and for a profile: ns per element
+    of d for Top-K in and out of cache (which applies: 4·d bytes against cache_bytes), per kept
+    element for Random-K / Periodic-K, per element for quantisation. NaN means "not given": the
+    method then prices selection with its op-count model. Each class checks them by its
+    ``"select"`` rule (:func:`rule_violation`)."""
+
+    cache_bytes: float = math.nan
+    topk_ns_in_cache: float = math.nan
+    topk_ns_out_of_cache: float = math.nan
+    randomk_ns_per_kept: float = math.nan
+    periodick_ns_per_kept: float = math.nan
+    quant_ns_per_elem: float = math.nan
+
+
 # The bandwidth range the catalog (and the FL scenarios it models) covers:
 # from rural broadband / weak cellular up to fibre. Inclusive on both ends.
 BANDWIDTH_MIN_MBPS = 5.0
@@ -27,15 +44,8 @@ BANDWIDTH_MAX_MBPS = 500.0
 #   "prob" : finite and in [0, 1]
 #   "bw"   : like "pos", plus the catalog bandwidth range unless allowed
 #   "power": NaN (not given) or finite and >= 0
-#   "select": NaN (not given) or finite and >= 0
-# The selection-cost model (hardware_profiles.clock.select_seconds, ASCEND's selection cost v3):
-# ns per element of d for Top-K in and out of cache (which applies: 4·d bytes against
-# cache_bytes), per kept element for Random-K / Periodic-K, per element for quantisation. NaN in
-# a profile means "not given": the method then prices selection with its op-count model.
-SELECT_FIELDS: tuple[str, ...] = (
-    "cache_bytes", "topk_ns_in_cache", "topk_ns_out_of_cache", "randomk_ns_per_kept",
-    "periodick_ns_per_kept", "quant_ns_per_elem",
-)
+#   "select": NaN (not given) or finite and >= 0 (the fields of SelectionCosts)
+SELECT_FIELDS: tuple[str, ...] = tuple(SelectionCosts.model_fields)
 NUMERIC_FIELDS: tuple[str, ...] = (
     "gflops",
     "down_mbps",
@@ -97,10 +107,9 @@ def rule_violation(field: str, value: float, allow_out_of_range: bool = False) -
     return None
 
 
-class HardwareProfile(BaseModel):
-    """Effective hardware of one simulated client (immutable)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class _ProfileHead(BaseModel):
+    """The fields of :class:`HardwareProfile` before its selection costs (pydantic puts a base's
+    fields first, so this keeps the profile's field order: name ... battery_wh, costs, tier ...)."""
 
     name: str
     gflops: float  # effective training throughput, GFLOP/s
@@ -116,13 +125,14 @@ class HardwareProfile(BaseModel):
     tx_w: float = math.nan  # radio power while transmitting, on top of idle_w, W
     tail_j: float = math.nan  # radio tail energy after each transfer, J
     battery_wh: float = 0.0  # battery capacity; 0: mains-powered
-    # selection cost (see SELECT_FIELDS); NaN: not given
-    cache_bytes: float = math.nan
-    topk_ns_in_cache: float = math.nan
-    topk_ns_out_of_cache: float = math.nan
-    randomk_ns_per_kept: float = math.nan
-    periodick_ns_per_kept: float = math.nan
-    quant_ns_per_elem: float = math.nan
+
+
+class HardwareProfile(SelectionCosts, _ProfileHead):
+    """Effective hardware of one simulated client (immutable): :class:`_ProfileHead`'s fields,
+    the :class:`SelectionCosts`, then these."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     tier: str = ""
     net_tier: str = ""
     allow_out_of_range: bool = False

@@ -1,7 +1,7 @@
 """The Ray cluster of a sweep: does a trial fit it, and where do the trials' results go.
 
 Storage is Tune's: ``RunConfig(storage_path, storage_filesystem)`` with the pyarrow filesystem
-of :func:`engine.results.storage.open_storage`. A local path on a cluster that the driver joined gets a
+of :func:`engine.storage.locations.open_storage`. A local path on a cluster that the driver joined gets a
 :func:`engine.ray.node_disk.node_disk_filesystem`: nodes that do not share the folder send their
 results to this node through Ray.
 """

@@ -8,7 +8,7 @@ Layout of a sweep folder (``storage``)::
     <storage>/runs/<trial_id>/      each trial's own run folder (engine.results.load_run reads it)
     <storage>/tune/                 Ray Tune's experiment state and trial checkpoints (--resume)
 
-``storage`` is a local path or a URI (``s3://bucket/prefix``; see :mod:`engine.results.storage`): every
+``storage`` is a local path or a URI (``s3://bucket/prefix``; see :mod:`engine.storage.locations`): every
 read here goes through its pyarrow filesystem.
 
 Hyperparameter columns are named by the last component of their dotted key (``train.lr`` ->
@@ -479,7 +479,7 @@ def load_sweep(path: str | Path | Storage, refresh: bool = False,
     ``trials.parquet``/``rounds.parquet`` are written when a sweep (or a resume) ends. For a
     folder without them (a sweep still running, or killed) or with ``refresh=True`` the frames
     are rebuilt from the trials' run folders, with the status each trial recorded itself.
-    ``storage_options``: options of the URI's filesystem (see :mod:`engine.results.storage`).
+    ``storage_options``: options of the URI's filesystem (see :mod:`engine.storage.locations`).
     """
     if isinstance(path, (str, Path)) and not isinstance(path, Storage) and "://" not in str(path):
         p = Path(path)

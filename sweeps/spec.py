@@ -238,7 +238,7 @@ class ResolvedSweep:
         return self.base_cfg.rounds
 
     def open_storage(self):
-        """The sweep folder as :class:`engine.results.storage.Storage`."""
+        """The sweep folder as :class:`engine.storage.locations.Storage`."""
         return open_storage(self.storage, self.spec.storage_options)
 
     @property

@@ -12,7 +12,7 @@ Tune storage context (``RunConfig(storage_path, storage_filesystem)``). When tha
 this node's own disk (a local path, a shared mount) the run is written there directly;
 otherwise (object storage, or a local path of another node) it is written to the trial's local
 working directory and mirrored to storage after every round and when the trial ends, also when
-it fails or is stopped (:class:`engine.results.storage.DirectoryMirror`).
+it fails or is stopped (:class:`engine.storage.locations.DirectoryMirror`).
 
 Checkpoints: at the rounds where the engine writes a checkpoint (``checkpoint.every`` of the
 experiment, or the sweep's ``checkpoint_every``; every ``perturbation_interval`` under PBT) the

@@ -8,9 +8,10 @@ prefixes it. A module-level dict literal ``_EXPORTS = {"name": "defining.module"
 face of ``engine``) counts as an import of each of its values.
 
 The rules: no import cycles; layers import downwards only (hardware_profiles < algorithms < engine <
-sweeps < hetsim); the upper layers reach the engine through its face (``engine``, ``engine.results``)
-only; ``ray`` is imported only in ``engine/ray/`` and ``sweeps/``; engine modules never import the face;
-a lazy import says why in a comment; a file over 400 lines says why in its docstring.
+sweeps < hetsim), and so do the layers inside ``engine`` (``ENGINE_LAYERS``); the upper layers reach the
+engine through its face (``engine``, ``engine.results``) only; ``ray`` is imported only in
+``engine/ray/`` and ``sweeps/``; engine modules never import the face; a lazy import says why in a
+comment; a file over 400 lines says why in its docstring.
 """
 from __future__ import annotations
 
@@ -31,6 +32,19 @@ RANK = {package: rank for rank, package in enumerate(PACKAGES)}
 ENGINE_FACE = {"engine", "engine.results"}  # what sweeps and hetsim may import from the engine
 RAY_HOMES = ("engine.ray", "sweeps")
 LONG_FILE = 400
+# The engine's own layers, lowest first (docs/architecture.md): a module may import its own layer and
+# those below it. The face ``engine`` is the top; a name not listed is the foundation (atomic, cache, ...).
+ENGINE_LAYERS = (
+    ("engine.config",),
+    ("engine.data", "engine.models"),
+    ("engine.clients",),
+    ("engine.execution",),
+    ("engine.loop",),
+    ("engine.results",),
+    ("engine.checkpoint",),
+    ("engine.ray",),
+    ("engine.run",),
+)
 
 
 @dataclass(frozen=True)
@@ -248,6 +262,21 @@ def _within(module: str, packages) -> bool:
     return any(module == p or module.startswith(p + ".") for p in packages)
 
 
+def upward_imports(graph: Graph, layers: tuple[tuple[str, ...], ...], face: str) -> list[Import]:
+    """Imports between modules of ``face``'s package that go to a higher layer of ``layers``."""
+    def rank(module: str) -> int:
+        if module == face:
+            return len(layers) + 1
+        return next((i + 1 for i, layer in enumerate(layers) if _within(module, layer)), 0)
+
+    return [
+        imp
+        for imp in graph.imports
+        if imp.internal and _within(imp.importer, [face]) and _within(imp.target, [face])
+        and rank(imp.target) > rank(imp.importer)
+    ]
+
+
 def _fail_if_any(offenders: list, headline: str) -> None:
     if offenders:
         pytest.fail(f"{headline} ({len(offenders)}):\n  " + "\n  ".join(map(str, offenders)), pytrace=False)
@@ -270,6 +299,12 @@ def test_layers_import_downwards_only(graph):
     order = " < ".join(PACKAGES)
     upward = [imp for imp in graph.imports if imp.internal and RANK[_layer(imp.target)] > RANK[_layer(imp.importer)]]
     _fail_if_any(upward, f"imports of a higher layer (layers: {order})")
+
+
+def test_engine_layers_import_downwards_only(graph):
+    order = " < ".join("/".join(layer) for layer in ENGINE_LAYERS)
+    upward = upward_imports(graph, ENGINE_LAYERS, "engine")
+    _fail_if_any(upward, f"engine modules importing a higher engine layer (foundation < {order} < face)")
 
 
 def test_upper_layers_use_the_engine_face(graph):
@@ -361,3 +396,23 @@ def test_checker_resolves_relative_from_type_checking_and_exports(tmp_path):
         ("pkg.top", "pkg.sub.other", 1),
         ("pkg.top", "pkg.sub", 1),
     }
+
+
+def test_checker_finds_an_upward_import_between_inner_layers(tmp_path):
+    _write_tree(
+        tmp_path,
+        {
+            "pkg/__init__.py": '_EXPORTS = {"run": "pkg.high.run"}\n',
+            "pkg/base.py": "",
+            "pkg/low/__init__.py": "",
+            "pkg/low/a.py": "import pkg.base\ndef f():\n    # lazy, still counted\n    from pkg.high import run\n",
+            "pkg/high/__init__.py": "",
+            "pkg/high/run.py": "from pkg.low import a\nimport pkg.base\n",
+        },
+    )
+    graph = collect(tmp_path, ("pkg",))
+    upward = upward_imports(graph, (("pkg.low",), ("pkg.high",)), "pkg")
+    assert [str(imp) for imp in upward] == [
+        "pkg/low/a.py:4: pkg.low.a imports pkg.high.run",
+        "pkg/low/a.py:4: pkg.low.a imports pkg.high",
+    ]

@@ -14,8 +14,8 @@ import pytest
 
 from algorithms import ALGORITHMS
 from engine.checkpoint.folder import list_checkpoints
-from engine.checkpoint.format import CheckpointError, load_client_states
 from engine.checkpoint.snapshot import restore_checkpoint, write_checkpoint
+from engine.clients.format import CheckpointError, load_client_states
 from engine.config.schema import load_config
 from engine.errors import ConfigError
 from engine.loop.callbacks import RunCallback, Stop

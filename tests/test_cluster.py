@@ -16,9 +16,9 @@ from test_tabular import _tables, write_leaf
 
 from engine.config.schema import load_config, redact
 from engine.data.tabular import leaf_to_parquet
-from engine.results.storage import DirectoryMirror, StorageError, open_storage
 from engine.results.tables import WALL_COLUMNS, load_run
 from engine.run.api import run_experiment
+from engine.storage.locations import DirectoryMirror, StorageError, open_storage
 from sweeps import SweepSpecError, load_sweep, resolve
 
 RUN_FILES = {"config.yaml", "manifest.json", "rounds.parquet", "clients.parquet", "profiles.parquet", "trial.json"}

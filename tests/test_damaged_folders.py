@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from engine.config.schema import load_config
-from engine.results.storage import open_storage
+from engine.storage.locations import open_storage
 from engine.results.tables import WALL_COLUMNS, RunFolderError, RunWriter, damaged_files, load_run, read_table
 from engine.run.api import run_experiment
 from hetsim.cli import main

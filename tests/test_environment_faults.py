@@ -166,7 +166,7 @@ def test_full_or_read_only_disk_is_a_user_error_and_resume_equals_an_undisturbed
 
 def test_torch_write_failure_on_a_full_disk_is_attributed_without_a_tmpfs(tmp_path, monkeypatch, capsys):
     # the fallback where user namespaces are not available: torch's own error, disk reported full
-    import engine.checkpoint.format as fmt
+    import engine.clients.format as fmt
     import engine.errors as errors
 
     def full(obj, f):

@@ -289,7 +289,7 @@ def test_client_states_spill_least_recently_used_beyond_the_budget_and_come_back
     del states[5]
     assert 5 not in states and len(states) == 9
     # a checkpoint shard holds every state, spilled or not, and reads back the same
-    from engine.checkpoint.format import load_client_states, save_client_states
+    from engine.clients.format import load_client_states, save_client_states
 
     save_client_states(states, tmp_path / "shard.pt")
     back = load_client_states([tmp_path / "shard.pt"], lambda cid: True)

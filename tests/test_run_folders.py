@@ -216,8 +216,8 @@ def test_a_table_read_while_its_run_compacts_it_is_read_again(tmp_path, monkeypa
     disappears between listing and reading means the compacted table is there now."""
     import pandas as pd
 
-    import engine.results.storage as storage
     import engine.results.tables as results
+    import engine.storage.locations as storage
     from engine.results.tables import RunWriter
 
     run = tmp_path / "run"

@@ -50,7 +50,7 @@ assert "algorithms.fedcspack" not in sys.modules and "algorithms.ascend" not in 
 def test_light_registries_match_the_heavy_ones():
     from algorithms import ALGORITHMS
     from algorithms.params import ALGORITHM_PARAMS
-    from engine.models.names import MODEL_NAMES
+    from engine.config.names import MODEL_NAMES
     from engine.models.zoo import MODELS
 
     assert tuple(MODELS) == MODEL_NAMES

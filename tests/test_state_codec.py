@@ -11,7 +11,7 @@ import torch
 
 from algorithms.bandits import EpsilonGreedyEMA, Exp3, FixedArm
 from algorithms.state import StateCodecError, checkpointable, decode, encode
-from engine.checkpoint.format import load_blob, load_client_states, save_blob, save_client_states
+from engine.clients.format import load_blob, load_client_states, save_blob, save_client_states
 
 
 def roundtrip(value):

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from engine.errors import ConfigError
-from engine.results.storage import StorageUnreachable, check_writable, open_storage
+from engine.storage.locations import StorageUnreachable, check_writable, open_storage
 from hetsim.cli import main
 
 TINY = ["dataset.name=digits", "model.name=mlp", "rounds=1", "clients.num_clients=6"]

@@ -8,7 +8,6 @@ import shutil
 from pathlib import Path
 
 from engine.atomic import write_json_atomic
-from engine.checkpoint.format import CheckpointError
 from engine.checkpoint.snapshot import (
     FORMAT,
     META,
@@ -18,6 +17,7 @@ from engine.checkpoint.snapshot import (
     results_fingerprint,
     write_checkpoint,
 )
+from engine.clients.format import CheckpointError
 from engine.config.schema import ExperimentConfig
 from engine.errors import CorruptRunFolderError, storage_fault
 from engine.loop.callbacks import RoundRecord, RunCallback, RunContext

@@ -7,7 +7,7 @@ A checkpoint is a folder, complete or absent (written under a temporary name, th
     <dir>/clients-0000.pt   client states, one shard per client host (in-process: one;
     <dir>/clients-0001.pt   Ray: one per actor, written by the actor itself)
 
-The files are in the format of :mod:`engine.checkpoint.format`. Also here: which config
+The files are in the format of :mod:`engine.clients.format`. Also here: which config
 changes a resumed run may make (:func:`check_resumable`). For other callers than a run folder
 (e.g. Ray Tune trials): :func:`write_checkpoint` (a Simulation between rounds -> a folder) and
 :func:`restore_checkpoint` (a folder -> a started Simulation built from the same config). Run
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from engine.atomic import write_json_atomic
-from engine.checkpoint.format import CheckpointError, load_blob, save_blob
+from engine.clients.format import CheckpointError, load_blob, save_blob
 from engine.config.schema import ExperimentConfig
 from engine.errors import ConfigError
 from engine.loop.simulation import Simulation

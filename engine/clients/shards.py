@@ -6,7 +6,7 @@ shards of that checkpoint into the new folder (``clients-<host>-000.pt``, ``-001
 written), so a checkpoint costs what changed, not every state again, and each checkpoint folder
 stays complete on its own (pruning, falling back to an older one and copying a folder work as
 before). The files are listed oldest first; a later one's state of a client replaces an earlier
-one's (:func:`load_shards`, :func:`engine.checkpoint.format.load_client_states`).
+one's (:func:`load_shards`, :func:`engine.clients.format.load_client_states`).
 
 One full shard is written instead when linking would make the files hold more than twice the
 live states (+8) or :data:`MAX_LINKED` files, after a restore into another host layout, after a
@@ -20,7 +20,7 @@ import os
 import re
 from pathlib import Path
 
-from engine.checkpoint.format import load_client_states, save_client_states, shard_name
+from engine.clients.format import load_client_states, save_client_states, shard_name
 from engine.clients.states import ClientStates
 
 MAX_LINKED = 16  # previous shards a checkpoint may link before it writes one full shard again

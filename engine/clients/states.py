@@ -4,12 +4,12 @@ residuals), within a memory budget.
 In a large fleet every client that ever took part keeps its state: 100,000 FedCSPACK clients
 of a 100k-parameter model would hold 40 GB. :class:`ClientStates` is a mapping that keeps at most
 ``executor.state_memory_mb`` in memory and spills the least recently used states beyond that
-to one file each in a folder of this host (the checkpoint codec, :func:`engine.checkpoint.format.
+to one file each in a folder of this host (the checkpoint codec, :func:`engine.clients.format.
 save_blob`: no pickle). Reading a spilled state brings it back into memory (a method may change
 it in place), so only the clients of the current round need to be in memory at once.
 
 Iteration is in client order whether a state is in memory or on disk, so a checkpoint shard
-(:func:`engine.checkpoint.format.save_client_states`) is the same either way.
+(:func:`engine.clients.format.save_client_states`) is the same either way.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.checkpoint.format import load_blob, save_blob
+from engine.clients.format import load_blob, save_blob
 
 
 def state_nbytes(state: dict[str, Any]) -> int:

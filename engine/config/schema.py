@@ -24,10 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from algorithms.asynchronous import ASYNC_METHODS, SYNCHRONOUS_ONLY
 from algorithms.params import ALGORITHM_PARAMS
+from engine.config.names import DATASET_NAMES, MODEL_NAMES
 from engine.config.yamlio import check_values, parse_yaml, read_yaml_file
-from engine.data.datasets import DATASETS
 from engine.errors import ConfigError
-from engine.models.names import MODEL_NAMES
 from hardware_profiles.clock import RoundPolicy
 from hardware_profiles.sampler import ProfileSpec
 
@@ -63,8 +62,8 @@ class DatasetConfig(Section):
     @field_validator("name")
     @classmethod
     def _known_dataset(cls, v: str) -> str:
-        if v not in DATASETS:
-            raise ValueError(f"unknown dataset {v!r}; allowed: {', '.join(sorted(DATASETS))}")
+        if v not in DATASET_NAMES:
+            raise ValueError(f"unknown dataset {v!r}; allowed: {', '.join(sorted(DATASET_NAMES))}")
         return v
 
     @field_validator("params")
@@ -206,7 +205,7 @@ MAX_NAME_BYTES = 255  # of one path component (output.name)
 
 
 class OutputConfig(Section):
-    dir: str = Field("runs", description="a local folder or a URI such as s3://bucket/runs (engine.results.storage)")
+    dir: str = Field("runs", description="a local folder or a URI such as s3://bucket/runs (engine.storage.locations)")
     name: str | None = Field(None, description="run folder name; default <algorithm>-<dataset>-<time>")
     overwrite: bool = False
     storage_options: dict[str, Any] = Field(

@@ -51,6 +51,7 @@ from typing import Callable
 import numpy as np
 
 from engine.cache import cached_arrays
+from engine.config.names import DATASET_NAMES
 from engine.data.tabular import TableDatasetError, read_leaf, read_parquet_table
 
 __all__ = [
@@ -143,6 +144,7 @@ def register_dataset(name: str) -> Callable[[Callable[..., ArrayDataset]], Calla
 
     def deco(fn: Callable[..., ArrayDataset]) -> Callable[..., ArrayDataset]:
         DATASETS[name] = fn
+        DATASET_NAMES.add(name)
         return fn
 
     return deco
@@ -644,3 +646,7 @@ def load_leaf(*, root=None, download=False, seed=0, path=None, shape=None,
     except TableDatasetError as err:
         raise ValueError(f"leaf: {err}") from None
     return _table_dataset(f"leaf:{os.path.basename(str(path).rstrip('/'))}", t)
+
+
+if set(DATASETS) != DATASET_NAMES:  # config validation checks names against DATASET_NAMES
+    raise ImportError(f"engine/config/names.py lists {sorted(DATASET_NAMES)}, DATASETS has {sorted(DATASETS)}")

@@ -59,7 +59,7 @@ class TableArrays:
 def _remote_files(paths: list[str], storage_options: dict | None):
     """``s3://`` / ``gs://`` files or folders through the storage layer sweeps use (its
     filesystems, options, credentials and time-outs)."""
-    from engine.results.storage import open_storage  # here: only tables on object storage need it
+    from engine.storage.locations import open_storage  # here: only tables on object storage need it
 
     fs, out = None, []
     for p in paths:

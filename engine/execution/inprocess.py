@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from engine.checkpoint.format import shard_entries, shard_name, shards_for
 from engine.clients.device import describe_device
+from engine.clients.format import shard_entries, shard_name, shards_for
 from engine.clients.host import ClientHost, HostSetup
 from engine.execution.base import Executor, RoundReply
 

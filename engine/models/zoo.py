@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 
 from engine.cache import cached_number
-from engine.models.names import MODEL_NAMES
+from engine.config.names import MODEL_NAMES
 
 __all__ = [
     "MODELS",
@@ -368,7 +368,7 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
 }
 _BUILTIN_MODELS = dict(MODELS)
 if tuple(MODELS) != MODEL_NAMES:  # config validation checks names against MODEL_NAMES
-    raise ImportError(f"engine/models/names.py lists {MODEL_NAMES}, MODELS has {tuple(MODELS)}")
+    raise ImportError(f"engine/config/names.py lists {MODEL_NAMES}, MODELS has {tuple(MODELS)}")
 
 DEFAULT_INPUT_SHAPES: dict[str, tuple[int, ...]] = {
     "cnn": (1, 28, 28),

@@ -30,9 +30,9 @@ import numpy as np
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from engine.checkpoint.format import shard_entries, shard_name, shards_for
 from engine.checkpoint.snapshot import read_meta
 from engine.clients.device import DeviceError
+from engine.clients.format import shard_entries, shard_name, shards_for
 from engine.clients.host import ClientFailure, HostSetup
 from engine.config.schema import ExperimentConfig
 from engine.execution.base import Executor, RoundReply

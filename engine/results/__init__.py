@@ -11,15 +11,6 @@ from engine.results.manifest import (
     utc_now,
     write_manifest,
 )
-from engine.results.remote import StorageUnreachable
-from engine.results.storage import (
-    DirectoryMirror,
-    Storage,
-    StorageError,
-    check_writable,
-    is_uri,
-    open_storage,
-)
 from engine.results.tables import (
     CLIENT_COLUMNS,
     FAULT_COLUMNS,
@@ -32,6 +23,15 @@ from engine.results.tables import (
     load_run,
     read_table,
 )
+from engine.storage.locations import (
+    DirectoryMirror,
+    Storage,
+    StorageError,
+    check_writable,
+    is_uri,
+    open_storage,
+)
+from engine.storage.remote import StorageUnreachable
 
 __all__ = [
     "CLIENT_COLUMNS", "FAULT_COLUMNS", "HEARTBEAT_S", "PROFILE_COLUMNS", "ROUND_COLUMNS", "SCHEMA_VERSION",

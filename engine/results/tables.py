@@ -41,7 +41,7 @@ from engine.atomic import write_atomic
 from engine.config.yamlio import parse_yaml
 from engine.errors import CorruptRunFolderError, UserError
 from engine.results.manifest import parse_manifest
-from engine.results.storage import Storage, open_storage
+from engine.storage.locations import Storage, open_storage
 
 PARTS = "_parts"
 DAMAGED = ".damaged"  # suffix of a file set aside as unreadable (readers' globs skip it)
@@ -427,7 +427,7 @@ def _as_storage(run_dir) -> Storage:
 def read_table(run_dir, table: str) -> pd.DataFrame | None:
     """One table of a run, finished (compacted) or still in progress / crashed (parts).
 
-    ``run_dir``: a local path, a URI (``s3://...``) or an :class:`engine.results.storage.Storage`.
+    ``run_dir``: a local path, a URI (``s3://...``) or an :class:`engine.storage.locations.Storage`.
     A run that compacts its parts while they are read (it finished meanwhile) is read again.
     """
     for _ in range(2):
@@ -484,8 +484,8 @@ class Run:
 def load_run(run_dir) -> Run:
     """Load a run folder (finished, running or crashed) into DataFrames.
 
-    ``run_dir``: a local path, a URI (``s3://bucket/runs/x``; see :mod:`engine.results.storage`) or an
-    :class:`engine.results.storage.Storage`; ``Run.path`` is a ``Path`` for local folders, else the URI.
+    ``run_dir``: a local path, a URI (``s3://bucket/runs/x``; see :mod:`engine.storage.locations`) or an
+    :class:`engine.storage.locations.Storage`; ``Run.path`` is a ``Path`` for local folders, else the URI.
     A missing folder or manifest, or an unreadable file, is a :class:`RunFolderError` naming it.
     """
     if isinstance(run_dir, (str, Path)) and "://" not in str(run_dir):

@@ -15,7 +15,6 @@ from engine.config.schema import ExperimentConfig, load_config
 from engine.errors import CorruptRunFolderError, UserError
 from engine.loop.callbacks import CallbackLike
 from engine.results.manifest import read_manifest
-from engine.results.storage import is_uri
 from engine.results.tables import Run, load_run
 from engine.run.body import execute_run
 from engine.run.folders import check_can_resume, make_run_dir
@@ -23,6 +22,7 @@ from engine.run.signals import InterruptRequest, interrupt_signals
 from engine.run.staging import run_to_storage
 from engine.run.startup import validate_while_ray_starts
 from engine.run.validate import validate_experiment
+from engine.storage.locations import is_uri
 
 log = logging.getLogger("hetsim")
 

@@ -20,9 +20,9 @@ from engine.checkpoint.folder import (
     prune_checkpoints,
     rebuilds,
 )
-from engine.checkpoint.format import CheckpointError
 from engine.checkpoint.snapshot import read_meta, restore_checkpoint
 from engine.clients.device import check_device_request
+from engine.clients.format import CheckpointError
 from engine.config.schema import ExperimentConfig, dump_config
 from engine.errors import CorruptRunFolderError, StorageFault, storage_fault
 from engine.execution.inprocess import InProcessExecutor

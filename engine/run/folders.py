@@ -17,7 +17,7 @@ from pathlib import Path
 from engine.config.schema import ExperimentConfig, dump_config, expand_path
 from engine.errors import UserError
 from engine.results.manifest import claim_manifest, process_identity, read_manifest
-from engine.results.storage import is_uri, open_storage
+from engine.storage.locations import is_uri, open_storage
 
 log = logging.getLogger("hetsim")
 

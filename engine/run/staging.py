@@ -10,7 +10,7 @@ from typing import Callable
 
 from engine.config.schema import ExperimentConfig
 from engine.loop.callbacks import CallbackLike, RunCallback
-from engine.results.storage import (
+from engine.storage.locations import (
     DirectoryMirror,
     StorageError,
     check_writable,

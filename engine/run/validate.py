@@ -22,13 +22,12 @@ function per family, so that ``hetsim validate``, a run and a sweep refuse exact
 from __future__ import annotations
 
 import inspect
-import math
 import os
 from pathlib import Path
 
 import numpy as np
 
-from algorithms.params import k_allowed
+from algorithms.base import ModelSize
 from algorithms.training import num_params
 from engine.config.schema import ExperimentConfig
 from engine.data.build import build_data
@@ -277,27 +276,9 @@ def _build_server(cfg: ExperimentConfig, data) -> None:
 
 
 def _method_problems(cfg: ExperimentConfig, sizes: dict[str, int]) -> list[str]:
-    """Sizes a method's options refer to: K coordinates, packs of the model."""
-
-    a = cfg.algorithm
+    """Sizes a method's options refer to (K coordinates, packs of the model): its params' own check."""
     smallest_arch = min(sizes, key=sizes.get)
-    d = sizes[smallest_arch]
-    which = f"{d:,} parameters" + (f" (architecture {smallest_arch!r})" if smallest_arch else "")
-    problems = []
-    if a.name in ("fedavg_compressed", "ascend") and isinstance(a.k, int) and a.k > d and not a.clamp_k:
-        problems.append(f"  algorithm.k = {a.k}: more coordinates than the model has ({which}); "
-                        f"give k <= {d} (k is {k_allowed('coordinates')}), or algorithm.clamp_k: true")
-    if a.name == "fedcspack":
-        if a.pack_size > d:
-            problems.append(f"  algorithm.pack_size = {a.pack_size}: larger than the model ({which}), "
-                            f"so it would be one pack; give pack_size <= {d}")
-        else:
-            packs = math.ceil(d / a.pack_size)
-            if isinstance(a.k, int) and a.k > packs:
-                allowed = k_allowed("packs", allow_all=True, one_is_ambiguous=True)
-                problems.append(f"  algorithm.k = {a.k}: more packs than the model has ({packs} packs "
-                                f"of {a.pack_size} for {which}); give k <= {packs} (k is {allowed})")
-    return problems
+    return cfg.algorithm.check(ModelSize(sizes[smallest_arch], smallest_arch or None))
 
 
 def _pool_problems(cfg: ExperimentConfig, n: int, ray_running: bool | None) -> list[str]:

@@ -14,7 +14,7 @@ is a pyarrow filesystem plus a path on it.
 * ``gs://bucket/prefix``: :class:`pyarrow.fs.GcsFileSystem` (options are its arguments);
   any other URI: :meth:`pyarrow.fs.FileSystem.from_uri`.
 
-**Time-outs** (:mod:`engine.results.remote`): on ``s3://`` and ``gs://`` a listing, probe,
+**Time-outs** (:mod:`engine.storage.remote`): on ``s3://`` and ``gs://`` a listing, probe,
 creation or deletion gives up after ``HETSIM_STORAGE_TIMEOUT_S`` seconds (default 10); S3
 connects within a third of it, a stalled request fails after half of it; GCS stops retrying
 after a third of it (``storage_options`` may set ``connect_timeout``, ``request_timeout``,
@@ -46,7 +46,7 @@ import pyarrow.fs as pafs
 
 from engine.atomic import write_atomic
 from engine.errors import UserError
-from engine.results.remote import (
+from engine.storage.remote import (
     TIMEOUT_OPTIONS,
     StorageUnreachable,
     bounded,

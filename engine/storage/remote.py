@@ -1,5 +1,5 @@
 """Object storage that does not answer: every remote operation of a
-:class:`engine.results.storage.Storage` on ``s3://`` or ``gs://`` is bounded by
+:class:`engine.storage.locations.Storage` on ``s3://`` or ``gs://`` is bounded by
 ``HETSIM_STORAGE_TIMEOUT_S`` (:func:`bounded`), the filesystems get time-outs of their own
 (:func:`timeout_defaults`), and a failure says where, on which filesystem, and the likely cause.
 The functions take that ``Storage`` (its ``fs``, ``uri``, ``path``, ``options``) without
