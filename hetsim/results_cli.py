@@ -101,7 +101,8 @@ def sweep_summary(path: str) -> str | None:
     if "://" in str(path):
         from engine.results import open_storage  # pyarrow's filesystems: only for a URI
 
-        if not open_storage(path).exists("sweep.yaml"):
+        store = open_storage(path)
+        if store.exists("manifest.json") or not store.exists("sweep.yaml"):  # a run's first: the usual case
             return None
     elif not (Path(path) / "sweep.yaml").is_file():  # (sweeps.results.SWEEP_FILE: not imported for a run)
         return None

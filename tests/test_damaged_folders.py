@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from engine.config.schema import load_config
-from engine.storage.locations import open_storage
 from engine.results.tables import WALL_COLUMNS, RunFolderError, RunWriter, damaged_files, load_run, read_table
 from engine.run.api import run_experiment
+from engine.storage.locations import open_storage
 from hetsim.cli import main
 
 TINY = ["dataset.name=digits", "model.name=mlp", "clients.num_clients=4", "clients.participation=0.5",

@@ -46,7 +46,7 @@ def optuna_spec(**kw):
     ({"search": {"algorithm": "optuna"}, "scheduler": {"name": "pbt"}},
      r"scheduler\.name = 'pbt' with search\.algorithm = 'optuna': Tune's Population Based Training"),
     ({"search": {"algorithm": "grid"}, "space": {"train.lr": {"uniform": [0.01, 0.1]}}},
-     r"space\.train\.lr = \{uniform: \.\.\.\}: search\.algorithm 'grid' takes grid and named dimensions only"),
+     r"space\.train\.lr = \{uniform: \.\.\.\}: search\.algorithm 'grid' takes grid, named and cases dimensions only"),
     ({"search": {"algorithm": "optuna"}, "space": {"clients.profiles": {"grid": [{}, {"availability": 0.5}]}}},
      r"space\.clients\.profiles\.grid: value \{\}: Optuna's categorical choices.*\{named: \{name: value\}\}"),
     ({"search": {"algorithm": "optuna", "seed": -1}}, r"search\.seed = -1: Input should be greater than or equal to 0"),
