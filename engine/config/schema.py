@@ -24,12 +24,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from algorithms.asynchronous import ASYNC_METHODS, SYNCHRONOUS_ONLY
 from algorithms.params import ALGORITHM_PARAMS
+from engine.config.hints import friendly
 from engine.config.yamlio import check_values, parse_yaml, read_yaml_file
 from engine.data.datasets import DATASETS
 from engine.errors import ConfigError
 from engine.models.names import MODEL_NAMES
 from hardware_profiles.clock import RoundPolicy
 from hardware_profiles.sampler import ProfileSpec
+from hardware_profiles.suggest import unknown, unknown_key
 
 DEFAULT_CONFIG = Path(__file__).parent / "default.yaml"
 __all__ = ["ConfigError", "ExperimentConfig", "load_config", "apply_overrides", "expand_path"]
@@ -64,7 +66,7 @@ class DatasetConfig(Section):
     @classmethod
     def _known_dataset(cls, v: str) -> str:
         if v not in DATASETS:
-            raise ValueError(f"unknown dataset {v!r}; allowed: {', '.join(sorted(DATASETS))}")
+            raise ValueError(unknown("dataset", v, DATASETS))
         return v
 
     @field_validator("params")
@@ -94,7 +96,7 @@ class PartitionConfig(Section):
 
 def _check_model_name(v: str) -> str:
     if v not in MODEL_NAMES:
-        raise ValueError(f"unknown model {v!r}; allowed: {', '.join(sorted(MODEL_NAMES))}")
+        raise ValueError(unknown("model", v, MODEL_NAMES))
     return v
 
 
@@ -511,8 +513,9 @@ def _format_errors(err: ValidationError, raw: dict[str, Any]) -> str:
         field = ".".join(loc) or "<root>"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            allowed = _allowed_keys(loc[:-1])
-            msg = "unknown key" + (f"; allowed keys: {', '.join(allowed)}" if allowed else "")
+            msg = unknown_key(loc[-1], _allowed_keys(loc[:-1]))
+        else:
+            msg = friendly(e, loc) or msg
         lines.append(f"  {field} = {e.get('input')!r}: {msg}")
     return "invalid experiment config:\n" + "\n".join(lines)
 
@@ -520,13 +523,26 @@ def _format_errors(err: ValidationError, raw: dict[str, Any]) -> str:
 def _allowed_keys(loc: list[str]) -> list[str]:
     model: Any = ExperimentConfig
     for part in loc:
-        field = getattr(model, "model_fields", {}).get(part)
+        model = _section_of(model)
+        if model is None:
+            return []
+        if isinstance(model, dict):  # a mapping such as profiles.overrides: the part is a key
+            model = model["value"]
+            continue
+        field = model.model_fields.get(part)
         if field is None:
             return []
         model = field.annotation
-    if model is not None and hasattr(model, "model_fields"):
-        return list(model.model_fields)
-    return []
+    model = _section_of(model)
+    return list(model.model_fields) if model is not None and not isinstance(model, dict) else []
+
+
+def _section_of(t: Any) -> Any:
+    """The section class in ``t`` (``X | None`` unwrapped); ``{"value": V}`` for ``dict[K, V]``."""
+    if typing.get_origin(t) is dict and len(typing.get_args(t)) == 2:
+        return {"value": typing.get_args(t)[1]}
+    models = [a for a in _flatten(t) if _is_model(a)]
+    return models[0] if len(models) == 1 else None
 
 
 def load_config(
