@@ -2,7 +2,7 @@
 `network` replacing the default's `bandwidth`, `hetsim list` and `hetsim init`."""
 import pytest
 
-from engine.config.schema import load_config
+from engine.config.schema import apply_overrides, load_config
 from engine.errors import ConfigError
 from engine.run.validate import tier_problems
 from hardware_profiles.suggest import did_you_mean, unknown
@@ -39,8 +39,7 @@ def test_unknown_names_get_a_suggestion(override, words):
 
 
 def test_unknown_tiers_get_a_suggestion_naming_the_field():
-    spec = load_config(None, ["clients.profiles.network={5Mbps: 1.0}", "clients.profiles.devices={phone_mdi: 1}",
-                              "clients.profiles.bandwidth=null"])
+    spec = load_config(None, ["clients.profiles.network={5Mbps: 1.0}", "clients.profiles.devices={phone_mdi: 1}"])
     problems = tier_problems(spec.clients.profiles)
     assert problems == [
         "  clients.profiles.devices = {'phone_mdi': 1.0}: unknown device tier 'phone_mdi'; did you mean "
@@ -50,8 +49,7 @@ def test_unknown_tiers_get_a_suggestion_naming_the_field():
 
 
 def test_an_unknown_tier_is_a_user_error_of_the_command(capsys):
-    assert main(["validate", "--set", "clients.profiles.network={5Mbps: 1.0}", "--set",
-                 "clients.profiles.bandwidth=null"]) == 2
+    assert main(["validate", "--set", "clients.profiles.network={5Mbps: 1.0}"]) == 2
     assert "did you mean '5mbps'?" in capsys.readouterr().err
 
 
@@ -69,3 +67,22 @@ def test_a_unit_in_a_number_names_the_unit_expected(override, words):
     assert "Input should be" not in msg and "BandwidthDist" not in msg, msg
     for w in words:
         assert w in msg, (w, msg)
+
+
+def test_setting_network_replaces_the_defaults_bandwidth_and_the_reverse():
+    cfg = load_config(None, ["clients.profiles.network={5mbps: 1.0}"])  # the default gives bandwidth
+    assert cfg.clients.profiles.network == {"5mbps": 1.0} and cfg.clients.profiles.bandwidth is None
+    raw = {"clients": {"profiles": {"network": {"4g": 1.0}}}}
+    cfg = load_config(raw, ["clients.profiles.bandwidth={low: 5, high: 50}"])
+    assert cfg.clients.profiles.network is None and cfg.clients.profiles.bandwidth.high == 50
+    assert apply_overrides(raw, {"clients.profiles.bandwidth.low": 5})["clients"]["profiles"] == {
+        "bandwidth": {"low": 5}}
+
+
+def test_both_in_the_same_overrides_or_file_are_still_refused(tmp_path):
+    msg = _error(["clients.profiles.network={5mbps: 1.0}", "clients.profiles.bandwidth={low: 5, high: 50}"])
+    assert "not both" in msg
+    both = tmp_path / "both.yaml"
+    both.write_text("clients:\n  profiles:\n    network: {5mbps: 1.0}\n    bandwidth: {low: 5, high: 50}\n")
+    with pytest.raises(ConfigError, match="not both"):
+        load_config(both)

@@ -437,11 +437,16 @@ def split_key(key: str, where: str) -> list[str]:
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str] | dict[str, Any]) -> dict[str, Any]:
-    """Return a copy of ``raw`` with dotted-key overrides applied."""
+    """Return a copy of ``raw`` with dotted-key overrides applied.
+
+    Setting one of ``clients.profiles.network`` / ``bandwidth`` drops the other from ``raw``
+    (they exclude each other); setting both in the same overrides is left to validation."""
     raw = copy.deepcopy(raw)
     items = overrides.items() if isinstance(overrides, dict) else map(parse_override, overrides)
+    paths = []
     for key, value in items:
         path = split_key(key, f"override {key!r}") if isinstance(key, str) else key
+        paths.append(tuple(path))
         node = raw
         for i, part in enumerate(path[:-1]):
             child = node.get(part)
@@ -452,7 +457,19 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | dict[str, Any]) 
                                   f"({child!r}), not a section")
             node = child
         node[path[-1]] = value
+    _drop_replaced_link(raw, paths)
     return raw
+
+
+LINK_KEYS = ("network", "bandwidth")  # clients.profiles: a tier mix or a distribution, not both
+
+
+def _drop_replaced_link(raw: dict[str, Any], paths: list[tuple]) -> None:
+    # the default config gives `bandwidth`; `--set ...network=` must not fail with "not both"
+    given = {k for k in LINK_KEYS if any(p[:3] == ("clients", "profiles", k) for p in paths)}
+    profiles = (raw.get("clients") or {}).get("profiles")
+    if len(given) == 1 and isinstance(profiles, dict):
+        profiles.pop(next(k for k in LINK_KEYS if k not in given), None)
 
 
 # ---------------------------------------------------------------- booleans where numbers go
