@@ -86,3 +86,45 @@ def test_both_in_the_same_overrides_or_file_are_still_refused(tmp_path):
     both.write_text("clients:\n  profiles:\n    network: {5mbps: 1.0}\n    bandwidth: {low: 5, high: 50}\n")
     with pytest.raises(ConfigError, match="not both"):
         load_config(both)
+
+
+@pytest.mark.parametrize("topic, lines", [
+    ("tiers", ["phone_mid   device: 8 GFLOP/s, 4 GB", "5mbps       network: 5 Mbps down, 5 Mbps up, 50 ms latency"]),
+    ("datasets", ["mnist5k ", "offline"]),
+    ("models", ["cnn ", "resnet18 "]),
+    ("algorithms", ["fedavg ", "fedcspack ", "ascend "]),
+    ("presets", ["gilbert_elliott ", "night_charging "]),
+])
+def test_list_prints_one_line_per_entry_with_a_description(topic, lines, capsys):
+    assert main(["list", topic]) == 0
+    out = capsys.readouterr().out
+    for line in lines:
+        assert line in out, (line, out)
+    assert all(len(row.split(None, 1)) == 2 for row in out.splitlines()), out
+
+
+def test_list_of_an_unknown_topic_suggests_one(capsys):
+    assert main(["list", "tier"]) == 2
+    assert "unknown topic 'tier'; did you mean 'tiers'? allowed: algorithms, datasets" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("template", ["sync", "async", "energy", "conditions"])
+def test_every_init_template_validates_as_it_is(template, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["init", template, "-o", "exp.yaml"]) == 0
+    text = (tmp_path / "exp.yaml").read_text()
+    assert text.startswith(f"# Template {template!r}") and "hetsim list" in text
+    assert main(["validate", "-c", "exp.yaml"]) == 0, capsys.readouterr().err
+
+
+def test_init_writes_experiment_yaml_refuses_to_overwrite_and_the_result_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["init"]) == 0 and "template 'sync'" in capsys.readouterr().out
+    assert main(["init", "async"]) == 2
+    assert "experiment.yaml exists" in capsys.readouterr().err
+    assert "Template 'sync'" in (tmp_path / "experiment.yaml").read_text()
+    assert main(["init", "async", "--force"]) == 0
+    assert main(["init", "energie", "-o", "x.yaml"]) == 2
+    assert "did you mean 'energy'?" in capsys.readouterr().err
+    assert main(["run", "-c", "experiment.yaml", "--set", "rounds=2", "-q", "-o", "r"]) == 0
+    assert (tmp_path / "r" / "rounds.parquet").exists()
