@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from hardware_profiles.suggest import unknown
+from hardware_profiles.suggest import did_you_mean, unknown
 
 # a field's unit, from the end of its name: the schema's convention (down_mbps, memory_gb, ...)
 _UNITS = (("_mbps", "Mbps"), ("_gb", "GB"), ("_mb", "MB"), ("_wh", "Wh"), ("_w", "W"), ("_j", "J"),
@@ -45,4 +45,7 @@ def friendly(e: dict[str, Any], loc: list[str]) -> str | None:
         ctx = e.get("ctx") or {}
         tags = re.findall(r"'([^']+)'", str(ctx.get("expected_tags", "")))
         return unknown(loc[-1] if loc else "name", ctx.get("tag"), tags)
+    if e["type"] == "literal_error" and isinstance(value, str):  # e.g. partition.scheme: dirichelt
+        best = did_you_mean(value, re.findall(r"'([^']+)'", str((e.get("ctx") or {}).get("expected", ""))))
+        return f"{e['msg']}; did you mean {best!r}?" if best else None
     return None
