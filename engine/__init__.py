@@ -83,6 +83,8 @@ _EXPORTS = {
     "DriverDiedError": "engine.ray.cluster",
     "node_disk_filesystem": "engine.ray.node_disk",
     "nodes_sharing": "engine.ray.node_disk",
+    # what a config may name (hetsim list)
+    "list_entries": "engine.listing",
     # start-up trace
     "mark": "engine.trace",
 }

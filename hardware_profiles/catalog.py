@@ -22,6 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from .profile import SELECT_FIELDS, HardwareProfile, SelectionCosts, rule_violation
+from .suggest import unknown
 
 CATALOG_PATH = Path(__file__).with_name("catalog.yaml")
 
@@ -103,17 +104,13 @@ class Catalog(BaseModel):
         try:
             return self.devices[name]
         except KeyError:
-            raise UnknownTierError(
-                f"unknown device tier {name!r}; known device tiers: {sorted(self.devices)}"
-            ) from None
+            raise UnknownTierError(unknown("device tier", name, self.devices, "known device tiers")) from None
 
     def network(self, name: str) -> NetworkTier:
         try:
             return self.networks[name]
         except KeyError:
-            raise UnknownTierError(
-                f"unknown network tier {name!r}; known network tiers: {sorted(self.networks)}"
-            ) from None
+            raise UnknownTierError(unknown("network tier", name, self.networks, "known network tiers")) from None
 
     def profile(self, device: str, network: str, *, allow_out_of_range: bool = False) -> HardwareProfile:
         """A single :class:`HardwareProfile` for ``device`` on ``network``."""

@@ -16,6 +16,8 @@ from typing import Any, Literal, Mapping, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .suggest import unknown
+
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
 # Presets: what a name stands for. Each is a modelling assumption unless a source says more.
@@ -155,7 +157,7 @@ def _expand_preset(v: Any) -> Any:
     if isinstance(v, Mapping) and "preset" in v:
         name = v["preset"]
         if name not in PRESETS:
-            raise ValueError(f"unknown preset {name!r}; presets: {', '.join(sorted(PRESETS))}")
+            raise ValueError(unknown("preset", name, PRESETS, "presets"))
         v = {**PRESETS[name], **{k: x for k, x in v.items() if k != "preset"}}
     return v
 

@@ -8,7 +8,8 @@ temporary file) whose path is printed; ``--debug`` also prints it; 141 the outpu
 stopped early (``| head``).
 
 Over 400 lines because it is the one error boundary and the parser of the run, validate, show
-and sweep commands with their summaries; report, compare and what-if are :mod:`hetsim.results_cli`.
+and sweep commands with their summaries; report, compare and what-if are :mod:`hetsim.results_cli`,
+list and init :mod:`hetsim.start_cli`.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import traceback
 from pathlib import Path
 
 from engine import RunCallback, UserError, mark  # light: no torch, no Ray
-from hetsim import results_cli
+from hetsim import results_cli, start_cli
 from hetsim.common import human_bytes, resolve_latest  # report / compare / whatif: argparse only at import
 
 EPILOG = """examples:
@@ -34,7 +35,7 @@ EPILOG = """examples:
   hetsim show runs/fedavg-digits-20261129-120000
   hetsim sweep sweeps/examples/fedavg_lr.yaml  # a Ray Tune sweep (docs/sweeps.md)
   hetsim sweep --resume sweeps_out/fedavg_lr   # continue an interrupted sweep
-""" + results_cli.EPILOG_LINES
+""" + results_cli.EPILOG_LINES + start_cli.EPILOG_LINES
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -104,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sweep)
 
     results_cli.add_commands(sub)
+    start_cli.add_commands(sub)
     return parser
 
 

@@ -60,6 +60,7 @@ from engine import (
     read_yaml_file,
 )
 from engine.results import ROUND_COLUMNS, is_uri, open_storage, redact
+from hardware_profiles.suggest import unknown_key
 from sweeps.search import TRIAL_INDEX, SearchProblem, SearchSpec, check_budget, check_repeats, check_search
 from sweeps.trackers import TrackersSpec, check_trackers
 
@@ -308,7 +309,7 @@ def _format_spec_errors(err: ValidationError, root: type[BaseModel] | None = Non
                 # `Model | None` (e.g. trackers.mlflow): the model's keys
                 parent = next((a for a in getattr(parent, "__args__", ()) if hasattr(a, "model_fields")), parent)
             allowed = list(getattr(parent, "model_fields", {}) or {})
-            msg = "unknown key" + (f"; allowed keys: {', '.join(allowed)}" if allowed else "")
+            msg = unknown_key(loc[-1], allowed)
         lines.append(f"  {field} = {e.get('input')!r}: {msg}")
     return f"{title}:\n" + "\n".join(lines)
 

@@ -505,7 +505,8 @@ def test_whatif_inputs_are_checked_before_anything_starts(tmp_path, capsys):
     bad_spec = write_yaml(tmp_path / "w.yaml", {"fleet": []})
     assert main(["whatif", str(bad_spec)]) == 2
     err = capsys.readouterr().err
-    assert "invalid what-if:\n  fleet = []: unknown key; allowed keys: name, base, overrides, fleets" in err
+    assert ("invalid what-if:\n  fleet = []: unknown key; did you mean 'fleets'? allowed keys: name, base, "
+            "overrides, fleets") in err
     assert not (tmp_path / "never").exists()
 
 

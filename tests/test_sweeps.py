@@ -80,7 +80,8 @@ def spec(**kw):
         ({"scheduler": "hyperband"}, r"scheduler\.name = 'hyperband': Input should be 'fifo', 'asha' or 'pbt'"),
         ({"scheduler": {"name": "asha", "max_t": 5}},
          r"scheduler\.max_t = 5: must be <= the experiment's rounds \(2\)"),
-        ({"samples": 3}, r"samples = 3: unknown key; allowed keys: name, base, overrides, space, num_samples"),
+        ({"samples": 3}, r"samples = 3: unknown key; did you mean 'num_samples'\? allowed keys: name, base, "
+         r"overrides, space, num_samples"),
         ({"num_samples": 0}, r"num_samples = 0: Input should be greater than or equal to 1"),
         ({"space": {"algorithm.pack_size": {"grid": [256]}}},
          r"algorithm\.pack_size = 256: unknown key.*the base's algorithm 'fedprox' has keys: mu"),

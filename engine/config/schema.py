@@ -24,11 +24,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from algorithms.asynchronous import ASYNC_METHODS, SYNCHRONOUS_ONLY
 from algorithms.params import ALGORITHM_PARAMS
+from engine.config.hints import friendly
 from engine.config.names import DATASET_NAMES, MODEL_NAMES
 from engine.config.yamlio import check_values, parse_yaml, read_yaml_file
 from engine.errors import ConfigError
 from hardware_profiles.clock import RoundPolicy
 from hardware_profiles.sampler import ProfileSpec
+from hardware_profiles.suggest import unknown, unknown_key
 
 DEFAULT_CONFIG = Path(__file__).parent / "default.yaml"
 __all__ = ["ConfigError", "ExperimentConfig", "load_config", "apply_overrides", "expand_path"]
@@ -63,7 +65,7 @@ class DatasetConfig(Section):
     @classmethod
     def _known_dataset(cls, v: str) -> str:
         if v not in DATASET_NAMES:
-            raise ValueError(f"unknown dataset {v!r}; allowed: {', '.join(sorted(DATASET_NAMES))}")
+            raise ValueError(unknown("dataset", v, DATASET_NAMES))
         return v
 
     @field_validator("params")
@@ -93,7 +95,7 @@ class PartitionConfig(Section):
 
 def _check_model_name(v: str) -> str:
     if v not in MODEL_NAMES:
-        raise ValueError(f"unknown model {v!r}; allowed: {', '.join(sorted(MODEL_NAMES))}")
+        raise ValueError(unknown("model", v, MODEL_NAMES))
     return v
 
 
@@ -434,11 +436,16 @@ def split_key(key: str, where: str) -> list[str]:
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str] | dict[str, Any]) -> dict[str, Any]:
-    """Return a copy of ``raw`` with dotted-key overrides applied."""
+    """Return a copy of ``raw`` with dotted-key overrides applied.
+
+    Setting one of ``clients.profiles.network`` / ``bandwidth`` drops the other from ``raw``
+    (they exclude each other); setting both in the same overrides is left to validation."""
     raw = copy.deepcopy(raw)
     items = overrides.items() if isinstance(overrides, dict) else map(parse_override, overrides)
+    paths = []
     for key, value in items:
         path = split_key(key, f"override {key!r}") if isinstance(key, str) else key
+        paths.append(tuple(path))
         node = raw
         for i, part in enumerate(path[:-1]):
             child = node.get(part)
@@ -449,7 +456,19 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | dict[str, Any]) 
                                   f"({child!r}), not a section")
             node = child
         node[path[-1]] = value
+    _drop_replaced_link(raw, paths)
     return raw
+
+
+LINK_KEYS = ("network", "bandwidth")  # clients.profiles: a tier mix or a distribution, not both
+
+
+def _drop_replaced_link(raw: dict[str, Any], paths: list[tuple]) -> None:
+    # the default config gives `bandwidth`; `--set ...network=` must not fail with "not both"
+    given = {k for k in LINK_KEYS if any(p[:3] == ("clients", "profiles", k) for p in paths)}
+    profiles = (raw.get("clients") or {}).get("profiles")
+    if len(given) == 1 and isinstance(profiles, dict):
+        profiles.pop(next(k for k in LINK_KEYS if k not in given), None)
 
 
 # ---------------------------------------------------------------- booleans where numbers go
@@ -510,8 +529,9 @@ def _format_errors(err: ValidationError, raw: dict[str, Any]) -> str:
         field = ".".join(loc) or "<root>"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            allowed = _allowed_keys(loc[:-1])
-            msg = "unknown key" + (f"; allowed keys: {', '.join(allowed)}" if allowed else "")
+            msg = unknown_key(loc[-1], _allowed_keys(loc[:-1]))
+        else:
+            msg = friendly(e, loc) or msg
         lines.append(f"  {field} = {e.get('input')!r}: {msg}")
     return "invalid experiment config:\n" + "\n".join(lines)
 
@@ -519,13 +539,26 @@ def _format_errors(err: ValidationError, raw: dict[str, Any]) -> str:
 def _allowed_keys(loc: list[str]) -> list[str]:
     model: Any = ExperimentConfig
     for part in loc:
-        field = getattr(model, "model_fields", {}).get(part)
+        model = _section_of(model)
+        if model is None:
+            return []
+        if isinstance(model, dict):  # a mapping such as profiles.overrides: the part is a key
+            model = model["value"]
+            continue
+        field = model.model_fields.get(part)
         if field is None:
             return []
         model = field.annotation
-    if model is not None and hasattr(model, "model_fields"):
-        return list(model.model_fields)
-    return []
+    model = _section_of(model)
+    return list(model.model_fields) if model is not None and not isinstance(model, dict) else []
+
+
+def _section_of(t: Any) -> Any:
+    """The section class in ``t`` (``X | None`` unwrapped); ``{"value": V}`` for ``dict[K, V]``."""
+    if typing.get_origin(t) is dict and len(typing.get_args(t)) == 2:
+        return {"value": typing.get_args(t)[1]}
+    models = [a for a in _flatten(t) if _is_model(a)]
+    return models[0] if len(models) == 1 else None
 
 
 def load_config(

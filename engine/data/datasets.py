@@ -53,6 +53,7 @@ import numpy as np
 from engine.cache import cached_arrays
 from engine.config.names import DATASET_NAMES
 from engine.data.tabular import TableDatasetError, read_leaf, read_parquet_table
+from hardware_profiles.suggest import unknown
 
 __all__ = [
     "ArrayDataset",
@@ -167,15 +168,15 @@ def load_dataset(
     """
     key = _canonical_name(name)
     if key not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; known datasets: {sorted(DATASETS)}")
+        raise ValueError(unknown("dataset", name, DATASETS, "known datasets"))
     fn = DATASETS[key]
     sig = inspect.signature(fn)
     takes_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values())
     if not takes_var_kw:
         allowed = [p for p in sig.parameters if p not in _COMMON_ARGS]
-        unknown = sorted(set(params) - set(allowed))
-        if unknown:
-            raise ValueError(f"unknown parameter(s) {unknown} for dataset {key!r}; allowed: {allowed}")
+        extra = sorted(set(params) - set(allowed))
+        if extra:
+            raise ValueError(f"unknown parameter(s) {extra} for dataset {key!r}; allowed: {allowed}")
     return fn(root=root, download=bool(download), seed=int(seed), **params)
 
 

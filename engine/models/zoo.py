@@ -31,6 +31,7 @@ import torch.nn as nn
 
 from engine.cache import cached_number
 from engine.config.names import MODEL_NAMES
+from hardware_profiles.suggest import unknown
 
 __all__ = [
     "MODELS",
@@ -391,7 +392,7 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **par
     try:
         builder = MODELS[name]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown model {name!r}; known models: {sorted(MODELS)}") from None
+        raise ValueError(unknown("model", name, MODELS, "known models")) from None
     return builder(_as_shape(input_shape), num_classes, **params)
 
 
