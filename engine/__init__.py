@@ -84,7 +84,7 @@ _EXPORTS = {
     "node_disk_filesystem": "engine.ray.node_disk",
     "nodes_sharing": "engine.ray.node_disk",
     # what a config may name (hetsim list)
-    "list_entries": "engine.listing",
+    "list_entries": "engine.run.listing",
     # start-up trace
     "mark": "engine.trace",
 }
