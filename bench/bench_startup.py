@@ -1,15 +1,18 @@
 """Start-up and fixed costs (issue 15): every figure next to its goal, interleaved repeats.
 
     .venv/bin/python bench/bench_startup.py                  # all figures, 3 repeats (~3 min)
-    .venv/bin/python bench/bench_startup.py cli ray          # some of: cli ray attach light sweep
+    .venv/bin/python bench/bench_startup.py cli ray          # some of: cli ray rayjob attach light sweep
     .venv/bin/python bench/bench_startup.py --repeats 5 --timeline
     .venv/bin/python bench/bench_startup.py cli ray --timeline --baseline /tmp/before
                       # the same figures of another checkout (e.g. `git worktree add /tmp/before
                       # ed5cf72`), interleaved with this one's: before/after on one machine state
+    .venv/bin/python bench/bench_startup.py rayjob --repeats 10 --baseline /tmp/a --baseline /tmp/b
+                      # several baselines, each labelled by its folder's name
 
 Each figure is a fresh process (``python -m hetsim ...``) timed from launch to exit; the repeats
 are interleaved (help, validate, in-process, Ray, help, ...) so that load changes on a shared
-machine hit every figure alike, and each figure prints its median and range. Figures:
+machine hit every figure alike (the trees' order rotates from one repeat to the next), and each
+figure prints its median and range. Figures:
 
 * ``cli``     ``hetsim --help`` (goal <= 0.5 s) and ``hetsim validate`` (default config, <= 1.5 s).
 * ``ray``     the reference job (below) with the Ray executor, whole process (<= 10 s), and its
@@ -23,6 +26,8 @@ machine hit every figure alike, and each figure prints its median and range. Fig
               torch; docs/benchmarks.md), the same job as a Flower simulation (bench/flower_job.py)
               in each repeat: whole process, rounds, Ray job ÷ Flower job, and rounds 2-5 of
               Flower ÷ those of the Ray job (Flower starts its actors inside round 1).
+* ``rayjob``  the Ray job's whole process alone (with its ``--timeline``): the one ``ray`` figure
+              that start-up changes move, at a third of the time per repeat on a loaded machine.
 * ``attach``  the same Ray job attached to a running local Ray (``ray start --head`` once, then
               ``ray.address=auto``): what repeated runs on one machine pay.
 * ``light``   in one process, in-process engine rounds ÷ a bare PyTorch loop over the same
@@ -324,25 +329,35 @@ def summarize(samples: dict[str, list[float]], trees: list[tuple[str, Path]]) ->
             rng = f"{min(vals):.2f}–{max(vals):.2f}"
             met = "" if test is None else ("yes" if test(med) else "NO")
             lines.append(f"{name:<40} {label.strip(' []') or 'this':<9} {goal:>9} {med:7.2f}{unit} {rng:>13}  {met}")
+            ours = samples.get(name)
+            if label and unit == "s" and ours and len(ours) == len(vals):
+                # paired within each repeat: what load changes between repeats cancels out
+                diff = [a - b for a, b in zip(ours, vals)]
+                lines.append(f"{'  this - ' + label.strip(' []') + ', per repeat':<50} {'':>9} "
+                             f"{statistics.median(diff):+7.2f}s {min(diff):+.2f}–{max(diff):+.2f}")
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("which", nargs="*", default=["cli", "ray", "attach", "light", "sweep"],
-                    help="figures: cli ray attach light sweep (default: all)")
+                    help="figures: cli ray rayjob attach light sweep (default: all but rayjob)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--timeline", action="store_true", help="print the median Ray run's timeline")
     ap.add_argument("--flower", metavar="PYTHON",
                     help="the Python of an environment with flwr[simulation]: adds the Flower figures")
-    ap.add_argument("--baseline", type=Path, metavar="TREE",
-                    help="another checkout whose figures are measured interleaved with this one's")
+    ap.add_argument("--baseline", type=Path, metavar="TREE", action="append", default=[],
+                    help="another checkout whose figures are measured interleaved with this one's "
+                         "(repeatable: each is then labelled by its folder's name)")
     args = ap.parse_args(argv)
     which = set(args.which)
-    unknown = which - {"cli", "ray", "attach", "light", "sweep"}
+    unknown = which - {"cli", "ray", "rayjob", "attach", "light", "sweep"}
     if unknown:
         ap.error(f"unknown figure(s) {sorted(unknown)}")
-    trees = [("", REPO)] + ([(" [baseline]", args.baseline.resolve())] if args.baseline else [])
+    if "ray" in which:
+        which.discard("rayjob")  # its figure is part of ray's
+    names = ["baseline"] if len(args.baseline) == 1 else [b.resolve().name for b in args.baseline]
+    trees = [("", REPO)] + [(f" [{name}]", b.resolve()) for name, b in zip(names, args.baseline)]
 
     import ray
     import torch
@@ -350,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {' '.join([Path(sys.executable).name, *sys.argv])}")
     print(f"# cpus {os.cpu_count()}, torch {torch.__version__}, ray {ray.__version__}, "
           f"load average before {' '.join(f'{v:.2f}' for v in os.getloadavg())}"
-          + (f"; baseline {trees[1][1]}" if args.baseline else ""))
+          + "".join(f"; {label.strip(' []')} {tree}" for label, tree in trees[1:]))
     t_start = time.time()
     tmp = Path(tempfile.mkdtemp(prefix="bench_startup_"))
     samples: dict[str, list[float]] = {}
@@ -362,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         for rep in range(args.repeats):
-            for label, tree in trees:  # interleaved: every tree's figures in each repeat
+            # interleaved: every tree's figures in each repeat, the first tree rotating
+            for label, tree in trees[rep % len(trees):] + trees[:rep % len(trees)]:
                 if "cli" in which:
                     add("hetsim --help" + label, hetsim(["--help"], tree))
                     add("hetsim validate" + label, hetsim(["validate"], tree))
@@ -385,6 +401,11 @@ def main(argv: list[str] | None = None) -> int:
                             add("Ray job ÷ Flower job, whole process", wall_ray / wall_flower)
                             add("rounds 2-5: Flower ÷ Ray",
                                 flower["later_rounds_s"] / rounds_wall(tmp / "ray", first=1))
+                if "rayjob" in which:
+                    trace = tmp / f"trace_ray_{rep}{label.strip(' []')}.txt"
+                    wall_ray, _ = run_job(tmp, "ray", ["executor.kind=ray"], tree, trace)
+                    add("Ray job, whole process" + label, wall_ray)
+                    ray_traces.setdefault(label, []).append((wall_ray, trace))
                 if "sweep" in which:
                     one = sweep_overhead(tmp, 1, tree)
                     four = sweep_overhead(tmp, 4, tree)

@@ -35,6 +35,25 @@ for name in ALGORITHM_PARAMS:
     assert imported_after(code) == set()
 
 
+def test_a_ray_runs_start_up_path_imports_no_torch():
+    # issue 34: torch at the top of these cost the Ray job 0.5-1 s. The caller's imports, its
+    # static checks, up to Ray's start (the data checks import torch beside it, in a thread)
+    caller = """
+from hetsim.cli import cmd_run
+from engine import DriverDiedError, ExecutorError, RunStateError, prepare_run, resume_config, resume_run, run_in_folder
+from engine.run.startup import validate_while_ray_starts
+from engine.run.validate import static_problems
+from engine.run.gpu_checks import gpu_problems
+from engine import load_config
+cfg = load_config(None, ["executor.kind=ray"])
+assert static_problems(cfg, None) == [] and gpu_problems(cfg, False) == []
+"""
+    assert "torch" not in imported_after(caller)
+    # what the driver actor's process imports before it requests the client actors
+    driver = "import engine.ray.driver, engine.ray.executor, engine.ray.client_actor"
+    assert imported_after(driver) == {"ray"}
+
+
 def test_a_fedavg_run_imports_neither_the_other_methods_nor_torchvision_nor_dynamo():
     code = """
 from engine import Simulation, load_config

@@ -10,11 +10,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from algorithms.base import Broadcast, ClientResult
-from engine.clients.host import HostSetup
+
+if TYPE_CHECKING:  # the client host imports torch; the Ray executor's module must not (issue 34)
+    from engine.clients.host import HostSetup
 
 
 @dataclass

@@ -17,15 +17,12 @@ from typing import Callable
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from engine.checkpoint.folder import latest_checkpoint
-from engine.checkpoint.snapshot import read_meta
 from engine.clients.device import set_ray_gpu_ids
 from engine.config.schema import ExperimentConfig
 from engine.errors import UserError
 from engine.loop.callbacks import CallbackLike, CallbackList, RoundRecord, RunCallback, RunContext, Stop
 from engine.ray.cluster import DriverDiedError, ExecutorError, init_ray
 from engine.results.manifest import read_manifest, update_manifest, utc_now
-from engine.results.tables import RunWriter
 from engine.trace import mark
 
 POLL_S = 0.5
@@ -208,12 +205,19 @@ def _check_driver_gpus(ray, node_id: str, driver_gpus: float) -> None:
 
 
 def _resume_round(path: Path) -> int:
+    # torch (the checkpoint format): Ray deserializes the driver actor by importing this module,
+    # and torch there would delay the client actors it starts by a second or more (issue 34)
+    from engine.checkpoint.folder import latest_checkpoint
+    from engine.checkpoint.snapshot import read_meta
+
     latest = latest_checkpoint(path)
     return int(read_meta(latest)["next_round"]) if latest is not None else 0
 
 
 def _driver_died(path: Path, err: BaseException) -> str:
     """Mark the run failed (the driver could not) and say how to continue it."""
+    from engine.checkpoint.folder import latest_checkpoint  # torch: see _resume_round
+
     cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     message = f"the driver actor running the round loop died ({cause})"
     try:
@@ -227,6 +231,8 @@ def _driver_died(path: Path, err: BaseException) -> str:
 
 def close_abandoned_run(path: Path, status: str, message: str) -> None:
     """Compact the parts of a run whose loop process was killed and record why it ended."""
+    from engine.results.tables import RunWriter  # pandas: only a run whose loop died needs it
+
     RunWriter(path).finalize()
     update_manifest(path, status=status, error=message, finished=utc_now())
 

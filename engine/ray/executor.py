@@ -25,21 +25,25 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from engine.checkpoint.snapshot import read_meta
 from engine.clients.device import DeviceError
-from engine.clients.format import shard_entries, shard_name, shards_for
-from engine.clients.host import ClientFailure, HostSetup
 from engine.config.schema import ExperimentConfig
 from engine.execution.base import Executor, RoundReply
 from engine.ray.client_actor import DataNotOnNodeError, client_actor_class
 from engine.ray.cluster import ExecutorError, init_ray
 from engine.ray.pool import plan_pool
 from engine.trace import mark
+
+if TYPE_CHECKING:
+    from engine.clients.host import HostSetup
+
+# No torch at import (checkpoint format, client host): the driver actor imports this module to
+# start the client actors, and a second of torch there delays their start (issue 34).
 
 CHUNK_BYTES = 64 << 20  # checkpoint shards travel between nodes in pieces of this size
 
@@ -205,6 +209,9 @@ class RayExecutor(Executor):
         return self.nodes[a] == self.loop_node
 
     def save_client_states(self, directory):
+        # torch: see the note above the class
+        from engine.clients.format import shard_entries, shard_name
+
         directory = Path(directory).resolve()
 
         def call(a):
@@ -236,6 +243,8 @@ class RayExecutor(Executor):
 
     def _start_load(self, actor, a: int, directory: Path, shards: list[dict]):
         """Start loading actor ``a``'s clients from a checkpoint; returns the task's ref."""
+        from engine.clients.format import shards_for  # torch: see the note above the class
+
         mine = shards_for(shards, self.num_actors, a)
         if self._local(a):
             return actor.load_states.remote([str(directory / s["file"]) for s in mine], self.num_actors, a)
@@ -265,6 +274,8 @@ class RayExecutor(Executor):
                 out[a] = ray.get(ref)
             except ray.exceptions.RayTaskError as err:
                 cause = err.as_instanceof_cause()
+                from engine.clients.host import ClientFailure  # torch: see the note above the class
+
                 if isinstance(cause, ClientFailure):  # names the client and the round
                     raise cause from None
                 group = (rerun or {}).get(a, [])
@@ -296,6 +307,8 @@ class RayExecutor(Executor):
             self.pids[a], self.nodes[a] = ray.get(actor.where.remote(), timeout=self.startup_timeout_s)
             restored, meta = 0, None
             if source is not None:
+                from engine.checkpoint.snapshot import read_meta  # torch: see the note above the class
+
                 meta = read_meta(source)
                 restored = ray.get(self._start_load(actor, a, Path(source), meta["client_states"]))
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as again:

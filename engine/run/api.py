@@ -8,15 +8,12 @@ import logging
 import sys
 from pathlib import Path
 
-from engine.checkpoint.folder import check_damaged_tables, check_resume_point
-from engine.checkpoint.snapshot import check_resumable
 from engine.clients.device import check_device_request
 from engine.config.schema import ExperimentConfig, load_config
 from engine.errors import CorruptRunFolderError, UserError
 from engine.loop.callbacks import CallbackLike
 from engine.results.manifest import read_manifest
 from engine.results.tables import Run, load_run
-from engine.run.body import execute_run
 from engine.run.folders import check_can_resume, make_run_dir
 from engine.run.signals import InterruptRequest, interrupt_signals
 from engine.run.staging import run_to_storage
@@ -88,16 +85,26 @@ def run_in_folder(
     return _dispatch(cfg, Path(path), callbacks, command, resume=False, warnings=warnings)
 
 
+def _execute_run(*args, **kwargs) -> Path:
+    """:func:`engine.run.body.execute_run`, imported where the body runs: the caller of a Ray run
+    hands this to the driver actor (by reference) without importing torch, which would delay
+    its Ray start-up by a second or more (issue 34)."""
+    # torch: only the process that runs the round loop needs it (see the docstring)
+    from engine.run.body import execute_run
+
+    return execute_run(*args, **kwargs)
+
+
 def _dispatch(cfg, path, callbacks, command, resume: bool, warnings: list[str] | None = None) -> Path:
     if cfg.executor.kind == "ray":
         from engine.ray.driver import run_on_driver_actor  # Ray: imported for Ray runs only
 
         with interrupt_signals(None):
-            return run_on_driver_actor(execute_run, cfg, path, callbacks or [], command, resume=resume,
+            return run_on_driver_actor(_execute_run, cfg, path, callbacks or [], command, resume=resume,
                                        warnings=warnings)
     request = InterruptRequest()
     with interrupt_signals(request):
-        out = execute_run(cfg, path, [*(callbacks or []), request], command, resume=resume,
+        out = _execute_run(cfg, path, [*(callbacks or []), request], command, resume=resume,
                           warnings=warnings)
     if request.stopped:
         raise KeyboardInterrupt(f"run stopped by {request.signal_name}")
@@ -112,6 +119,10 @@ def resume_config(
     """The config to resume ``run_dir`` with: its own ``config.yaml``, or ``cfg`` (a config or a
     YAML path), with ``overrides``; a change that could alter results raises ``ConfigError``, a
     damaged manifest or a checkpoint the config cannot continue ``CorruptRunFolderError``."""
+    # torch (the checkpoint format): a resume only, not a new run's caller
+    from engine.checkpoint.folder import check_damaged_tables, check_resume_point
+    from engine.checkpoint.snapshot import check_resumable
+
     path = Path(run_dir)
     if not (path / "manifest.json").is_file() or not (path / "config.yaml").is_file():
         raise FileNotFoundError(f"{path} is not a run folder (no manifest.json / config.yaml)")

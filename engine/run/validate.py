@@ -28,16 +28,11 @@ from pathlib import Path
 import numpy as np
 
 from algorithms.base import ModelSize
-from algorithms.training import num_params
 from engine.config.schema import ExperimentConfig
 from engine.data.build import build_data
 from engine.data.datasets import _COMMON_ARGS, DATASETS, DatasetNotFoundError
 from engine.errors import ConfigError
-from engine.execution.inprocess import InProcessExecutor
 from engine.loop.selection import select_clients, target_arrivals
-from engine.loop.simulation import Simulation
-from engine.models.arch import arch_spec, assign_architectures, build_arch_model
-from engine.models.zoo import MODELS, training_flops_per_sample
 from engine.ray.cluster import RayConnectError, check_reachable, cluster_cpus, ray_is_up, resolve_address
 from engine.ray.pool import PoolSizeError, plan_pool
 from hardware_profiles.catalog import load_catalog
@@ -172,6 +167,10 @@ def _unknown_keys(given: dict, allowed: list[str] | None, field: str, owner: str
 
 
 def _params_problems(cfg: ExperimentConfig) -> list[str]:
+    # torch, imported by the checks that load the data: a Ray run's caller runs them beside
+    # Ray's start-up (engine.run.startup), so its static checks and Ray start without torch
+    from engine.models.zoo import MODELS
+
     m = cfg.model
     problems = _unknown_keys(
         cfg.dataset.params, _signature_params(DATASETS[cfg.dataset.name], _COMMON_ARGS),
@@ -256,6 +255,11 @@ def _check_batteries(cfg: ExperimentConfig, profiles) -> None:
 def _build_models(cfg: ExperimentConfig, data, profiles):
     """Architectures per client, then every model built and its training FLOPs counted (which
     runs one forward and backward pass: a model that does not fit the data fails here)."""
+    # torch: see _params_problems
+    from algorithms.training import num_params
+    from engine.models.arch import arch_spec, assign_architectures, build_arch_model
+    from engine.models.zoo import training_flops_per_sample
+
     try:
         arch_names, client_arch = assign_architectures(cfg, profiles)
     except ValueError as err:
@@ -283,6 +287,10 @@ def _build_models(cfg: ExperimentConfig, data, profiles):
 
 def _build_server(cfg: ExperimentConfig, data) -> None:
     """The method's server, built as the run builds it (ASCEND needs a public split, ...)."""
+    # torch: see _params_problems
+    from engine.execution.inprocess import InProcessExecutor
+    from engine.loop.simulation import Simulation
+
     try:
         Simulation(cfg, InProcessExecutor(), data=data)
     except (ValueError, RuntimeError, TypeError) as err:
