@@ -4,6 +4,7 @@ rounds come to a bare PyTorch loop on the same shapes (issue 34).
     .venv/bin/python bench/bench_study.py                    # all modes (~8 min on 2 cores)
     .venv/bin/python bench/bench_study.py --modes pool sweep --rounds 20
     .venv/bin/python bench/bench_study.py --kernels          # max pooling: native vs strided views
+    BENCH_CHECKOUT=/tmp/old PYTHONPATH=/tmp/old .venv/bin/python bench/bench_study.py   # another checkout
 
 The grid: LeNet-5 on ``mnist5k`` (Dirichlet 0.5, 8 clients, 4 a round, 5 local steps of batch 16,
 global evaluation every 10 rounds), 60 rounds; 4 methods (FedAvg, FedProx, FedAvg with Top-K and
@@ -53,7 +54,9 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+# the checkout whose engine runs (``BENCH_CHECKOUT``, with PYTHONPATH pointing at it too): another
+# commit's figures from this script, e.g. today's main against a branch, on one machine state
+ROOT = Path(os.environ.get("BENCH_CHECKOUT") or Path(__file__).resolve().parents[1])
 WORKERS = 2
 METHODS = {
     "fedavg": {"name": "fedavg"},
