@@ -348,6 +348,10 @@ def _check_probe(base_raw: dict[str, Any], key: str, kind: str, args: Any, value
     try:
         _check_experiment(apply_overrides(base_raw, value if kind == "cases" else {key: value}), storage, ray_running)
     except ConfigError as err:
+        if kind == "cases":  # the failing case alone: a study's other cases would bury it
+            name = next(n for n, case in args.items() if case is value)
+            raise SweepSpecError(f"invalid sweep spec:\n  space.{key}.cases.{name} = {value!r}: rejected by the "
+                                 f"experiment config: {_config_problem(err)}") from None
         raise SweepSpecError(
             f"invalid sweep spec:\n  space.{key}.{kind} = {args!r}: value {value!r} is "
             f"rejected by the experiment config: {_config_problem(err)}"
