@@ -226,7 +226,7 @@ def test_on_disk_tables_refuse_what_they_cannot_read_naming_the_field(tmp_path):
     table = _scrambled_table(tmp_path / "t.parquet")
     cfg = load_config(None, ["dataset.name=parquet", f"dataset.params={{path: {table}, on_disk: true}}",
                              "partition.scheme=natural", "clients.num_clients=30"])
-    with pytest.raises(ValueError, match="on_disk: true needs dataset.params.client_column"):
+    with pytest.raises(ValueError, match="on_disk: true with partition.scheme = .natural. needs dataset.params.client_column"):
         build_data(cfg)
     with pytest.raises(ValueError, match="clients.num_clients = 31 does not match the 30 natural clients"):
         build_data(_table_cfg(table, tmp_path / "cache", clients=31))

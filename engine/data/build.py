@@ -1,14 +1,15 @@
 """The federated data of an experiment: its dataset loaded (cached) and partitioned as configured,
 or, for ``synthetic`` with ``lazy: true`` and ``parquet`` with ``on_disk: true``, built client by
-client when a client takes part (:mod:`engine.data.ondemand`)."""
+client when a client takes part (:mod:`engine.data.ondemand`): lazy ``synthetic`` with its natural
+clients only, an on-disk table with every scheme."""
 from __future__ import annotations
 
 import inspect
 
 from engine.config.schema import ExperimentConfig
 from engine.data.datasets import check_synthetic_params, load_dataset_cached, load_synthetic
-from engine.data.ondemand import OnDemandFederatedData, SyntheticSource
-from engine.data.partition import FederatedData, build_federated_data
+from engine.data.ondemand import OnDemandFederatedData, PartitionedTableData, SyntheticSource
+from engine.data.partition import PARTITION_SCHEMES, FederatedData, build_federated_data
 
 # dataset -> the param that asks for on-demand rows
 ON_DEMAND_PARAMS = {"synthetic": "lazy", "parquet": "on_disk"}
@@ -19,7 +20,7 @@ def on_demand_requested(cfg: ExperimentConfig) -> bool:
     return bool(flag and cfg.dataset.params.get(flag))
 
 
-def build_data(cfg: ExperimentConfig) -> FederatedData | OnDemandFederatedData:
+def build_data(cfg: ExperimentConfig) -> FederatedData | OnDemandFederatedData | PartitionedTableData:
     ds_cfg, p = cfg.dataset, cfg.partition
     params = dict(ds_cfg.params)
     if ds_cfg.name == "synthetic":
@@ -41,12 +42,14 @@ def build_data(cfg: ExperimentConfig) -> FederatedData | OnDemandFederatedData:
     )
 
 
-def _build_on_demand(cfg: ExperimentConfig, params: dict) -> OnDemandFederatedData:
+def _build_on_demand(cfg: ExperimentConfig, params: dict) -> OnDemandFederatedData | PartitionedTableData:
     name, p = cfg.dataset.name, cfg.partition
     flag = ON_DEMAND_PARAMS[name]
-    if p.scheme != "natural":
-        raise ValueError(f"dataset.params.{flag}: true builds each client's rows when it takes part, which needs "
-                         f"partition.scheme = 'natural' (the dataset's own clients), not {p.scheme!r}")
+    if p.scheme != "natural" and name == "synthetic":
+        raise ValueError(f"dataset.params.{flag}: true generates each natural client's rows from (seed, client id), "
+                         f"which needs partition.scheme = 'natural', not {p.scheme!r}; {p.scheme!r} splits every "
+                         "row by its label, so use lazy: false (or an on-disk parquet table, which takes every "
+                         f"scheme: {list(PARTITION_SCHEMES)})")
     params.pop(flag)
     if name == "synthetic":
         defaults = {k: v.default for k, v in inspect.signature(load_synthetic).parameters.items()
@@ -56,6 +59,16 @@ def _build_on_demand(cfg: ExperimentConfig, params: dict) -> OnDemandFederatedDa
     else:
         from engine.data.disk_table import DiskTableSource  # here: pyarrow is needed only for tables
 
+        if p.scheme != "natural":  # the client column plays no part: the cache is in the eager pool's order
+            source = DiskTableSource.open(**{**params, "client_column": None})
+            return PartitionedTableData(
+                source, num_clients=cfg.clients.num_clients, scheme=p.scheme, seed=cfg.seed, alpha=p.alpha,
+                shards_per_client=p.shards_per_client, min_samples=p.min_samples, test_fraction=p.test_fraction,
+                global_test_fraction=p.global_test_fraction, public_fraction=p.public_fraction)
+        if params.get("client_column") is None:
+            raise ValueError("parquet: on_disk: true with partition.scheme = 'natural' needs "
+                             "dataset.params.client_column (the natural clients whose rows are read when they "
+                             f"take part); without one, use a label scheme: {list(PARTITION_SCHEMES[:-1])}")
         source = DiskTableSource.open(**params)
     if cfg.clients.num_clients is not None and cfg.clients.num_clients != len(source.sizes):
         raise ValueError(f"clients.num_clients = {cfg.clients.num_clients} does not match the {len(source.sizes)} "

@@ -613,16 +613,23 @@ def _table_dataset(name: str, t) -> ArrayDataset:
 def load_parquet(*, root=None, download=False, seed=0, path=None, label_column: str = "label",
                  client_column: str | None = None, split_column: str | None = None, features=None,
                  shape=None, num_classes: int | None = None, on_disk: bool = False,
-                 cache_dir: str | None = None, storage_options: dict | None = None) -> ArrayDataset:
+                 cache_dir: str | None = None, storage_options: dict | None = None,
+                 decode_images: str = "auto") -> ArrayDataset:
     """A federated table in Parquet (:mod:`engine.data.tabular`): ``path`` (a file, a folder of
     them, or a list), its label, client, split and feature columns.
 
-    ``on_disk=True`` (with a client column and ``partition.scheme: natural``): the rows stay on
-    disk, in a row cache under ``cache_dir``, and each client's are read when it takes part
-    (:mod:`engine.data.disk_table`, built by :func:`engine.data.build.build_data`)."""
+    ``on_disk=True`` (any ``partition.scheme``; ``natural`` needs a client column): the rows stay
+    on disk, in a row cache under ``cache_dir``, and each client's are read when it takes part
+    (:mod:`engine.data.disk_table`, built by :func:`engine.data.build.build_data`);
+    ``decode_images`` (``auto``, ``on_build``, ``per_round``) says when an image column of such
+    a table is decoded. In memory, images are decoded when the table is read."""
     if on_disk:
         raise ValueError("parquet: on_disk=True rows are read per client by engine.data.build.build_data, "
                          "not by load_parquet")
+    if decode_images != "auto":
+        raise ValueError(f"parquet: dataset.params.decode_images = {decode_images!r} applies to on_disk: true "
+                         "tables only (in memory, images are decoded when the table is read); remove it or set "
+                         "on_disk: true")
     if path is None:
         raise ValueError("parquet: dataset.params.path is required (a .parquet file, a folder of them, or a list)")
     try:

@@ -2,11 +2,21 @@
 
 Parquet cannot read an arbitrary row range cheaply (a row group is the smallest read), so the
 first use of a table writes a *row cache*: its features as raw float32 and its labels as int64,
-in client order (each client's training rows, then its test rows), plus per-client counts.
+plus per-client counts. With a client column (``partition.scheme: natural``) the rows are in
+client order (each client's training rows, then its test rows); without one (``iid``,
+``dirichlet``, ``shards``) they are in the in-memory loader's pool order (the training rows in
+table order, then the test rows), so row ``r`` of the cache is position ``r`` of the eager pool.
 Building it streams the table twice (the label, client and split columns, then the features
 one record batch at a time), so the peak memory is a few int64 per row, never the features.
-After that a client's rows are two ``pread`` calls: a round reads its clients' rows only, and a
-process maps nothing it does not read.
+After that a natural client's rows are two ``pread`` calls, and any set of rows
+(:meth:`DiskTableSource.take`) is read sorted, in contiguous runs (gaps under
+:data:`GAP_BYTES` read through rather than split into another call).
+
+Images (one binary column of PNG/JPEG bytes) are decoded into the row cache when it is built,
+unless ``decode_images: per_round`` (or ``auto``, the default, and the decoded float32 cache
+would take more than 90 % of the free space of the cache's disk): the cache then keeps the
+encoded bytes (``images.bin``, in table order, with each cache row's offset and length), and a
+round decodes its clients' images only, after a header check of every image at build time.
 
 The cache is a folder under ``dataset.params.cache_dir`` (default: the user cache,
 :func:`engine.cache.cache_dir`, ``tables/``), named by the files' paths, sizes and
@@ -34,12 +44,17 @@ from engine.data.tabular import (
     batch_is_test,
     batch_labels,
     check_labels,
+    decode_images,
+    is_image_column,
     open_table,
     sample_shape,
 )
 
 FORMAT = 1  # bump when the cache's layout changes
 _FLUSH_BYTES = 256 << 20  # remap the feature file after this many bytes: its pages stay out of RSS
+GAP_BYTES = 64 << 10  # rows this close together are read in one call (the gap read and dropped)
+DECODE_MODES = ("auto", "on_build", "per_round")  # dataset.params.decode_images
+_FIT_SHARE = 0.9  # auto: decode per round when the decoded cache needs more of the free disk than this
 
 
 class DiskTableSource:
@@ -58,7 +73,11 @@ class DiskTableSource:
         self.test_sizes = test if meta["has_split"] else None
         self.start = np.zeros(len(self.sizes) + 1, dtype=np.int64)  # first row of each client's block
         np.cumsum(self.sizes + test, out=self.start[1:])
-        self._fds: tuple[int, int] | None = None
+        self.image_column = meta.get("image_column")  # set: the cache holds encoded images, decoded per read
+        if self.image_column is not None:
+            with np.load(os.path.join(folder, "images.npz"), allow_pickle=False) as npz:
+                self.blob_start, self.blob_len = npz["start"], npz["length"]  # per cache row, into images.bin
+        self._fds: tuple[int, ...] | None = None
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -68,36 +87,87 @@ class DiskTableSource:
     @classmethod
     def open(cls, *, path, label_column: str = "label", client_column: str | None = None,
              split_column: str | None = None, features=None, shape=None, num_classes: int | None = None,
-             cache_dir: str | None = None, storage_options: dict | None = None) -> "DiskTableSource":
-        """The table's row cache, built first if it is missing."""
-        if client_column is None:
-            raise ValueError("parquet: on_disk: true needs dataset.params.client_column (the natural clients "
-                             "whose rows are read when they take part)")
+             cache_dir: str | None = None, storage_options: dict | None = None,
+             decode_images: str = "auto") -> "DiskTableSource":
+        """The table's row cache, built first if it is missing. Without ``client_column`` the
+        rows are in pool order (one block: the training rows, then the test rows)."""
+        if decode_images not in DECODE_MODES:
+            raise ValueError(f"parquet: dataset.params.decode_images = {decode_images!r} is invalid; allowed: "
+                             f"{list(DECODE_MODES)}")
         try:
             files, data, cols = open_table(path, label_column, client_column, split_column, features,
                                            storage_options)
-            folder = _cache_folder(data, cache_dir, [label_column, client_column, split_column, cols, shape,
-                                                     num_classes])
+            choices = [label_column, client_column, split_column, cols, shape, num_classes]
+            if decode_images != "auto":  # auto keeps the key of caches built before the choice existed
+                choices.append(decode_images)
+            folder = _cache_folder(data, cache_dir, choices)
             if not os.path.exists(os.path.join(folder, "meta.json")):
-                _build(folder, str(path), data, cols, label_column, client_column, split_column, shape, num_classes)
+                _build(folder, str(path), data, cols, label_column, client_column, split_column, shape, num_classes,
+                       decode_images)
             return cls(folder)
         except TableDatasetError as err:
             raise ValueError(f"parquet: {err}") from None
 
     def rows(self, c: int):
-        fx, fy = self._open()
         s, n, t = int(self.start[c]), int(self.sizes[c]), int(self.start[c + 1] - self.start[c] - self.sizes[c])
-        x, y = _read(fx, s * self.width, (n + t) * self.width, np.float32), _read(fy, s, n + t, np.int64)
-        x = x.reshape((n + t, *self.input_shape))
+        x, y = self.take(np.arange(s, s + n + t, dtype=np.int64))
         if self.test_sizes is None:
             return x, y, None, None
         return x[:n], y[:n], x[n:], y[n:]
 
-    def _open(self) -> tuple[int, int]:
+    def take(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Cache rows ``rows`` (ascending, distinct) as (x float32 shaped as the samples, y int64),
+        read in contiguous runs: one ``pread`` per run and file."""
+        rows = np.asarray(rows, dtype=np.int64)
+        fds = self._open()
+        y = np.empty(len(rows), dtype=np.int64)
+        w = self.width
+        x = np.empty((len(rows), w), dtype=np.float32)
+        for lo, hi, a, b in _runs(rows, GAP_BYTES // (4 * max(w, 1))):
+            picked = rows[a:b] - lo
+            y[a:b] = _read(fds[1], lo, hi - lo, np.int64)[picked]
+            if self.image_column is None:
+                x[a:b] = _read(fds[0], lo * w, (hi - lo) * w, np.float32).reshape(hi - lo, w)[picked]
+        if self.image_column is not None and len(rows):
+            x[:] = decode_images(self._blobs(fds[2], rows), self.image_column, self.folder)
+        return x.reshape((len(rows), *self.input_shape)), y
+
+    def take_labels(self) -> np.ndarray:
+        """Every cache row's label (8 bytes a row): what an index of rows per client is built from."""
+        return np.fromfile(os.path.join(self.folder, "labels.i64"), dtype=np.int64)
+
+    def _blobs(self, fd: int, rows: np.ndarray) -> list[bytes]:
+        """The encoded images of ``rows``, read in runs of the file (sorted by offset)."""
+        first, size = self.blob_start[rows], self.blob_len[rows]
+        order = np.argsort(first, kind="stable")
+        lo_s, hi_s = first[order], first[order] + size[order]
+        reach = np.maximum.accumulate(hi_s)
+        cuts = np.flatnonzero(lo_s[1:] > reach[:-1] + GAP_BYTES) + 1
+        out: list[bytes] = [b""] * len(rows)
+        for a, b in zip([0, *cuts], [*cuts, len(rows)]):
+            base = int(lo_s[a])
+            buf = _read(fd, base, int(reach[b - 1]) - base, np.uint8).tobytes()
+            for i in range(a, b):
+                out[order[i]] = buf[lo_s[i] - base:hi_s[i] - base]
+        return out
+
+    def _open(self) -> tuple[int, ...]:
         if self._fds is None:
-            self._fds = (os.open(os.path.join(self.folder, "features.f32"), os.O_RDONLY),
-                         os.open(os.path.join(self.folder, "labels.i64"), os.O_RDONLY))
+            names = ["labels.i64", "images.bin"] if self.image_column is not None else ["labels.i64"]
+            feats = os.open(os.path.join(self.folder, "features.f32"), os.O_RDONLY) if self.image_column is None \
+                else -1
+            self._fds = (feats, *(os.open(os.path.join(self.folder, n), os.O_RDONLY) for n in names))
         return self._fds
+
+
+def _runs(rows: np.ndarray, max_gap: int):
+    """(first cache row, end, first index, end index) of each run of ``rows`` whose gaps are at
+    most ``max_gap`` rows."""
+    if not len(rows):
+        return []
+    cuts = np.flatnonzero(np.diff(rows) > max_gap + 1) + 1
+    a, b = np.concatenate([[0], cuts]), np.concatenate([cuts, [len(rows)]])
+    return zip(rows[a].tolist(), (rows[b - 1] + 1).tolist(), a.tolist(), b.tolist())
 
 
 def _read(fd: int, first: int, count: int, dtype) -> np.ndarray:
@@ -139,7 +209,8 @@ def _client_codes(chunks: list) -> tuple[np.ndarray, list[str]]:
     return rank[encoded.indices.to_numpy(zero_copy_only=False)], [str(v) for v in values[order]]
 
 
-def _build(folder: str, path: str, data, cols, label_column, client_column, split_column, shape, num_classes):
+def _build(folder: str, path: str, data, cols, label_column, client_column, split_column, shape, num_classes,
+           decode: str = "auto"):
     n = data.count_rows()
     if n == 0:
         raise TableDatasetError(f"dataset path {path!r} has no rows")
@@ -147,19 +218,26 @@ def _build(folder: str, path: str, data, cols, label_column, client_column, spli
     y = np.empty(n, dtype=np.int64)
     is_test = np.zeros(n, dtype=bool)
     owners, at = [], 0
-    for batch in data.to_batches(columns=[label_column, client_column, *([split_column] if split_column else [])]):
+    wanted = [label_column, *(c for c in (client_column, split_column) if c)]
+    for batch in data.to_batches(columns=wanted):
         rows = batch.num_rows
         y[at:at + rows] = batch_labels(batch, label_column)
-        owners.append(batch.column(client_column))
+        if client_column:
+            owners.append(batch.column(client_column))
         if split_column:
             is_test[at:at + rows] = batch_is_test(batch, split_column)
         at += rows
     k = check_labels(y, label_column, num_classes)
-    code, names = _client_codes(owners)
+    if client_column:
+        code, names = _client_codes(owners)
+    else:  # one block in pool order: the training rows, then the test rows (the eager loader's pool)
+        code, names = np.zeros(n, dtype=np.int64), None
     del owners
-    train = np.bincount(code[~is_test], minlength=len(names))
-    test = np.bincount(code[is_test], minlength=len(names))
+    train = np.bincount(code[~is_test], minlength=len(names or [0]))
+    test = np.bincount(code[is_test], minlength=len(names or [0]))
     empty = np.flatnonzero(train == 0)
+    if empty.size and names is None:
+        raise TableDatasetError("every row is a test row: the clients have nothing to train on")
     if empty.size:
         raise TableDatasetError(f"client {names[empty[0]]!r} has no training rows (only test rows); "
                                 f"{empty.size} client(s) like it")
@@ -174,12 +252,17 @@ def _build(folder: str, path: str, data, cols, label_column, client_column, spli
     try:
         y.tofile(os.path.join(tmp, "labels.i64"))
         del y
-        width = _write_features(os.path.join(tmp, "features.f32"), data, cols, dest, n, path)
+        image_column = None
+        if is_image_column(data.schema, cols) and _per_round(decode, data, cols[0], n, folder):
+            image_column = cols[0]
+            width = _write_images(tmp, data, image_column, dest, path)
+        else:
+            width = _write_features(os.path.join(tmp, "features.f32"), data, cols, dest, n, path)
         shape = sample_shape(shape, width)
         np.savez(os.path.join(tmp, "counts.npz"), train=train, test=test)
         meta = dict(format=FORMAT, name=f"parquet:{os.path.basename(path.rstrip('/'))}", num_classes=k,
                     width=width, shape=list(shape) if shape else None, has_split=bool(split_column and test.any()),
-                    client_names=names, rows=n)
+                    client_names=names, rows=n, image_column=image_column)
         with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
             json.dump(meta, f)
         try:
@@ -189,6 +272,60 @@ def _build(folder: str, path: str, data, cols, label_column, client_column, spli
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _image_header(blob, column: str, path: str, i: int) -> tuple[int, int, int]:
+    """(channels, height, width) of an encoded image, from its header (nothing decoded)."""
+    import io  # here: with Pillow, only for image columns
+
+    from PIL import Image, UnidentifiedImageError  # here: only image columns need Pillow (torchvision's)
+
+    if blob is None:
+        raise TableDatasetError(f"{path}: column {column!r} has missing (null) rows")
+    try:
+        img = Image.open(io.BytesIO(blob))
+    except (UnidentifiedImageError, OSError) as err:
+        raise TableDatasetError(f"{path}: column {column!r} row {i} is not an image Pillow can decode "
+                                f"({err})") from None
+    return len(img.getbands()), img.size[1], img.size[0]
+
+
+def _per_round(decode: str, data, column: str, n: int, folder: str) -> bool:
+    """Whether the images stay encoded in the cache: asked for, or (auto) their decoded float32
+    rows would take more than 90 % of the cache disk's free space."""
+    if decode != "auto":
+        return decode == "per_round"
+    first = data.head(1, columns=[column]).column(column)[0].as_py()
+    decoded = n * int(np.prod(_image_header(first, column, "the table", 0))) * 4
+    return decoded > _FIT_SHARE * shutil.disk_usage(os.path.dirname(folder)).free
+
+
+def _write_images(tmp: str, data, column: str, dest: np.ndarray, path: str) -> int:
+    """pass 2 for images kept encoded: their bytes appended to ``images.bin`` in table order, each
+    cache row's offset and length in ``images.npz``; every header checked (same size)."""
+    n = len(dest)
+    start, length = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    at, offset, shape = 0, 0, None
+    with open(os.path.join(tmp, "images.bin"), "wb") as out:
+        for batch in data.to_batches(columns=[column]):
+            blobs = batch.column(column).to_pylist()
+            for i, blob in enumerate(blobs):
+                got = _image_header(blob, column, path, at + i)
+                if shape is None:
+                    shape = got
+                elif got != shape:
+                    raise TableDatasetError(f"{path}: column {column!r} holds images of different sizes "
+                                            f"({list(shape)} and {list(got)} at row {at + i}); every sample "
+                                            "needs the same")
+            sizes = np.fromiter(map(len, blobs), dtype=np.int64, count=len(blobs))
+            rows = dest[at:at + len(blobs)]
+            start[rows] = offset + np.cumsum(sizes) - sizes
+            length[rows] = sizes
+            out.write(b"".join(blobs))
+            offset += int(sizes.sum())
+            at += len(blobs)
+    np.savez(os.path.join(tmp, "images.npz"), start=start, length=length)
+    return int(np.prod(shape))
 
 
 def _write_features(file: str, data, cols, dest: np.ndarray, n: int, path: str) -> int:

@@ -22,6 +22,12 @@ clients (all of them in smaller fleets; a seeded random subset in larger ones), 
 evaluation costs the same for 10k or 1M clients. The other clients' held-out rows are unused.
 The split draws differ from the eager builder's (those shuffle the whole pool with one
 generator), so an on-demand dataset is a new version of the data, pinned by its own tests.
+
+An on-disk table with ``iid``, ``dirichlet`` or ``shards`` (:class:`PartitionedTableData`) is
+different: its row cache is in the eager pool's order, and the index of rows per client is built
+once from the label column by :func:`engine.data.partition.partition_pool`, the function the
+eager builder uses, so a seed gives the same clients, splits and sample order as loading the
+table into memory; a round reads the union of its clients' rows, sorted, in contiguous runs.
 """
 from __future__ import annotations
 
@@ -29,7 +35,10 @@ from typing import Protocol
 
 import numpy as np
 
-__all__ = ["ClientSource", "OnDemandFederatedData", "SyntheticSource", "HELDOUT_CLIENTS", "held_out"]
+from engine.data.partition import _csr_label_counts, partition_pool
+
+__all__ = ["ClientSource", "OnDemandFederatedData", "PartitionedTableData", "SyntheticSource", "HELDOUT_CLIENTS",
+           "held_out"]
 
 # Clients whose held-out rows form the global test and public sets (a seeded subset above this).
 HELDOUT_CLIENTS = 10_000
@@ -227,3 +236,95 @@ class SyntheticSource:
         x += v
         y = np.argmax(x @ w + b, axis=1).astype(np.int64)  # softmax is monotone: argmax of logits
         return x, y, None, None
+
+
+class PartitionedTableData:
+    """An on-disk table split by a label scheme: a per-client index (CSR, positions in the row
+    cache, which is the eager pool's order) and the pool's labels, built once; rows are read
+    from the cache when asked (:meth:`gather`)."""
+
+    on_demand = True
+
+    def __init__(self, source, *, num_clients: int | None, scheme: str, seed: int, **split):
+        """``source``: a :class:`engine.data.disk_table.DiskTableSource` in pool order (one block);
+        ``split``: the partition's settings (alpha, shards_per_client, min_samples and the fractions)."""
+        self.source, self.seed = source, int(seed)
+        self.name, self.num_classes = source.name, int(source.num_classes)
+        n_train = int(source.sizes[0])
+        self.labels = source.take_labels()  # the pool's labels: 8 bytes a row, never the features
+        (self.tr_idx, self.tr_ptr, self.te_idx, self.te_ptr, self.global_test_idx,
+         self.public_idx) = partition_pool(self.labels, n_train, num_clients=num_clients, scheme=scheme, seed=seed,
+                                           **split)
+        has_test = len(self.labels) > n_train
+        self.meta = dict(scheme=scheme, seed=self.seed, num_clients=int(num_clients), on_demand=True, **split)
+        if has_test:
+            self.meta["global_test_fraction"] = None
+        self.meta["official_test"] = has_test
+        self._held: tuple[np.ndarray, ...] | None = None
+
+    def __getstate__(self):  # the held-out rows are the driver's: hosts never need them
+        state = dict(self.__dict__)
+        state["_held"] = None
+        return state
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.tr_ptr) - 1
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.source.input_shape)
+
+    def train_indices(self, c: int) -> np.ndarray:
+        return self.tr_idx[self.tr_ptr[c]:self.tr_ptr[c + 1]]
+
+    def test_indices(self, c: int) -> np.ndarray:
+        return self.te_idx[self.te_ptr[c]:self.te_ptr[c + 1]]
+
+    def client_num_train(self) -> np.ndarray:
+        return np.diff(self.tr_ptr)
+
+    def client_num_test(self) -> np.ndarray:
+        return np.diff(self.te_ptr)
+
+    @property
+    def num_global_test(self) -> int:
+        return len(self.global_test_idx)
+
+    @property
+    def num_public(self) -> int:
+        return len(self.public_idx)
+
+    def global_test_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._held_rows()[:2]
+
+    def public_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._held_rows()[2:]
+
+    def client_label_counts(self, split: str = "train") -> np.ndarray:
+        """(num_clients, num_classes) label histogram, from the labels alone (nothing read)."""
+        if split not in ("train", "test", "all"):
+            raise ValueError(f"split={split!r} is invalid; allowed: 'train', 'test', 'all'")
+        counts = np.zeros((self.num_clients, self.num_classes), dtype=np.int64)
+        if split in ("train", "all"):
+            counts += _csr_label_counts(self.labels, self.tr_idx, self.tr_ptr, self.num_classes)
+        if split in ("test", "all"):
+            counts += _csr_label_counts(self.labels, self.te_idx, self.te_ptr, self.num_classes)
+        return counts
+
+    def gather(self, client_ids, with_test: bool) -> tuple[np.ndarray, np.ndarray, dict[int, tuple]]:
+        """The distinct rows of ``client_ids`` as one pool (x, y), read once in cache order, and
+        per client its (train, test) positions in it, in the index's order (the eager order)."""
+        ids = [int(c) for c in client_ids]
+        wanted = [self.train_indices(c) for c in ids] + ([self.test_indices(c) for c in ids] if with_test else [])
+        rows = np.unique(np.concatenate(wanted)) if wanted else np.zeros(0, np.int64)
+        x, y = self.source.take(rows)
+        empty = np.zeros(0, np.int64)
+        where = {c: (np.searchsorted(rows, self.train_indices(c)),
+                     np.searchsorted(rows, self.test_indices(c)) if with_test else empty) for c in ids}
+        return x, y, where
+
+    def _held_rows(self) -> tuple[np.ndarray, ...]:
+        if self._held is None:
+            self._held = (*self.source.take(self.global_test_idx), *self.source.take(self.public_idx))
+        return self._held

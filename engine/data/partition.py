@@ -26,6 +26,7 @@ __all__ = [
     "FederatedData",
     "PARTITION_SCHEMES",
     "partition_labels",
+    "partition_pool",
     "build_federated_data",
     "label_skew",
 ]
@@ -374,36 +375,17 @@ def build_federated_data(
         )
         num_clients = len(clients[1]) - 1
         c_idx, c_ptr = clients
-    else:
-        if num_clients is None:
-            raise ValueError(f"num_clients is required for scheme={scheme!r}")
-        if official_test is not None:
-            global_test = official_test
-            rest = np.arange(n_train, dtype=np.int64)
+        if own_tests:  # the clients' own test rows are their local test sets (test_fraction does not apply)
+            tr_idx, tr_ptr = c_idx, c_ptr
+            te_idx, te_ptr = _to_csr([n_train + np.asarray(t, dtype=np.int64) for t in ds.natural_test_clients])
         else:
-            perm = stream(_STREAM_GLOBAL_TEST).permutation(n_train)
-            n_gt = int(round(global_test_fraction * n_train))
-            global_test, rest = np.sort(perm[:n_gt]), np.sort(perm[n_gt:])
-        perm = stream(_STREAM_PUBLIC).permutation(len(rest))
-        n_pub = int(round(public_fraction * len(rest)))
-        public, rest = np.sort(rest[perm[:n_pub]]), np.sort(rest[perm[n_pub:]])
-        parts = partition_labels(
-            y[rest],
-            num_clients,
-            scheme,
-            stream(_STREAM_PARTITION),
-            alpha=alpha,
-            shards_per_client=shards_per_client,
-            min_samples=min_samples,
-            max_retries=max_retries,
-        )
-        c_idx, c_ptr = _to_csr([rest[p] for p in parts])
-
-    if own_tests:  # the clients' own test rows are their local test sets (test_fraction does not apply)
-        tr_idx, tr_ptr = c_idx, c_ptr
-        te_idx, te_ptr = _to_csr([n_train + np.asarray(t, dtype=np.int64) for t in ds.natural_test_clients])
+            tr_idx, tr_ptr, te_idx, te_ptr = _segment_take(c_idx, c_ptr, test_fraction,
+                                                           stream(_STREAM_LOCAL_SPLIT))
     else:
-        tr_idx, tr_ptr, te_idx, te_ptr = _segment_take(c_idx, c_ptr, test_fraction, stream(_STREAM_LOCAL_SPLIT))
+        tr_idx, tr_ptr, te_idx, te_ptr, global_test, public = partition_pool(
+            y, n_train, num_clients=num_clients, scheme=scheme, seed=seed, alpha=alpha,
+            shards_per_client=shards_per_client, min_samples=min_samples, test_fraction=test_fraction,
+            global_test_fraction=global_test_fraction, public_fraction=public_fraction, max_retries=max_retries)
     return FederatedData(
         name=ds.name,
         x=x,
@@ -428,6 +410,57 @@ def build_federated_data(
             official_test=has_test,
         ),
     )
+
+
+def partition_pool(
+    y: np.ndarray,
+    n_train: int,
+    *,
+    num_clients: int | None,
+    scheme: str,
+    seed: int,
+    alpha: float = 0.5,
+    shards_per_client: int = 2,
+    min_samples: int = 10,
+    test_fraction: float = 0.25,
+    global_test_fraction: float = 0.2,
+    public_fraction: float = 0.0,
+    max_retries: int = 100,
+) -> tuple[np.ndarray, ...]:
+    """Steps 2-5 of :func:`build_federated_data` for a label scheme (``iid``, ``dirichlet``,
+    ``shards``), from the labels alone: ``y`` is the pool's labels (its first ``n_train`` the
+    training rows, the rest the official test split). Returns (train idx, train ptr, test idx,
+    test ptr, global test, public), positions into the pool; an on-disk table
+    (:mod:`engine.data.ondemand`) indexes its row cache with the same arrays."""
+    if num_clients is None:
+        raise ValueError(f"num_clients is required for scheme={scheme!r}")
+
+    def stream(i: int) -> np.random.Generator:
+        return np.random.default_rng([int(seed), i])
+
+    if len(y) > n_train:  # the official test split is the global test set
+        global_test = np.arange(n_train, len(y), dtype=np.int64)
+        rest = np.arange(n_train, dtype=np.int64)
+    else:
+        perm = stream(_STREAM_GLOBAL_TEST).permutation(n_train)
+        n_gt = int(round(global_test_fraction * n_train))
+        global_test, rest = np.sort(perm[:n_gt]), np.sort(perm[n_gt:])
+    perm = stream(_STREAM_PUBLIC).permutation(len(rest))
+    n_pub = int(round(public_fraction * len(rest)))
+    public, rest = np.sort(rest[perm[:n_pub]]), np.sort(rest[perm[n_pub:]])
+    parts = partition_labels(
+        y[rest],
+        num_clients,
+        scheme,
+        stream(_STREAM_PARTITION),
+        alpha=alpha,
+        shards_per_client=shards_per_client,
+        min_samples=min_samples,
+        max_retries=max_retries,
+    )
+    c_idx, c_ptr = _to_csr([rest[p] for p in parts])
+    tr_idx, tr_ptr, te_idx, te_ptr = _segment_take(c_idx, c_ptr, test_fraction, stream(_STREAM_LOCAL_SPLIT))
+    return tr_idx, tr_ptr, te_idx, te_ptr, global_test.astype(np.int64, copy=False), public.astype(np.int64)
 
 
 def _natural_clients(ds, num_clients, official_test, global_test_fraction, public_fraction, stream):

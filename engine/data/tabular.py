@@ -129,14 +129,22 @@ def _feature_columns(schema, label: str, client: str | None, split: str | None, 
     return cols
 
 
-def _decode_images(arr, column: str, file: str) -> np.ndarray:
+def is_image_column(schema, cols: list[str]) -> bool:
+    """One binary feature column: encoded images."""
+    import pyarrow as pa  # here: see _feature_columns
+
+    kind = schema.field(cols[0]).type
+    return len(cols) == 1 and (pa.types.is_binary(kind) or pa.types.is_large_binary(kind))
+
+
+def decode_images(blobs, column: str, file: str) -> np.ndarray:
     """Encoded images (PNG, JPEG, ... bytes) as float32 rows in [0, 1], channels first."""
     import io  # here: with Pillow, only for image columns
 
     from PIL import Image, UnidentifiedImageError  # here: only image columns need Pillow (torchvision's)
 
     rows = []
-    for i, blob in enumerate(arr.to_pylist()):
+    for i, blob in enumerate(blobs):
         if blob is None:
             raise TableDatasetError(f"{file}: column {column!r} has missing (null) rows")
         try:
@@ -155,9 +163,8 @@ def _to_matrix(batch, cols: list[str], file: str) -> np.ndarray:
     """A record batch's features as float32 (rows, F); an image column is decoded (channels first)."""
     import pyarrow as pa  # here: see _feature_columns
 
-    if len(cols) == 1 and (pa.types.is_binary(batch.schema.field(cols[0]).type)
-                           or pa.types.is_large_binary(batch.schema.field(cols[0]).type)):
-        return _decode_images(batch.column(cols[0]), cols[0], file)
+    if is_image_column(batch.schema, cols):
+        return decode_images(batch.column(cols[0]).to_pylist(), cols[0], file)
     if len(cols) == 1 and (pa.types.is_list(batch.schema.field(cols[0]).type)
                            or pa.types.is_fixed_size_list(batch.schema.field(cols[0]).type)):
         arr = batch.column(cols[0])
