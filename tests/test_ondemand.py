@@ -226,7 +226,7 @@ def test_on_disk_tables_refuse_what_they_cannot_read_naming_the_field(tmp_path):
     table = _scrambled_table(tmp_path / "t.parquet")
     cfg = load_config(None, ["dataset.name=parquet", f"dataset.params={{path: {table}, on_disk: true}}",
                              "partition.scheme=natural", "clients.num_clients=30"])
-    with pytest.raises(ValueError, match="on_disk: true with partition.scheme = .natural. needs dataset.params.client_column"):
+    with pytest.raises(ValueError, match="with partition.scheme = .natural. needs dataset.params.client_column"):
         build_data(cfg)
     with pytest.raises(ValueError, match="clients.num_clients = 31 does not match the 30 natural clients"):
         build_data(_table_cfg(table, tmp_path / "cache", clients=31))
@@ -390,3 +390,138 @@ def test_a_column_of_encoded_images_is_decoded_channels_first_in_memory_and_on_d
         build_data(load_config(None, ["dataset.name=parquet", "partition.scheme=natural", "clients.num_clients=1",
                                       f"dataset.params={{path: {tmp_path / 'bad.parquet'}, client_column: who, "
                                       "features: img}"]))
+
+
+# ---------------------------------------------------------------- on-disk tables with label schemes (issue 36)
+
+
+def _scheme_cfg(table, cache, scheme, *extra, on_disk=True, split=True):
+    sp = ", split_column: split" if split else ""
+    return load_config(None, ["dataset.name=parquet", "model.name=mlp", f"partition.scheme={scheme}",
+                              f"dataset.params={{path: {table}, client_column: who{sp}, cache_dir: {cache}, "
+                              f"on_disk: {on_disk}}}", "clients.num_clients=12", "partition.public_fraction=0.1",
+                              *extra])
+
+
+@pytest.mark.parametrize("scheme", ["iid", "dirichlet", "shards"])
+@pytest.mark.parametrize("split", [True, False])
+def test_an_on_disk_table_with_a_label_scheme_gives_the_in_memory_partition(tmp_path, scheme, split):
+    table = _scrambled_table(tmp_path / "t.parquet")
+    eager = build_data(_scheme_cfg(table, tmp_path / "c", scheme, on_disk=False, split=split))
+    disk = build_data(_scheme_cfg(table, tmp_path / "c", scheme, split=split))
+    assert disk.on_demand and not eager.on_demand and disk.num_clients == 12
+    # the same client -> rows assignment, local splits (in the same order), global test and public rows
+    for mine, theirs in ((disk.tr_idx, eager.client_train_idx), (disk.tr_ptr, eager.client_train_ptr),
+                         (disk.te_idx, eager.client_test_idx), (disk.te_ptr, eager.client_test_ptr),
+                         (disk.global_test_idx, eager.global_test_idx), (disk.public_idx, eager.public_idx)):
+        np.testing.assert_array_equal(mine, theirs)
+    assert disk.num_global_test == eager.num_global_test == (461 if split else 480)
+    # ... and the rows behind the indices: the cache is in the eager pool's order
+    x, y, where = disk.gather([3, 7, 11], with_test=True)
+    assert len(y) == len(np.unique(np.concatenate([eager.train_indices(c) for c in (3, 7, 11)]
+                                                  + [eager.test_indices(c) for c in (3, 7, 11)])))
+    for c in (3, 7, 11):
+        np.testing.assert_array_equal(x[where[c][0]], eager.x[eager.train_indices(c)])
+        np.testing.assert_array_equal(y[where[c][0]], eager.y[eager.train_indices(c)])
+        np.testing.assert_array_equal(x[where[c][1]], eager.x[eager.test_indices(c)])
+    for a, b in zip(disk.global_test_arrays() + disk.public_arrays(),
+                    eager.global_test_arrays() + eager.public_arrays()):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(disk.client_label_counts("all"), eager.client_label_counts("all"))
+    assert {k: v for k, v in disk.meta.items() if k != "on_demand"} == eager.meta
+    # one pool-order cache (the client column plays no part), whichever scheme uses it
+    build_data(_scheme_cfg(table, tmp_path / "c", "iid" if scheme != "iid" else "shards", split=split))
+    assert len(os.listdir(tmp_path / "c")) == 1
+
+
+def test_on_disk_reads_are_sorted_and_coalesced_into_runs(tmp_path, monkeypatch):
+    from engine.data import disk_table
+
+    table = _scrambled_table(tmp_path / "t.parquet")
+    data = build_data(_scheme_cfg(table, tmp_path / "c", "iid", split=False))
+    src = data.source
+    calls = []
+    real = disk_table._read
+    monkeypatch.setattr(disk_table, "_read", lambda fd, first, count, dtype: calls.append((first, count)) or real(
+        fd, first, count, dtype))
+    monkeypatch.setattr(disk_table, "GAP_BYTES", 2 * 16)  # 4 features of 4 bytes: gaps of <= 2 rows read through
+    rows = np.array([0, 1, 2, 3, 5, 8, 20, 21], dtype=np.int64)
+    x, y = src.take(rows)
+    # runs 0..8 (gaps of 1 and 2 rows) and 20..21: one read of labels and one of features each
+    assert sorted(calls) == [(0, 9), (0, 9 * 4), (20, 2), (20 * 4, 2 * 4)]
+    whole = np.fromfile(os.path.join(src.folder, "features.f32"), dtype=np.float32).reshape(-1, 4)
+    np.testing.assert_array_equal(x, whole[rows])
+    np.testing.assert_array_equal(y, src.take_labels()[rows])
+    calls.clear()
+    monkeypatch.setattr(disk_table, "GAP_BYTES", 64 << 10)  # the default: 4096 rows of 16 bytes
+    x2, y2, where = data.gather([0, 1], with_test=False)  # a round: one read per run, not per row or client
+    assert len(y2) == 216 and len(calls) == 2  # 216 scattered rows of 2400: one run, labels and features
+    np.testing.assert_array_equal(x2[where[1][0]], whole[data.train_indices(1)])
+
+
+def _image_table(path, n=40):
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, size=(n, 6, 5, 3), dtype=np.uint8)
+
+    def png(a):
+        buf = io.BytesIO()
+        Image.fromarray(a).save(buf, format="PNG")
+        return buf.getvalue()
+
+    pq.write_table(pa.table({"who": np.arange(n) % 2, "label": np.arange(n) % 3, "img": [png(p) for p in pixels]}),
+                   path, row_group_size=16)
+    return np.moveaxis(pixels.astype(np.float32) / 255, -1, 1)  # (N, C, H, W), table order
+
+
+@pytest.mark.parametrize("scheme", ["natural", "iid"])
+def test_images_stay_encoded_on_disk_and_are_decoded_per_round_when_asked_or_when_they_would_not_fit(
+        tmp_path, scheme, monkeypatch):
+    expected = _image_table(tmp_path / "img.parquet")
+
+    def cfg(decode, on_disk=True, cache="c"):
+        extra = f", decode_images: {decode}" if decode else ""
+        return load_config(None, ["dataset.name=parquet", f"partition.scheme={scheme}", "clients.num_clients=2",
+                                  f"dataset.params={{path: {tmp_path / 'img.parquet'}, client_column: who, "
+                                  f"features: img, shape: [3, 6, 5], on_disk: {on_disk}, "
+                                  f"cache_dir: {tmp_path / cache}{extra}}}"])
+
+    built = build_data(cfg("on_build"))
+    per_round = build_data(cfg("per_round"))
+    files = set(os.listdir(per_round.source.folder))
+    assert "images.bin" in files and "features.f32" not in files
+    assert "features.f32" in set(os.listdir(built.source.folder))
+    assert per_round.source.image_column == "img" and built.source.image_column is None
+    x1, y1, w1 = built.gather([0, 1], with_test=True)
+    x2, y2, w2 = per_round.gather([0, 1], with_test=True)
+    np.testing.assert_array_equal(x1, x2)
+    np.testing.assert_array_equal(y1, y2)
+    assert x2.shape[1:] == (3, 6, 5) and all((w1[c][0] == w2[c][0]).all() for c in (0, 1))
+    if scheme == "natural":  # client 0 holds the even rows of the table, in table order
+        np.testing.assert_array_equal(per_round.source.rows(0)[0], expected[0::2])
+    # auto: decoded (4 * 90 floats a row) unless the disk's free space would not hold it
+    assert build_data(cfg(None, cache="auto1")).source.image_column is None
+    from engine.data import disk_table
+
+    monkeypatch.setattr(disk_table.shutil, "disk_usage", lambda p: type("U", (), {"free": 40 * 90 * 4})())
+    assert build_data(cfg(None, cache="auto2")).source.image_column == "img"
+    with pytest.raises(ValueError, match=r"dataset.params.decode_images = 'later' is invalid; allowed: "
+                                         r"\['auto', 'on_build', 'per_round'\]"):
+        build_data(cfg("later"))
+    with pytest.raises(ValueError, match="decode_images = 'per_round' applies to on_disk: true tables only"):
+        build_data(cfg("per_round", on_disk=False))
+
+
+def test_an_on_disk_dirichlet_run_equals_the_in_memory_run(tmp_path):
+    table = _scrambled_table(tmp_path / "t.parquet")
+    common = ["rounds=2", "clients.participation=0.5"]
+    eager = load_run(run_experiment(_scheme_cfg(table, tmp_path / "c", "dirichlet", *common, on_disk=False),
+                                    tmp_path / "a"))
+    disk = load_run(run_experiment(_scheme_cfg(table, tmp_path / "c", "dirichlet", *common), tmp_path / "b"))
+    a, b = _tables(eager), _tables(disk)
+    for name in a:
+        pd.testing.assert_frame_equal(a[name], b[name], obj=name)
+    assert eager.rounds["global_acc"].notna().all() and len(eager.rounds) == 2
