@@ -6,7 +6,7 @@ and what is allowed, for every cell that is not.
 asynchronously iff it is in :data:`algorithms.asynchronous.ASYNC_METHODS`, so a method added
 there flips its asynchronous cells to runs. Every cell runs in-process; on Ray a stratified
 subset (:data:`RAY_CELLS`: every method, data source, mode and conditions value at least once)
-runs, since each Ray run starts its actors (10-25 s on 2 shared cores). The other Ray cells are
+runs, since each Ray run starts its own actors (17-40 s a run on 2 cores at load 15). The other Ray cells are
 the same code path as their in-process cells (tests/test_ray_executor.py and the identical-tables
 tests in tests/test_async.py and tests/test_ondemand.py compare the executors).
 
@@ -25,6 +25,8 @@ import pytest
 from algorithms.asynchronous import ASYNC_METHODS
 from algorithms.params import ALGORITHM_PARAMS
 from engine.config.schema import ExecutorConfig
+from engine.data.build import ON_DEMAND_PARAMS, ON_DEMAND_SCHEMES
+from engine.data.partition import PARTITION_SCHEMES
 
 METHODS = tuple(ALGORITHM_PARAMS)
 EXECUTORS = typing.get_args(ExecutorConfig.model_fields["kind"].annotation)
@@ -92,8 +94,9 @@ def table(tmp_path_factory) -> tuple[Path, Path]:
     rng = np.random.default_rng(0)
     x = rng.normal(size=(240, 6)).astype(np.float32)
     y = (x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0.5)
-    pq.write_table(pa.table({"label": y, **{f"f{i}": x[:, i] for i in range(6)}}), folder / "t.parquet",
-                   row_group_size=64)
+    who = np.array([f"c{i}" for i in rng.integers(0, CLIENTS, len(y))])  # text: never a feature column
+    pq.write_table(pa.table({"who": who, "label": y, **{f"f{i}": x[:, i] for i in range(6)}}),
+                   folder / "t.parquet", row_group_size=64)
     return folder / "t.parquet", folder / "cache"
 
 
@@ -147,6 +150,56 @@ def test_the_matrix_covers_every_cell_and_ray_every_axis_value():
     assert RAY_CELLS <= set(WORKING)
 
 
+# ---------------------------------------------------------------- data sources x partition schemes
+# (dataset, on demand): the data sources of a run; each with every partition scheme
+DATA = (("synthetic", False), ("synthetic", True), ("parquet", False), ("parquet", True))
+DATA_TEXT = {("synthetic", False): "synthetic, in memory", ("synthetic", True): "synthetic, lazy",
+             ("parquet", False): "Parquet, in memory", ("parquet", True): "Parquet, on disk"}
+
+
+def data_refusal(dataset: str, on_demand: bool, scheme: str) -> tuple[str, ...] | None:
+    """None if the data source takes the scheme (engine.data.build.ON_DEMAND_SCHEMES), else the
+    text its refusal must hold."""
+    if on_demand and scheme not in ON_DEMAND_SCHEMES[dataset]:
+        return (f"dataset.params.{ON_DEMAND_PARAMS[dataset]}: true", f"partition.scheme = 'natural', not {scheme!r}")
+    return None
+
+
+DATA_CELLS = list(itertools.product(DATA, PARTITION_SCHEMES))
+
+
+def data_overrides(dataset: str, on_demand: bool, scheme: str, table: Path, cache: Path) -> list[str]:
+    if dataset == "synthetic":
+        params = f"dataset.params={{{'lazy: true, ' if on_demand else ''}{SYNTH}}}"
+    else:
+        params = f"dataset.params={{path: {table}, client_column: who, on_disk: {on_demand}, cache_dir: {cache}}}"
+    return [*BASE, f"dataset.name={dataset}", params, f"partition.scheme={scheme}"]
+
+
+@pytest.mark.parametrize(("source", "scheme"), DATA_CELLS,
+                         ids=[f"{d}-{'ondemand' if o else 'memory'}-{s}" for (d, o), s in DATA_CELLS])
+def test_each_data_source_takes_each_scheme_or_refuses_it_at_validation(source, scheme, table):
+    from engine.config.schema import load_config
+    from engine.data.build import build_data
+    from engine.errors import ConfigError
+    from engine.run.validate import validate_experiment
+
+    cfg = load_config(None, data_overrides(*source, scheme, *table))
+    why = data_refusal(*source, scheme)
+    if why is not None:
+        with pytest.raises(ConfigError) as err:
+            validate_experiment(cfg)
+        for part in why:
+            assert part in str(err.value), (part, str(err.value))
+        return
+    validate_experiment(cfg)
+    data = build_data(cfg)
+    assert data.on_demand == source[1] and data.num_clients == CLIENTS
+    assert (data.client_num_train() > 0).all() and data.num_global_test > 0
+    x, y = data.global_test_arrays()
+    assert len(y) == data.num_global_test and np.isfinite(x).all() and x.shape[1:] == (6,)
+
+
 def render() -> str:
     """docs/matrix.md: the matrix as this module runs it."""
     cols = list(itertools.product(SOURCES, CONDITIONS))
@@ -169,8 +222,8 @@ def render() -> str:
         "* **Ray ✓**: the cell also runs on Ray (`executor.kind: ray`, one actor). Ray covers a",
         f"  stratified subset, {len(RAY_CELLS)} of the {sum(c[1] == 'ray' for c in WORKING)} Ray cells meant to "
         "work: every method,",
-        "  data source, mode and conditions value at least once (each Ray run starts its actors: 10-25 s",
-        "  on 2 shared cores). The other Ray cells are not run here; the identical-tables tests",
+        "  data source, mode and conditions value at least once (each Ray run starts its own actors:",
+        "  17-40 s a run on 2 cores at load 15). The other Ray cells are not run here; the identical-tables tests",
         "  (`tests/test_async.py`, `tests/test_ondemand.py`, `tests/test_ray_executor.py`) compare the",
         "  executors on the same code paths;",
         "* **refused**: validation refuses the cell on both executors, before a run folder exists;",
@@ -194,6 +247,32 @@ def render() -> str:
     for why, where in reasons.items():
         lines.append(f"* {', '.join(sorted(set(where)))}: \"{' … '.join(why)}\" "
                      "(the reason is `SYNCHRONOUS_ONLY` in `algorithms/asynchronous.py`).")
+    lines += [
+        "",
+        "## Data sources and partition schemes",
+        "",
+        "Each data source with each `partition.scheme` (`test_each_data_source_takes_each_scheme_or_refuses_it_at_"
+        "validation`):",
+        "validated as a run would be and, where it works, its data built (every client with training",
+        "rows, a finite global test set). What an on-demand source takes is `ON_DEMAND_SCHEMES` in",
+        "`engine/data/build.py`. The Parquet table has a client column, for `natural`.",
+        "",
+        "| data source | " + " | ".join(PARTITION_SCHEMES) + " |",
+        "|" + "---|" * (1 + len(PARTITION_SCHEMES)),
+    ]
+    data_reasons = {}
+    for source in DATA:
+        row = []
+        for scheme in PARTITION_SCHEMES:
+            why = data_refusal(*source, scheme)
+            row.append("✓" if why is None else "refused")
+            if why is not None:
+                data_reasons.setdefault(DATA_TEXT[source], why[0])
+        lines.append(f"| {DATA_TEXT[source]} | " + " | ".join(row) + " |")
+    lines.append("")
+    for text, field in data_reasons.items():
+        lines.append(f"* {text}: \"{field} generates each natural client's rows from (seed, client id), which "
+                     "needs partition.scheme = 'natural'\" (use it in memory for a label scheme).")
     return "\n".join(lines) + "\n"
 
 

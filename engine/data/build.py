@@ -13,6 +13,9 @@ from engine.data.partition import PARTITION_SCHEMES, FederatedData, build_federa
 
 # dataset -> the param that asks for on-demand rows
 ON_DEMAND_PARAMS = {"synthetic": "lazy", "parquet": "on_disk"}
+# dataset -> the partition schemes its on-demand rows take (lazy synthetic: a client's rows come from
+# (seed, client id), so only its natural clients; an on-disk table: every scheme, by a row index)
+ON_DEMAND_SCHEMES = {"synthetic": ("natural",), "parquet": PARTITION_SCHEMES}
 
 
 def on_demand_requested(cfg: ExperimentConfig) -> bool:
@@ -45,11 +48,11 @@ def build_data(cfg: ExperimentConfig) -> FederatedData | OnDemandFederatedData |
 def _build_on_demand(cfg: ExperimentConfig, params: dict) -> OnDemandFederatedData | PartitionedTableData:
     name, p = cfg.dataset.name, cfg.partition
     flag = ON_DEMAND_PARAMS[name]
-    if p.scheme != "natural" and name == "synthetic":
+    if p.scheme not in ON_DEMAND_SCHEMES[name]:  # lazy synthetic: generated per natural client
         raise ValueError(f"dataset.params.{flag}: true generates each natural client's rows from (seed, client id), "
                          f"which needs partition.scheme = 'natural', not {p.scheme!r}; {p.scheme!r} splits every "
-                         "row by its label, so use lazy: false (or an on-disk parquet table, which takes every "
-                         f"scheme: {list(PARTITION_SCHEMES)})")
+                         f"row by its label, so use {flag}: false (or an on-disk parquet table, which takes every "
+                         f"scheme: {list(ON_DEMAND_SCHEMES['parquet'])})")
     params.pop(flag)
     if name == "synthetic":
         defaults = {k: v.default for k, v in inspect.signature(load_synthetic).parameters.items()
