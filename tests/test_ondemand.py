@@ -525,3 +525,15 @@ def test_an_on_disk_dirichlet_run_equals_the_in_memory_run(tmp_path):
     for name in a:
         pd.testing.assert_frame_equal(a[name], b[name], obj=name)
     assert eager.rounds["global_acc"].notna().all() and len(eager.rounds) == 2
+
+
+def test_a_partitioned_on_disk_table_travels_without_its_labels_and_reads_them_back(tmp_path):
+    table = _scrambled_table(tmp_path / "t.parquet")
+    data = build_data(_scheme_cfg(table, tmp_path / "c", "shards"))
+    data.global_test_arrays()
+    moved = pickle.loads(pickle.dumps(data))
+    assert moved._labels is None and moved._held is None and moved.source._fds is None
+    np.testing.assert_array_equal(moved.client_label_counts("train"), data.client_label_counts("train"))
+    assert (moved.client_label_counts("train") > 0).sum(axis=1).max() <= 2  # shards: two labels a client at most
+    for a, b in zip(moved.gather([2, 5], with_test=True)[:2], data.gather([2, 5], with_test=True)[:2]):
+        np.testing.assert_array_equal(a, b)

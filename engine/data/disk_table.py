@@ -124,7 +124,7 @@ class DiskTableSource:
         w = self.width
         x = np.empty((len(rows), w), dtype=np.float32)
         for lo, hi, a, b in _runs(rows, GAP_BYTES // (4 * max(w, 1))):
-            picked = rows[a:b] - lo
+            picked = slice(None) if b - a == hi - lo else rows[a:b] - lo  # a gapless run: no copy to pick
             y[a:b] = _read(fds[1], lo, hi - lo, np.int64)[picked]
             if self.image_column is None:
                 x[a:b] = _read(fds[0], lo * w, (hi - lo) * w, np.float32).reshape(hi - lo, w)[picked]

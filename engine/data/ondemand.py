@@ -251,21 +251,28 @@ class PartitionedTableData:
         self.source, self.seed = source, int(seed)
         self.name, self.num_classes = source.name, int(source.num_classes)
         n_train = int(source.sizes[0])
-        self.labels = source.take_labels()  # the pool's labels: 8 bytes a row, never the features
+        self._labels = source.take_labels()  # the pool's labels: 8 bytes a row, never the features
         (self.tr_idx, self.tr_ptr, self.te_idx, self.te_ptr, self.global_test_idx,
-         self.public_idx) = partition_pool(self.labels, n_train, num_clients=num_clients, scheme=scheme, seed=seed,
+         self.public_idx) = partition_pool(self._labels, n_train, num_clients=num_clients, scheme=scheme, seed=seed,
                                            **split)
-        has_test = len(self.labels) > n_train
+        has_test = len(self._labels) > n_train
         self.meta = dict(scheme=scheme, seed=self.seed, num_clients=int(num_clients), on_demand=True, **split)
         if has_test:
             self.meta["global_test_fraction"] = None
         self.meta["official_test"] = has_test
         self._held: tuple[np.ndarray, ...] | None = None
 
-    def __getstate__(self):  # the held-out rows are the driver's: hosts never need them
+    def __getstate__(self):  # the held-out rows and the labels are the driver's: hosts never need them
         state = dict(self.__dict__)
-        state["_held"] = None
+        state["_held"] = state["_labels"] = None
         return state
+
+    @property
+    def labels(self) -> np.ndarray:
+        """Every pool row's label (read again from the cache in a process that received this by pickle)."""
+        if self._labels is None:
+            self._labels = self.source.take_labels()
+        return self._labels
 
     @property
     def num_clients(self) -> int:
