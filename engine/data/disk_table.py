@@ -146,7 +146,7 @@ class DiskTableSource:
         out: list[bytes] = [b""] * len(rows)
         for a, b in zip([0, *cuts], [*cuts, len(rows)]):
             base = int(lo_s[a])
-            buf = _read(fd, base, int(reach[b - 1]) - base, np.uint8).tobytes()
+            buf = _read(fd, base, int(reach[b - 1]) - base, np.uint8).data
             for i in range(a, b):
                 out[order[i]] = buf[lo_s[i] - base:hi_s[i] - base]
         return out
@@ -175,7 +175,7 @@ def _read(fd: int, first: int, count: int, dtype) -> np.ndarray:
     buf = os.pread(fd, count * size, first * size)
     if len(buf) != count * size:
         raise OSError(f"row cache truncated: wanted {count * size} bytes at {first * size}, got {len(buf)}")
-    return np.frombuffer(buf, dtype=dtype).copy()  # writable, as the eager arrays are
+    return np.frombuffer(buf, dtype=dtype)  # read-only: the callers copy what they keep into their own arrays
 
 
 def _cache_folder(data, cache_dir: str | None, choices: list) -> str:
