@@ -459,21 +459,21 @@ def test_on_disk_reads_are_sorted_and_coalesced_into_runs(tmp_path, monkeypatch)
     np.testing.assert_array_equal(x2[where[1][0]], whole[data.train_indices(1)])
 
 
-def _image_table(path, n=40):
+def _image_png(a) -> bytes:
     import io
 
     from PIL import Image
 
+    buf = io.BytesIO()
+    Image.fromarray(a).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _image_table(path, n=40):
     rng = np.random.default_rng(0)
     pixels = rng.integers(0, 256, size=(n, 6, 5, 3), dtype=np.uint8)
-
-    def png(a):
-        buf = io.BytesIO()
-        Image.fromarray(a).save(buf, format="PNG")
-        return buf.getvalue()
-
-    pq.write_table(pa.table({"who": np.arange(n) % 2, "label": np.arange(n) % 3, "img": [png(p) for p in pixels]}),
-                   path, row_group_size=16)
+    pq.write_table(pa.table({"who": np.arange(n) % 2, "label": np.arange(n) % 3,
+                             "img": [_image_png(p) for p in pixels]}), path, row_group_size=16)
     return np.moveaxis(pixels.astype(np.float32) / 255, -1, 1)  # (N, C, H, W), table order
 
 
@@ -513,6 +513,15 @@ def test_images_stay_encoded_on_disk_and_are_decoded_per_round_when_asked_or_whe
         build_data(cfg("later"))
     with pytest.raises(ValueError, match="decode_images = 'per_round' applies to on_disk: true tables only"):
         build_data(cfg("per_round", on_disk=False))
+    # kept encoded, every image's header is still checked when the cache is built
+    good = pq.read_table(tmp_path / "img.parquet").column("img").to_pylist()
+    for blobs, message in (([good[0], b"not an image"], "column 'img' row 1 is not an image Pillow can decode"),
+                           ([good[0], _image_png(np.zeros((4, 4, 3), np.uint8))],
+                            r"images of different sizes \(\[3, 6, 5\] and \[3, 4, 4\] at row 1\)")):
+        pq.write_table(pa.table({"who": [0, 1], "label": [0, 1], "img": blobs}), tmp_path / "img.parquet")
+        with pytest.raises(ValueError, match=message):
+            build_data(cfg("per_round", cache="bad"))
+    assert not os.listdir(tmp_path / "bad")  # nothing half-written
 
 
 def test_an_on_disk_dirichlet_run_equals_the_in_memory_run(tmp_path):
