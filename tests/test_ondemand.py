@@ -546,3 +546,25 @@ def test_a_partitioned_on_disk_table_travels_without_its_labels_and_reads_them_b
     assert (moved.client_label_counts("train") > 0).sum(axis=1).max() <= 2  # shards: two labels a client at most
     for a, b in zip(moved.gather([2, 5], with_test=True)[:2], data.gather([2, 5], with_test=True)[:2]):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_row_index_of_a_split_is_built_once_and_saved_beside_the_cache(tmp_path, monkeypatch):
+    from engine.data import ondemand
+
+    table = _scrambled_table(tmp_path / "t.parquet")
+    first = build_data(_scheme_cfg(table, tmp_path / "c", "dirichlet"))
+    saved = [f for f in os.listdir(first.source.folder) if f.startswith("index-")]
+    assert len(saved) == 1
+    monkeypatch.setattr(ondemand, "partition_pool", lambda *a, **k: pytest.fail("the saved index was rebuilt"))
+    again = build_data(_scheme_cfg(table, tmp_path / "c", "dirichlet"))
+    np.testing.assert_array_equal(again.tr_idx, first.tr_idx)
+    np.testing.assert_array_equal(again.public_idx, first.public_idx)
+    monkeypatch.undo()
+    other = build_data(_scheme_cfg(table, tmp_path / "c", "dirichlet", "seed=1"))  # another split: its own index
+    assert len([f for f in os.listdir(first.source.folder) if f.startswith("index-")]) == 2
+    assert not np.array_equal(other.tr_idx, first.tr_idx)
+    # a damaged index file is rebuilt, not trusted
+    with open(os.path.join(first.source.folder, saved[0]), "wb") as f:
+        f.write(b"PK\x03\x04 not a zip")
+    rebuilt = build_data(_scheme_cfg(table, tmp_path / "c", "dirichlet"))
+    np.testing.assert_array_equal(rebuilt.tr_idx, first.tr_idx)

@@ -31,6 +31,11 @@ table into memory; a round reads the union of its clients' rows, sorted, in cont
 """
 from __future__ import annotations
 
+import json
+import os
+import tempfile
+import zipfile
+import zlib
 from typing import Protocol
 
 import numpy as np
@@ -238,10 +243,47 @@ class SyntheticSource:
         return x, y, None, None
 
 
+_INDEX_PARTS = ("train_idx", "train_ptr", "test_idx", "test_ptr", "global_test", "public")
+
+
+def _index_file(folder: str, settings: dict) -> str:
+    key = zlib.crc32(json.dumps(settings, sort_keys=True, default=str).encode())
+    return os.path.join(folder, f"index-{key:08x}.npz")
+
+
+def _saved_index(folder: str, settings: dict) -> tuple[np.ndarray, ...] | None:
+    """The row index a previous build (validation, another run, a client host) saved beside the cache."""
+    try:
+        with np.load(_index_file(folder, settings), allow_pickle=False) as npz:
+            if json.loads(str(npz["settings"])) != json.loads(json.dumps(settings, default=str)):
+                return None  # a crc32 collision: build it
+            return tuple(npz[k] for k in _INDEX_PARTS)
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):  # absent or unreadable: build it
+        return None
+
+
+def _save_index(folder: str, settings: dict, index: tuple[np.ndarray, ...]) -> None:
+    """Written to a temporary file and renamed: a reader never sees half an index. A read-only
+    cache folder only costs the rebuild next time."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".index-", suffix=".npz", dir=folder)
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, settings=json.dumps(settings, default=str), **dict(zip(_INDEX_PARTS, index)))
+        os.replace(tmp, _index_file(folder, settings))
+    except OSError:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 class PartitionedTableData:
     """An on-disk table split by a label scheme: a per-client index (CSR, positions in the row
-    cache, which is the eager pool's order) and the pool's labels, built once; rows are read
-    from the cache when asked (:meth:`gather`)."""
+    cache, which is the eager pool's order) and the pool's labels; rows are read from the cache
+    when asked (:meth:`gather`). The index is built once per (scheme, seed, clients, fractions)
+    and saved beside the row cache (``index-<key>.npz``), so validation, the run and later runs
+    of the same split load it."""
 
     on_demand = True
 
@@ -252,9 +294,12 @@ class PartitionedTableData:
         self.name, self.num_classes = source.name, int(source.num_classes)
         n_train = int(source.sizes[0])
         self._labels = source.take_labels()  # the pool's labels: 8 bytes a row, never the features
-        (self.tr_idx, self.tr_ptr, self.te_idx, self.te_ptr, self.global_test_idx,
-         self.public_idx) = partition_pool(self._labels, n_train, num_clients=num_clients, scheme=scheme, seed=seed,
-                                           **split)
+        settings = dict(num_clients=num_clients, scheme=scheme, seed=self.seed, **split)
+        index = _saved_index(source.folder, settings)
+        if index is None:
+            index = partition_pool(self._labels, n_train, **settings)
+            _save_index(source.folder, settings, index)
+        (self.tr_idx, self.tr_ptr, self.te_idx, self.te_ptr, self.global_test_idx, self.public_idx) = index
         has_test = len(self._labels) > n_train
         self.meta = dict(scheme=scheme, seed=self.seed, num_clients=int(num_clients), on_demand=True, **split)
         if has_test:
