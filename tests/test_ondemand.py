@@ -524,12 +524,15 @@ def test_images_stay_encoded_on_disk_and_are_decoded_per_round_when_asked_or_whe
     assert not os.listdir(tmp_path / "bad")  # nothing half-written
 
 
-def test_an_on_disk_dirichlet_run_equals_the_in_memory_run(tmp_path):
+@pytest.mark.parametrize("executor", ["inprocess", pytest.param("ray", marks=pytest.mark.ray)])
+def test_an_on_disk_dirichlet_run_equals_the_in_memory_run(tmp_path, executor):
+    """The on-disk split on either executor gives the tables of the in-memory split in-process."""
     table = _scrambled_table(tmp_path / "t.parquet")
     common = ["rounds=2", "clients.participation=0.5"]
     eager = load_run(run_experiment(_scheme_cfg(table, tmp_path / "c", "dirichlet", *common, on_disk=False),
                                     tmp_path / "a"))
-    disk = load_run(run_experiment(_scheme_cfg(table, tmp_path / "c", "dirichlet", *common), tmp_path / "b"))
+    on = ["executor.kind=ray", "executor.num_actors=2", "ray.num_cpus=2"] if executor == "ray" else []
+    disk = load_run(run_experiment(_scheme_cfg(table, tmp_path / "c", "dirichlet", *common, *on), tmp_path / "b"))
     a, b = _tables(eager), _tables(disk)
     for name in a:
         pd.testing.assert_frame_equal(a[name], b[name], obj=name)
