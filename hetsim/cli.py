@@ -34,6 +34,7 @@ EPILOG = """examples:
   hetsim validate -c exp.yaml                  # check a config without running it
   hetsim show runs/fedavg-digits-20261129-120000
   hetsim sweep sweeps/examples/fedavg_lr.yaml  # a Ray Tune sweep (docs/sweeps.md)
+  hetsim sweep sweeps/examples/fedavg_lr.yaml --grid train.lr=0.01,0.1 --dry-run   # a smaller grid
   hetsim sweep --resume sweeps_out/fedavg_lr   # continue an interrupted sweep
 """ + results_cli.EPILOG_LINES + start_cli.EPILOG_LINES
 
@@ -100,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field of the base experiment, after the spec's overrides (repeatable)")
+    p.add_argument("--grid", dest="grid", action="append", default=[], metavar="KEY=V1,V2",
+                   help="replace the space's dimension KEY by a grid of these values (YAML scalars; a named "
+                   "or cases dimension: the entries named); repeatable")
     p.add_argument("--dry-run", action="store_true",
                    help="validate the spec (and its data) and print the trials; start nothing, write nothing")
     p.set_defaults(func=cmd_sweep)
@@ -217,10 +221,11 @@ def cmd_sweep(args) -> int:
     mark("cli: sweep modules imported")
     if bool(args.spec) == bool(args.resume):
         raise UserError("sweep: give a spec file or --resume PATH (one of them)")
-    if args.resume and (args.overrides or args.dry_run):
-        raise UserError("sweep: --set and --dry-run do not apply to --resume (a sweep continues as it began)")
+    if args.resume and (args.overrides or args.dry_run or args.grid):
+        raise UserError("sweep: --set, --grid and --dry-run do not apply to --resume (a sweep continues as it began)")
     if args.dry_run:
-        print(runner.dry_run_text(args.spec, storage=args.storage, address=args.address, overrides=args.overrides))
+        print(runner.dry_run_text(args.spec, storage=args.storage, address=args.address, overrides=args.overrides,
+                                  grid=args.grid))
         return 0
     if args.resume:
         if args.storage:
@@ -229,7 +234,7 @@ def cmd_sweep(args) -> int:
                                     retry_errored=args.retry_errored)
     else:
         sweep = runner.run_sweep(args.spec, storage=args.storage, address=args.address,
-                                 quiet=args.quiet, command=sys.argv, overrides=args.overrides)
+                                 quiet=args.quiet, command=sys.argv, overrides=args.overrides, grid=args.grid)
     print(runner.summary_table(sweep))
     print(f"\nresults: {sweep.path}  (trials.parquet, rounds.parquet; sweeps.load_sweep)")
     if not runner.is_complete(sweep):

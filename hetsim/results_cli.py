@@ -60,6 +60,8 @@ def add_commands(sub) -> None:
     p.add_argument("--target", type=float, metavar="ACC", help="accuracy for time-to-target (as in compare)")
     p.add_argument("--address", help="existing Ray cluster to run on")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate the what-if (its fleets and their files) and list the trials; start nothing")
     p.set_defaults(func=cmd_whatif)
 
 

@@ -2,6 +2,7 @@
 
     hetsim whatif -c exp.yaml --fleet fast=fast.yaml --fleet slow=slow.yaml [--set KEY=VALUE ...]
     hetsim whatif whatif.yaml          # base, overrides, fleets, target, storage in one file
+    hetsim whatif whatif.yaml --dry-run   # validate it (fleets, trace files) and list the trials
 
 Writes the sweep folder (``trials.parquet`` / ``rounds.parquet`` with a ``fleet`` column, one run
 folder per fleet, named by a link ``fleets/<fleet>``) and ``compare.html`` in it; prints the compare
@@ -40,6 +41,13 @@ def run_whatif_command(args) -> int:
         extra = {"max_concurrent_trials": spec.max_concurrent_trials,
                  "resources_per_trial": spec.resources_per_trial.model_dump(exclude_none=True),
                  "ray": spec.ray.model_dump()}
+    if getattr(args, "dry_run", False):
+        from sweeps.runner import dry_run_text  # Ray Tune: ~1 s to import, only for the sweep's checks
+
+        spec_dict = whatif.whatif_sweep_spec(base, fleets, name=name, overrides=overrides, storage=storage,
+                                             metric=metric, **extra)
+        print(dry_run_text(spec_dict, address=args.address))
+        return 0
     sweep = whatif.run_whatif(base, fleets, name=name, overrides=overrides, storage=storage,
                               address=args.address, quiet=args.quiet, command=sys.argv,
                               metric=metric, **extra)
