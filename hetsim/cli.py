@@ -25,7 +25,7 @@ from pathlib import Path
 
 from engine import RunCallback, UserError, mark  # light: no torch, no Ray
 from hetsim import results_cli, start_cli
-from hetsim.common import human_bytes, resolve_latest  # report / compare / whatif: argparse only at import
+from hetsim.common import TERMINAL_WIDTH, human_bytes, resolve_latest  # report / compare / whatif: argparse only
 
 EPILOG = """examples:
   hetsim run                                   # the built-in default experiment
@@ -49,6 +49,11 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="override a config field by dotted key, value parsed as YAML (repeatable)",
     )
+
+
+def _add_wide(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--wide", action="store_true",
+                   help="print tables whole (default: columns folded to fit 100 characters)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
                        parents=[common])
     p.add_argument("run_dir", help="a run, sweep or what-if folder: a path or a URI (s3://bucket/runs/x); "
                    "`latest` = the newest run under ./runs, DIR/latest the newest under DIR")
+    _add_wide(p)
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser(
@@ -101,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field of the base experiment, after the spec's overrides (repeatable)")
+    _add_wide(p)
     p.add_argument("--grid", dest="grid", action="append", default=[], metavar="KEY=V1,V2",
                    help="replace the space's dimension KEY by a grid of these values (YAML scalars; a named "
                    "or cases dimension: the entries named); repeatable")
@@ -235,7 +242,7 @@ def cmd_sweep(args) -> int:
     else:
         sweep = runner.run_sweep(args.spec, storage=args.storage, address=args.address,
                                  quiet=args.quiet, command=sys.argv, overrides=args.overrides, grid=args.grid)
-    print(runner.summary_table(sweep))
+    print(runner.summary_table(sweep, width=None if args.wide else TERMINAL_WIDTH))
     print(f"\nresults: {sweep.path}  (trials.parquet, rounds.parquet; sweeps.load_sweep)")
     if not runner.is_complete(sweep):
         print(f"interrupted: continue with `hetsim sweep --resume {sweep.path}`", file=sys.stderr)
@@ -245,7 +252,7 @@ def cmd_sweep(args) -> int:
 
 def cmd_show(args) -> int:
     path = resolve_latest(args.run_dir)  # a path or a URI (s3://...)
-    trials = results_cli.sweep_summary(path)  # a sweep or what-if folder: its trial table
+    trials = results_cli.sweep_summary(path, args.wide)  # a sweep or what-if folder: its trial table
     print(trials if trials is not None else summary_table(path))
     return 0
 

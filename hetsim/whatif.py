@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from hetsim.common import TERMINAL_WIDTH
 from hetsim.compare import check_target, compare_page, load_entries, text_table
 from sweeps import whatif
 
@@ -51,11 +52,13 @@ def run_whatif_command(args) -> int:
     sweep = whatif.run_whatif(base, fleets, name=name, overrides=overrides, storage=storage,
                               address=args.address, quiet=args.quiet, command=sys.argv,
                               metric=metric, **extra)
-    return report_whatif(sweep, metric, target)
+    return report_whatif(sweep, metric, target, None if getattr(args, "wide", False) else TERMINAL_WIDTH)
 
 
-def report_whatif(sweep, metric: str = "global_acc", target: float | None = None) -> int:
-    """Print the compare table and the fleets' differences; write compare.html in the folder."""
+def report_whatif(sweep, metric: str = "global_acc", target: float | None = None,
+                  width: int | None = TERMINAL_WIDTH) -> int:
+    """Print the compare table (folded to ``width`` characters; None: whole) and the fleets'
+    differences; write compare.html in the folder."""
     errors = sweep.trials[sweep.trials["status"] == "error"]
     for _, row in errors.iterrows():
         print(f"fleet {row[whatif.FLEET_COLUMN]}: error: {row['error']}", file=sys.stderr)
@@ -66,7 +69,7 @@ def report_whatif(sweep, metric: str = "global_acc", target: float | None = None
     fleets = " vs ".join(e.label for e in entries)
     page, table, target = compare_page(entries, metric, target,
                                        title=f"hetsim whatif: {Path(sweep.path).name}: {fleets}")
-    print(text_table(table, metric, target))
+    print(text_table(table, metric, target, width))
     for line in difference_lines(sweep):
         print(line)
     out = page.write(Path(sweep.path) / COMPARE_FILE)
