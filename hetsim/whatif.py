@@ -32,7 +32,9 @@ def run_whatif_command(args) -> int:
     base = whatif.base_experiment(args.config, None) if args.config else \
         whatif.base_experiment(spec.base if spec else None, spec_dir)
     name = (spec.name if spec else None) or (Path(args.config).stem + "-whatif" if args.config else "whatif")
-    overrides = [*(spec.overrides if spec else []), *args.overrides]
+    if spec and spec.overrides:  # the what-if file's own: a path in them is relative to that file
+        base = whatif.with_overrides(base, spec.overrides, spec_dir)
+    overrides = list(args.overrides)
     target = args.target if args.target is not None else (spec.target if spec else None)
     metric = spec.metric if spec else "global_acc"
     check_target(metric, target)  # before the sweep runs, not after

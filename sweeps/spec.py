@@ -361,6 +361,35 @@ def _check_probe(base_raw: dict[str, Any], key: str, kind: str, args: Any, value
             + _algorithm_hint(key, base_cfg)) from None
 
 
+def _resolved_value(key: str, value: Any, folder: Path | None) -> Any:
+    """``value`` of the dotted ``key`` with its input paths made absolute against ``folder``
+    (None: the working folder)."""
+    try:
+        raw, origins = resolve_paths(apply_overrides({}, {key: value}), folder)
+    except ConfigError:  # not a settable key: the space's own check names it
+        return value
+    if not origins:
+        return value
+    for part in key.split("."):
+        raw = raw[part]
+    return raw
+
+
+def _resolved_dimension(key: str, dist: Any, folder: Path | None) -> Any:
+    """A space dimension whose values (grid, choice, named, cases) may hold paths, resolved."""
+    if not isinstance(dist, dict) or len(dist) != 1:
+        return dist
+    (kind, args), = dist.items()
+    if kind in ("grid", "choice") and isinstance(args, list):
+        return {kind: [_resolved_value(key, v, folder) for v in args]}
+    if kind == "named" and isinstance(args, dict):
+        return {kind: {n: _resolved_value(key, v, folder) for n, v in args.items()}}
+    if kind == "cases" and isinstance(args, dict):
+        return {kind: {n: {k: _resolved_value(k, v, folder) for k, v in case.items()} if isinstance(case, dict)
+                       else case for n, case in args.items()}}
+    return dist
+
+
 def read_mapping_file(path: Path, what: str) -> dict[str, Any]:
     """A YAML file that must hold a mapping (a spec); errors name the file."""
     raw = read_yaml_file(path, what)  # strict: duplicate keys, file:line:col, empty or binary files
@@ -641,6 +670,9 @@ def resolve(
         raise SweepSpecError(_format_spec_errors(err)) from None
     if spec.name is None:
         spec.name = default_name or "sweep"
+    # a path among the space's values: relative to the spec's file (a mapping: the working folder),
+    # made absolute here, since trials run in Tune's own working folders
+    spec.space = {key: _resolved_dimension(key, dist, spec_dir) for key, dist in spec.space.items()}
     if grid:
         try:
             spec.space = apply_grid(spec.space, grid)

@@ -33,7 +33,15 @@ import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from engine import ConfigError, apply_overrides, load_config, missing_paths, parse_yaml, resolve_profile_paths
+from engine import (
+    ConfigError,
+    apply_overrides,
+    load_config,
+    missing_paths,
+    parse_yaml,
+    resolve_paths,
+    resolve_profile_paths,
+)
 from hardware_profiles.sampler import assign_profiles
 from sweeps.results import RUNS_DIR
 from sweeps.spec import (
@@ -181,6 +189,20 @@ def check_fleets(base_raw: dict[str, Any], fleets: dict[str, dict[str, Any]]) ->
             raise _error(where, str(err)) from None
 
 
+def with_overrides(base_raw: dict[str, Any], overrides: list[str], folder: Path | None = None) -> dict[str, Any]:
+    """``base_raw`` with ``key=value`` items applied (never clients.profiles: the fleets set it); a
+    path they give is relative to ``folder`` (the what-if file's), else to the working folder."""
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if key == PROFILES_KEY or key.startswith(PROFILES_KEY + "."):
+            raise _error(f"overrides {item}", "clients.profiles is what the fleets set; "
+                         "put it in a fleet")
+    try:
+        return resolve_paths(apply_overrides(base_raw, list(overrides)), folder)[0]
+    except ConfigError as err:
+        raise _error("overrides", str(err)) from None
+
+
 def whatif_sweep_spec(
     base_raw: dict[str, Any],
     fleets: dict[str, dict[str, Any]],
@@ -194,15 +216,7 @@ def whatif_sweep_spec(
     ray: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The sweep spec of a what-if: one ``named`` dimension ``clients.profiles``, column ``fleet``."""
-    for item in overrides:
-        key = item.split("=", 1)[0].strip()
-        if key == PROFILES_KEY or key.startswith(PROFILES_KEY + "."):
-            raise _error(f"overrides {item}", "clients.profiles is what the fleets set; "
-                         "put it in a fleet")
-    try:
-        base_raw = apply_overrides(base_raw, list(overrides))
-    except ConfigError as err:
-        raise _error("overrides", str(err)) from None
+    base_raw = with_overrides(base_raw, overrides)
     check_fleets(base_raw, fleets)
     return {
         "name": name,

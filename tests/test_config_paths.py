@@ -18,14 +18,15 @@ from sweeps.spec import SweepSpecError
 
 REPO = Path(__file__).resolve().parents[1]
 LINKS = BUILTIN_DIR / "fluctuating_links.csv"
-TRACE = {"kind": "trace", "file": "traces/links.csv"}
+def _trace() -> dict:
+    return {"kind": "trace", "file": "traces/links.csv"}  # a new one each time: tests change theirs
 
 
 def _config(folder: Path, **profiles) -> Path:
     (folder / "traces").mkdir(parents=True, exist_ok=True)
     (folder / "traces" / "links.csv").write_bytes(LINKS.read_bytes())
     raw = {"dataset": {"name": "digits"}, "model": {"name": "mlp"}, "clients": {"num_clients": 4, "profiles": {
-        "network": {"5mbps": 1.0}, "conditions": {"sets": {"a": {"down": TRACE}}}, **profiles}}}
+        "network": {"5mbps": 1.0}, "conditions": {"sets": {"a": {"down": _trace()}}}, **profiles}}}
     path = folder / "exp.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
@@ -89,7 +90,7 @@ def test_a_what_if_fleet_resolves_against_its_file_and_a_missing_trace_is_named_
     (fleet_dir / "slow.yaml").write_text(yaml.safe_dump({
         "network": {"5mbps": 1.0}, "conditions": {"sets": {"a": {"down": up_one}}}}))
     spec = {"base": "exp.yaml", "fleets": [
-        {"name": "fast", "profiles": {"network": {"500mbps": 1.0}, "conditions": {"sets": {"a": {"down": TRACE}}}}},
+        {"name": "fast", "profiles": {"network": {"500mbps": 1.0}, "conditions": {"sets": {"a": {"down": _trace()}}}}},
         {"name": "slow", "file": "fleets/slow.yaml"}]}
     (project / "w.yaml").write_text(yaml.safe_dump(spec))
     monkeypatch.chdir(tmp_path)
@@ -130,3 +131,24 @@ def test_every_shipped_study_script_starts_from_a_folder_outside_the_repository(
     done = _run_from(tmp_path, str(path), "--help")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage:")
+
+
+def test_a_sweep_specs_space_and_a_what_ifs_overrides_resolve_against_their_file(tmp_path, monkeypatch):
+    from sweeps.spec import resolve
+
+    project = tmp_path / "project"
+    _config(project)
+    conditions = {"sets": {"x": {"down": _trace()}}}
+    spec = {"name": "s", "base": {"dataset": {"name": "digits"}, "model": {"name": "mlp"}, "rounds": 1,
+                                  "clients": {"num_clients": 4, "profiles": {"network": {"5mbps": 1.0}}}},
+            "space": {"clients.profiles.conditions": {"named": {"traced": conditions, "steady": {}}}}}
+    (project / "s.yaml").write_text(yaml.safe_dump(spec))
+    monkeypatch.chdir(tmp_path)
+    r = resolve(project / "s.yaml", storage=tmp_path / "never")
+    expected = str(project / "traces" / "links.csv")
+    assert r.spec.space["clients.profiles.conditions"]["named"]["traced"]["sets"]["x"]["down"]["file"] == expected
+    assert not (tmp_path / "never").exists()
+    # a what-if's own overrides: relative to the what-if file; --set: to the working folder
+    base = whatif.with_overrides({}, ["dataset.params={path: data/t.parquet}"], project)
+    assert base["dataset"]["params"]["path"] == str(project / "data" / "t.parquet")
+    assert whatif.with_overrides({}, ["dataset.root=d"])["dataset"]["root"] == str(tmp_path / "d")
