@@ -152,3 +152,15 @@ def test_a_sweep_specs_space_and_a_what_ifs_overrides_resolve_against_their_file
     base = whatif.with_overrides({}, ["dataset.params={path: data/t.parquet}"], project)
     assert base["dataset"]["params"]["path"] == str(project / "data" / "t.parquet")
     assert whatif.with_overrides({}, ["dataset.root=d"])["dataset"]["root"] == str(tmp_path / "d")
+
+
+def test_a_catalog_file_resolves_against_the_config_and_inline_catalog_text_is_left_alone(tmp_path, monkeypatch):
+    tier = {"gflops": 1.0, "memory_gb": 1.0, "availability": 1.0, "dropout": 0.0, "source": "test"}
+    (tmp_path / "tiers.yaml").write_text(yaml.safe_dump({"devices": {"tiny": tier}}))
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump({"clients": {"profiles": {"devices": {"tiny": 1.0}, "catalog": "tiers.yaml"}}}))
+    monkeypatch.chdir(tmp_path.parent)
+    assert load_config(path).clients.profiles.catalog == str(tmp_path / "tiers.yaml")
+    inline = "{devices: {tiny: {gflops: 1.0, memory_gb: 1.0, availability: 1.0, dropout: 0.0, source: t}}}"
+    cfg = load_config(None, [f"clients.profiles.catalog='{inline}'", "clients.profiles.devices={tiny: 1.0}"])
+    assert cfg.clients.profiles.catalog == inline

@@ -38,9 +38,10 @@ def expand_path(value: str) -> str:
 def _profile_fields(profiles: Any, prefix: str) -> Iterator[tuple[str, Any, Any]]:
     if not isinstance(profiles, dict):
         return
-    for key in ("table", "catalog"):
-        if isinstance(profiles.get(key), str):
-            yield f"{prefix}.{key}", profiles, key
+    if isinstance(profiles.get("table"), str):
+        yield f"{prefix}.table", profiles, "table"
+    if isinstance(profiles.get("catalog"), str) and _names_a_file(profiles["catalog"]):
+        yield f"{prefix}.catalog", profiles, "catalog"
     conditions = profiles.get("conditions")
     if isinstance(conditions, dict) and isinstance(conditions.get("sets"), dict):
         for name, spec in conditions["sets"].items():
@@ -48,6 +49,12 @@ def _profile_fields(profiles: Any, prefix: str) -> Iterator[tuple[str, Any, Any]
                 p = spec.get(process)
                 if isinstance(p, dict) and isinstance(p.get("file"), str):
                     yield f"{prefix}.conditions.sets.{name}.{process}.file", p, "file"
+
+
+def _names_a_file(catalog: str) -> bool:
+    """A catalog string is a file (one line, a .yaml name or no YAML punctuation), not inline YAML
+    text such as ``{devices: {...}}`` (hardware_profiles.catalog reads both)."""
+    return "\n" not in catalog and (catalog.endswith((".yaml", ".yml")) or not any(c in catalog for c in "{}[]:"))
 
 
 def path_fields(raw: Any) -> Iterator[tuple[str, Any, Any]]:
@@ -123,13 +130,14 @@ def resolve_profile_paths(profiles: Any, base_dir: str | Path | None, source: st
 
 
 def missing_paths(raw: Any, origins: Origins | None = None) -> list[str]:
-    """One line per input file of ``raw`` that does not exist (``dataset.root`` may be created,
-    e.g. by a download, and is left out), the path as given and as resolved first."""
+    """One line per input file of ``raw`` that does not exist, the path as given and as resolved
+    first. The dataset's paths are left to the data loader (the validation pass names the resolved
+    path): ``dataset.root`` may be created by a download, a table may be remote or a folder."""
     origins = origins or {}
     lines = []
     for key, container, k in path_fields(raw):
         value = container[k]
-        if key == "dataset.root" or "://" in value or "$" in value:
+        if key.startswith("dataset.") or "://" in value or "$" in value:
             continue
         if value.startswith(BUILTIN_PREFIX):
             if not _is_trace(key):
@@ -142,7 +150,7 @@ def missing_paths(raw: Any, origins: Origins | None = None) -> list[str]:
                 lines.append(f"  {value!r} ({key}): {err}")
             continue
         path = Path(value)
-        if path.exists() if key.startswith("dataset.params.path") else path.is_file():
+        if path.is_file():
             continue
         given, where = origins.get(key, (value, FROM_WORKING_FOLDER))
         resolved = f"resolved against {where} to {value!r}" if given != value else "an absolute path"
