@@ -11,6 +11,10 @@ the last row's time is where the trace ends. Rates and factors are finite and > 
 are finite, non-overlapping and in order. Every problem is one :class:`TraceError` naming the
 file, the trace and the row. Converters from formats the field uses write this schema
 (:mod:`hardware_profiles.trace_formats`).
+
+The example traces shipped in ``hardware_profiles/traces/`` are named ``builtin:NAME`` in a
+config (``builtin:fluctuating_links``, the file name with or without its extension), so a config
+reaches them from any folder: :func:`builtin_trace`.
 """
 from __future__ import annotations
 
@@ -18,9 +22,31 @@ from pathlib import Path
 
 import numpy as np
 
+from hardware_profiles.suggest import unknown
+
 
 class TraceError(ValueError):
     """A trace file that does not follow the schema (the message names file, trace and row)."""
+
+
+BUILTIN_PREFIX = "builtin:"
+BUILTIN_DIR = Path(__file__).parent / "traces"
+_TRACE_SUFFIXES = (".csv", ".parquet")
+
+
+def builtin_names() -> list[str]:
+    """The shipped traces, as ``builtin:NAME`` (sorted)."""
+    return sorted(BUILTIN_PREFIX + p.stem for p in BUILTIN_DIR.iterdir() if p.suffix in _TRACE_SUFFIXES)
+
+
+def builtin_trace(name: str) -> Path:
+    """The file of the shipped trace ``builtin:NAME`` (``NAME`` with or without its extension);
+    an unknown name is a :class:`TraceError` with the closest one and the list."""
+    stem = name.removeprefix(BUILTIN_PREFIX).strip()
+    for candidate in (BUILTIN_DIR / stem, *(BUILTIN_DIR / (stem + s) for s in _TRACE_SUFFIXES)):
+        if candidate.suffix in _TRACE_SUFFIXES and candidate.is_file() and "/" not in stem:
+            return candidate
+    raise TraceError(unknown("shipped trace", name, builtin_names(), "shipped traces"))
 
 
 def _read(path: str | Path):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from engine import RunCallback, UserError, mark  # light: no torch, no Ray
 from hetsim import results_cli, start_cli
-from hetsim.common import human_bytes, resolve_latest  # report / compare / whatif: argparse only at import
+from hetsim.common import TERMINAL_WIDTH, human_bytes, resolve_latest  # report / compare / whatif: argparse only
 
 EPILOG = """examples:
   hetsim run                                   # the built-in default experiment
@@ -34,6 +34,7 @@ EPILOG = """examples:
   hetsim validate -c exp.yaml                  # check a config without running it
   hetsim show runs/fedavg-digits-20261129-120000
   hetsim sweep sweeps/examples/fedavg_lr.yaml  # a Ray Tune sweep (docs/sweeps.md)
+  hetsim sweep sweeps/examples/fedavg_lr.yaml --grid train.lr=0.01,0.1 --dry-run   # a smaller grid
   hetsim sweep --resume sweeps_out/fedavg_lr   # continue an interrupted sweep
 """ + results_cli.EPILOG_LINES + start_cli.EPILOG_LINES
 
@@ -48,6 +49,11 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="override a config field by dotted key, value parsed as YAML (repeatable)",
     )
+
+
+def _add_wide(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--wide", action="store_true",
+                   help="print tables whole (default: columns folded to fit 100 characters)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
                        parents=[common])
     p.add_argument("run_dir", help="a run, sweep or what-if folder: a path or a URI (s3://bucket/runs/x); "
                    "`latest` = the newest run under ./runs, DIR/latest the newest under DIR")
+    _add_wide(p)
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser(
@@ -100,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field of the base experiment, after the spec's overrides (repeatable)")
+    _add_wide(p)
+    p.add_argument("--grid", dest="grid", action="append", default=[], metavar="KEY=V1,V2",
+                   help="replace the space's dimension KEY by a grid of these values (YAML scalars; a named "
+                   "or cases dimension: the entries named); repeatable")
     p.add_argument("--dry-run", action="store_true",
                    help="validate the spec (and its data) and print the trials; start nothing, write nothing")
     p.set_defaults(func=cmd_sweep)
@@ -217,10 +228,11 @@ def cmd_sweep(args) -> int:
     mark("cli: sweep modules imported")
     if bool(args.spec) == bool(args.resume):
         raise UserError("sweep: give a spec file or --resume PATH (one of them)")
-    if args.resume and (args.overrides or args.dry_run):
-        raise UserError("sweep: --set and --dry-run do not apply to --resume (a sweep continues as it began)")
+    if args.resume and (args.overrides or args.dry_run or args.grid):
+        raise UserError("sweep: --set, --grid and --dry-run do not apply to --resume (a sweep continues as it began)")
     if args.dry_run:
-        print(runner.dry_run_text(args.spec, storage=args.storage, address=args.address, overrides=args.overrides))
+        print(runner.dry_run_text(args.spec, storage=args.storage, address=args.address, overrides=args.overrides,
+                                  grid=args.grid))
         return 0
     if args.resume:
         if args.storage:
@@ -229,8 +241,8 @@ def cmd_sweep(args) -> int:
                                     retry_errored=args.retry_errored)
     else:
         sweep = runner.run_sweep(args.spec, storage=args.storage, address=args.address,
-                                 quiet=args.quiet, command=sys.argv, overrides=args.overrides)
-    print(runner.summary_table(sweep))
+                                 quiet=args.quiet, command=sys.argv, overrides=args.overrides, grid=args.grid)
+    print(runner.summary_table(sweep, width=None if args.wide else TERMINAL_WIDTH))
     print(f"\nresults: {sweep.path}  (trials.parquet, rounds.parquet; sweeps.load_sweep)")
     if not runner.is_complete(sweep):
         print(f"interrupted: continue with `hetsim sweep --resume {sweep.path}`", file=sys.stderr)
@@ -240,7 +252,7 @@ def cmd_sweep(args) -> int:
 
 def cmd_show(args) -> int:
     path = resolve_latest(args.run_dir)  # a path or a URI (s3://...)
-    trials = results_cli.sweep_summary(path)  # a sweep or what-if folder: its trial table
+    trials = results_cli.sweep_summary(path, args.wide)  # a sweep or what-if folder: its trial table
     print(trials if trials is not None else summary_table(path))
     return 0
 

@@ -22,7 +22,7 @@ import yaml
 
 import sweeps
 from engine import UserError
-from engine.results import load_run
+from engine.results import TERMINAL_WIDTH, fold_table, load_run, wrap
 from hetsim import plots
 from hetsim.common import human_bytes, is_sweep_folder
 from hetsim.page import Page
@@ -330,18 +330,20 @@ def formats(table: pd.DataFrame) -> dict[str, Any]:
     return out
 
 
-def text_table(table: pd.DataFrame, metric: str, target: float) -> str:
+def text_table(table: pd.DataFrame, metric: str, target: float, width: int | None = TERMINAL_WIDTH) -> str:
+    """The compare table as text: columns folded into blocks at most ``width`` characters wide,
+    each repeating the run's name (None: one block, ``--wide``), and the notes wrapped."""
     shown = table.copy()
     for col, fn in formats(table).items():
         shown[col] = [fn(v) for v in table[col]]
-    lines = [shown.to_string(index=False)]
+    lines = []
     if np.isfinite(target):
-        lines.append(f"\ntime_to_target_s / rounds_to_target / energy_to_target_j: simulated seconds / "
+        lines.append(f"time_to_target_s / rounds_to_target / energy_to_target_j: simulated seconds / "
                      f"rounds / the fleet's joules until {metric} >= {target:g}")
-    lines.append(("" if np.isfinite(target) else "\n") + "aggregated_once / gini_aggregations: share of the "
-                 "fleet aggregated at least once / Gini of the clients' aggregation counts (0 = equal)")
+    lines.append("aggregated_once / gini_aggregations: share of the fleet aggregated at least once / Gini of "
+                 "the clients' aggregation counts (0 = equal)")
     lines.extend(table.attrs.get("notes", []))
-    return "\n".join(lines)
+    return "\n".join([fold_table(shown, width), "", *(wrap(line, width) for line in lines)])
 
 
 def compare_page(entries: list[Entry], metric: str = "global_acc", target: float | None = None,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from hetsim.common import resolve_latest
+from hetsim.common import TERMINAL_WIDTH, resolve_latest
 
 EPILOG_LINES = """  hetsim report runs/fedavg-mnist5k-20261129-150000   # HTML report of a run (or a sweep folder)
   hetsim compare runs/a runs/b --target 0.8     # side by side; -o compare.html for the HTML
@@ -41,6 +41,7 @@ def add_commands(sub) -> None:
     p.add_argument("--metric", default="global_acc",
                    help="rounds.parquet column for the target and the curves (default: global_acc)")
     p.add_argument("-o", "--out", metavar="FILE", help="also write an HTML page with the curves")
+    p.add_argument("--wide", action="store_true", help="print the table whole (default: folded to 100 characters)")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser(
@@ -60,6 +61,9 @@ def add_commands(sub) -> None:
     p.add_argument("--target", type=float, metavar="ACC", help="accuracy for time-to-target (as in compare)")
     p.add_argument("--address", help="existing Ray cluster to run on")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate the what-if (its fleets and their files) and list the trials; start nothing")
+    p.add_argument("--wide", action="store_true", help="print the table whole (default: folded to 100 characters)")
     p.set_defaults(func=cmd_whatif)
 
 
@@ -81,7 +85,7 @@ def cmd_compare(args) -> int:
         print("hetsim compare: no run with finished rounds in the given folders", file=sys.stderr)
         return 2
     table, target = compare_table(entries, args.metric, args.target)
-    print(text_table(table, args.metric, target))
+    print(text_table(table, args.metric, target, None if args.wide else TERMINAL_WIDTH))
     if args.out:
         page, _, _ = compare_page(entries, args.metric, target)
         print(f"\nreport: {page.write(args.out)}")
@@ -95,7 +99,7 @@ def cmd_whatif(args) -> int:
 
 
 
-def sweep_summary(path: str) -> str | None:
+def sweep_summary(path: str, wide: bool = False) -> str | None:
     """What ``hetsim show`` prints for a sweep or what-if folder: its trials by status, the best
     ones, and for a what-if whether the fleets differ; None for any other folder (a run's)."""
     if "://" in str(path):
@@ -113,7 +117,8 @@ def sweep_summary(path: str) -> str | None:
     sweep = load_sweep(path)
     fleets = FLEET_COLUMN in sweep.param_columns.values()
     kind = "what-if" if fleets else "sweep"
-    lines = [f"{sweep.path}: {kind} {sweep.spec.get('name') or ''}".rstrip(), summary_table(sweep)]
+    lines = [f"{sweep.path}: {kind} {sweep.spec.get('name') or ''}".rstrip(),
+             summary_table(sweep, width=None if wide else TERMINAL_WIDTH)]
     if fleets:
         lines += difference_lines(sweep)
     if not sweep.complete:

@@ -2,6 +2,7 @@
 
     hetsim whatif -c exp.yaml --fleet fast=fast.yaml --fleet slow=slow.yaml [--set KEY=VALUE ...]
     hetsim whatif whatif.yaml          # base, overrides, fleets, target, storage in one file
+    hetsim whatif whatif.yaml --dry-run   # validate it (fleets, trace files) and list the trials
 
 Writes the sweep folder (``trials.parquet`` / ``rounds.parquet`` with a ``fleet`` column, one run
 folder per fleet, named by a link ``fleets/<fleet>``) and ``compare.html`` in it; prints the compare
@@ -12,6 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from hetsim.common import TERMINAL_WIDTH
 from hetsim.compare import check_target, compare_page, load_entries, text_table
 from sweeps import whatif
 
@@ -30,7 +32,9 @@ def run_whatif_command(args) -> int:
     base = whatif.base_experiment(args.config, None) if args.config else \
         whatif.base_experiment(spec.base if spec else None, spec_dir)
     name = (spec.name if spec else None) or (Path(args.config).stem + "-whatif" if args.config else "whatif")
-    overrides = [*(spec.overrides if spec else []), *args.overrides]
+    if spec and spec.overrides:  # the what-if file's own: a path in them is relative to that file
+        base = whatif.with_overrides(base, spec.overrides, spec_dir)
+    overrides = list(args.overrides)
     target = args.target if args.target is not None else (spec.target if spec else None)
     metric = spec.metric if spec else "global_acc"
     check_target(metric, target)  # before the sweep runs, not after
@@ -40,14 +44,23 @@ def run_whatif_command(args) -> int:
         extra = {"max_concurrent_trials": spec.max_concurrent_trials,
                  "resources_per_trial": spec.resources_per_trial.model_dump(exclude_none=True),
                  "ray": spec.ray.model_dump()}
+    if getattr(args, "dry_run", False):
+        from sweeps.runner import dry_run_text  # Ray Tune: ~1 s to import, only for the sweep's checks
+
+        spec_dict = whatif.whatif_sweep_spec(base, fleets, name=name, overrides=overrides, storage=storage,
+                                             metric=metric, **extra)
+        print(dry_run_text(spec_dict, address=args.address))
+        return 0
     sweep = whatif.run_whatif(base, fleets, name=name, overrides=overrides, storage=storage,
                               address=args.address, quiet=args.quiet, command=sys.argv,
                               metric=metric, **extra)
-    return report_whatif(sweep, metric, target)
+    return report_whatif(sweep, metric, target, None if getattr(args, "wide", False) else TERMINAL_WIDTH)
 
 
-def report_whatif(sweep, metric: str = "global_acc", target: float | None = None) -> int:
-    """Print the compare table and the fleets' differences; write compare.html in the folder."""
+def report_whatif(sweep, metric: str = "global_acc", target: float | None = None,
+                  width: int | None = TERMINAL_WIDTH) -> int:
+    """Print the compare table (folded to ``width`` characters; None: whole) and the fleets'
+    differences; write compare.html in the folder."""
     errors = sweep.trials[sweep.trials["status"] == "error"]
     for _, row in errors.iterrows():
         print(f"fleet {row[whatif.FLEET_COLUMN]}: error: {row['error']}", file=sys.stderr)
@@ -58,7 +71,7 @@ def report_whatif(sweep, metric: str = "global_acc", target: float | None = None
     fleets = " vs ".join(e.label for e in entries)
     page, table, target = compare_page(entries, metric, target,
                                        title=f"hetsim whatif: {Path(sweep.path).name}: {fleets}")
-    print(text_table(table, metric, target))
+    print(text_table(table, metric, target, width))
     for line in difference_lines(sweep):
         print(line)
     out = page.write(Path(sweep.path) / COMPARE_FILE)

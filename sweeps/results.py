@@ -33,7 +33,17 @@ import numpy as np
 import pandas as pd
 
 from engine import ConfigError, UserError, apply_overrides, load_config, parse_yaml
-from engine.results import ROUND_COLUMNS, RunFolderError, Storage, load_run, open_storage, read_table
+from engine.results import (
+    ROUND_COLUMNS,
+    TERMINAL_WIDTH,
+    RunFolderError,
+    Storage,
+    fold_table,
+    load_run,
+    open_storage,
+    read_table,
+    wrap,
+)
 from sweeps.search import TRIAL_INDEX
 from sweeps.spec import expand_params, trial_seed
 from sweeps.stats import config_stats, pareto_mask, within_noise
@@ -499,8 +509,9 @@ def load_sweep(path: str | Path | Storage, refresh: bool = False,
                  num_trials=sweep.get("num_trials"), storage=store, configs=configs)
 
 
-def summary_table(sweep: Sweep, top: int = 10) -> str:
-    """Trials by status, then the best ``top`` trials by ``best_<metric>``."""
+def summary_table(sweep: Sweep, top: int = 10, width: int | None = TERMINAL_WIDTH) -> str:
+    """Trials by status, then the best ``top`` trials by ``best_<metric>``; the table folded into
+    blocks of columns at most ``width`` characters wide (None: one block, ``--wide``)."""
     t = sweep.trials
     if t.empty:
         return f"{sweep.path}: no trials"
@@ -522,13 +533,13 @@ def summary_table(sweep: Sweep, top: int = 10) -> str:
     order = "min" if rank.startswith("time_to_") else sweep.mode
     what = f"configurations ({sweep.repeats} seeds each) by mean {rank}" if sweep.repeats > 1 else f"by {rank}"
     lines = [head, f"best {min(top, len(best))} {what} ({order}):",
-             best.to_string(index=False, float_format=lambda v: f"{v:.4g}")]
+             fold_table(best, width, float_format=lambda v: f"{v:.4g}")]
     retried = t[t["attempts"] > 1] if "attempts" in t.columns else t.iloc[0:0]
     if len(retried):
         lines.append(f"{len(retried)} trial(s) needed more than one attempt (attempts column)")
     errors = t[t["status"].isin(("error", "diverged"))]
     for _, row in errors.head(5).iterrows():
-        lines.append(f"{row['status']} {row['trial_id']}: {row['error']}")
+        lines.append(wrap(f"{row['status']} {row['trial_id']}: {row['error']}", width))
     if len(errors) > 5:
         lines.append(f"... {len(errors) - 5} more errored or diverged trials in trials.parquet")
     return "\n".join(lines)

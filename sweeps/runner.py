@@ -262,6 +262,7 @@ def run_sweep(
     callbacks: Iterable[Any] = (),
     command: list[str] | None = None,
     overrides: list[str] | None = None,
+    grid: list[str] | None = None,
 ) -> Sweep:
     """Validate ``source`` (a spec file or mapping), run it, return the loaded :class:`Sweep`.
 
@@ -271,7 +272,7 @@ def run_sweep(
     data_checks: list = []
     resolved = resolve(source, storage=storage, address=address,
                        command=command if command is not None else list(sys.argv), data_checks=data_checks,
-                       overrides=overrides)
+                       overrides=overrides, grid=grid)
     store = resolved.open_storage()
     if store.exists(SWEEP_FILE):
         raise FileExistsError(
@@ -341,10 +342,10 @@ def is_complete(sweep: Sweep) -> bool:
 DRY_RUN_LIST = 50  # grid points listed by --dry-run; more are counted
 
 
-def dry_run_text(source, *, storage=None, address=None, overrides=None) -> str:
+def dry_run_text(source, *, storage=None, address=None, overrides=None, grid=None) -> str:
     """What ``hetsim sweep --dry-run`` prints: the validated spec's folder, trial count, search
     space and, for a space of grids only, every trial's values. Starts nothing, writes nothing."""
-    r = resolve(source, storage=storage, address=address, overrides=overrides)
+    r = resolve(source, storage=storage, address=address, overrides=overrides, grid=grid)
     lines = [f"sweep {r.name}: {r.num_trials if r.num_trials is not None else 'open-ended'} trial(s) of "
              f"{r.rounds} round(s), results in {r.storage} (nothing written: --dry-run)"]
     if r.spec.overrides:

@@ -172,11 +172,11 @@ def check_budget(s) -> None:
 
 
 def shown_values(kind: str, args: Any) -> Any:
-    """A dimension's values as ``--dry-run`` lists them: a ``cases`` dimension (a study's
-    runs) by the names of its first cases; what each sets is in the spec."""
-    if kind != "cases":
+    """A dimension's values as ``--dry-run`` lists them: a ``cases`` or ``named`` dimension (a
+    study's runs, a what-if's fleets) by its first names; what each sets is in the spec."""
+    if kind not in ("cases", "named"):
         return args
-    return ", ".join(list(args)[:8]) + (f", ... ({len(args)} cases)" if len(args) > 8 else "")
+    return ", ".join(map(str, list(args)[:8])) + (f", ... ({len(args)} {kind})" if len(args) > 8 else "")
 
 
 def describe_search(spec, base_seed: int) -> list[str]:

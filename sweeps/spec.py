@@ -58,9 +58,11 @@ from engine import (
     load_config,
     ray_is_up,
     read_yaml_file,
+    resolve_paths,
 )
 from engine.results import ROUND_COLUMNS, is_uri, open_storage, redact
 from hardware_profiles.suggest import unknown_key
+from sweeps.grid import GridError, apply_grid
 from sweeps.search import TRIAL_INDEX, SearchProblem, SearchSpec, check_budget, check_repeats, check_search
 from sweeps.trackers import TrackersSpec, check_trackers
 
@@ -348,14 +350,44 @@ def _check_probe(base_raw: dict[str, Any], key: str, kind: str, args: Any, value
     try:
         _check_experiment(apply_overrides(base_raw, value if kind == "cases" else {key: value}), storage, ray_running)
     except ConfigError as err:
-        if kind == "cases":  # the failing case alone: a study's other cases would bury it
+        if kind in ("cases", "named"):  # the failing entry alone: the others (fleets, cases) would bury it
             name = next(n for n, case in args.items() if case is value)
-            raise SweepSpecError(f"invalid sweep spec:\n  space.{key}.cases.{name} = {value!r}: rejected by the "
+            shown = f" = {value!r}" if kind == "cases" else ""  # a case is a few keys; a named value may be a fleet
+            raise SweepSpecError(f"invalid sweep spec:\n  space.{key}.{kind}.{name}{shown}: rejected by the "
                                  f"experiment config: {_config_problem(err)}") from None
         raise SweepSpecError(
             f"invalid sweep spec:\n  space.{key}.{kind} = {args!r}: value {value!r} is "
             f"rejected by the experiment config: {_config_problem(err)}"
             + _algorithm_hint(key, base_cfg)) from None
+
+
+def _resolved_value(key: str, value: Any, folder: Path | None) -> Any:
+    """``value`` of the dotted ``key`` with its input paths made absolute against ``folder``
+    (None: the working folder)."""
+    try:
+        raw, origins = resolve_paths(apply_overrides({}, {key: value}), folder)
+    except ConfigError:  # not a settable key: the space's own check names it
+        return value
+    if not origins:
+        return value
+    for part in key.split("."):
+        raw = raw[part]
+    return raw
+
+
+def _resolved_dimension(key: str, dist: Any, folder: Path | None) -> Any:
+    """A space dimension whose values (grid, choice, named, cases) may hold paths, resolved."""
+    if not isinstance(dist, dict) or len(dist) != 1:
+        return dist
+    (kind, args), = dist.items()
+    if kind in ("grid", "choice") and isinstance(args, list):
+        return {kind: [_resolved_value(key, v, folder) for v in args]}
+    if kind == "named" and isinstance(args, dict):
+        return {kind: {n: _resolved_value(key, v, folder) for n, v in args.items()}}
+    if kind == "cases" and isinstance(args, dict):
+        return {kind: {n: {k: _resolved_value(k, v, folder) for k, v in case.items()} if isinstance(case, dict)
+                       else case for n, case in args.items()}}
+    return dist
 
 
 def read_mapping_file(path: Path, what: str) -> dict[str, Any]:
@@ -381,8 +413,8 @@ def load_base(base: str | Path | dict[str, Any] | None, spec_dir: Path | None,
         raw = read_yaml_file(path, "experiment file (sweep base)")
         if not isinstance(raw, dict):
             raise SweepSpecError(f"{title}:\n  base = {str(path)!r}: must hold a mapping")
-        return raw
-    return copy.deepcopy(base)
+        return resolve_paths(raw, path.resolve().parent, str(path))[0]  # relative to the base's file
+    return resolve_paths(base, spec_dir)[0]  # an inline base: relative to the spec's file
 
 
 def _load_base(spec: SweepSpec, spec_dir: Path | None) -> dict[str, Any]:
@@ -613,10 +645,12 @@ def resolve(
     command: list[str] | None = None,
     data_checks: list[Callable[[], Any]] | None = None,
     overrides: list[str] | None = None,
+    grid: list[str] | None = None,
 ) -> ResolvedSweep:
     """Load and fully validate a sweep spec; nothing is started or written.
 
     ``overrides``: ``key=value`` items applied to the base after the spec's own (``hetsim sweep --set``).
+    ``grid``: ``KEY=v1,v2`` items replacing dimensions of the space (``hetsim sweep --grid``, sweeps.grid).
 
     ``data_checks``: if a list, the checks that load the data (the base and each probed value,
     validated as a run validates them: seconds of CPU) are appended to it instead of run here,
@@ -636,17 +670,27 @@ def resolve(
         raise SweepSpecError(_format_spec_errors(err)) from None
     if spec.name is None:
         spec.name = default_name or "sweep"
+    # a path among the space's values: relative to the spec's file (a mapping: the working folder),
+    # made absolute here, since trials run in Tune's own working folders
+    spec.space = {key: _resolved_dimension(key, dist, spec_dir) for key, dist in spec.space.items()}
+    if grid:
+        try:
+            spec.space = apply_grid(spec.space, grid)
+        except GridError as err:
+            raise SweepSpecError(f"invalid sweep spec:\n  {err}") from None
+    own = list(spec.overrides)
     if overrides:
-        spec.overrides = [*spec.overrides, *overrides]
+        spec.overrides = [*own, *overrides]
     if address is not None:
         spec.ray.address = address
 
     base_raw = _load_base(spec, spec_dir)
-    if spec.overrides:
-        try:
-            base_raw = apply_overrides(base_raw, spec.overrides)
-        except ConfigError as err:
-            raise SweepSpecError(f"invalid sweep spec:\n  overrides: {err}") from None
+    try:  # a path in the spec's own overrides is relative to the spec's file, in --set to the working folder
+        for items, folder in ((own, spec_dir), (list(overrides or []), None)):
+            if items:
+                base_raw = resolve_paths(apply_overrides(base_raw, items), folder)[0]
+    except ConfigError as err:
+        raise SweepSpecError(f"invalid sweep spec:\n  overrides: {err}") from None
     storage_path = storage_location(
         storage if storage is not None else (spec.storage or Path("sweeps_out") / spec.name))
     try:  # before the data checks: a missing package or a bad URI needs no data loaded

@@ -33,7 +33,15 @@ import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from engine import ConfigError, absolute_trace_files, apply_overrides, load_config, parse_yaml
+from engine import (
+    ConfigError,
+    apply_overrides,
+    load_config,
+    missing_paths,
+    parse_yaml,
+    resolve_paths,
+    resolve_profile_paths,
+)
 from hardware_profiles.sampler import assign_profiles
 from sweeps.results import RUNS_DIR
 from sweeps.spec import (
@@ -78,11 +86,14 @@ def _error(where: str, msg: str) -> SweepSpecError:
     return SweepSpecError(f"invalid what-if:\n  {where}: {msg}")
 
 
-def read_fleet_file(path: str | Path, where: str) -> dict[str, Any]:
-    """A fleet file: the ``clients.profiles`` mapping, bare or as ``clients: {profiles: ...}``."""
+def read_fleet_file(path: str | Path, where: str, given: str | None = None) -> dict[str, Any]:
+    """A fleet file: the ``clients.profiles`` mapping, bare or as ``clients: {profiles: ...}``;
+    its paths are resolved against its folder (``given``: the path as the user wrote it)."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise _error(where, f"fleet file {str(path)!r} does not exist")
+        as_given = f"{given!r} (resolved to {str(path.resolve())!r})" if given and given != str(path) \
+            else repr(str(path))
+        raise _error(where, f"fleet file {as_given} does not exist")
     try:
         raw = parse_yaml(path.read_text(), str(path)) or {}
     except (yaml.YAMLError, ValueError) as err:  # ValueError: the strict loader's YamlError
@@ -95,7 +106,7 @@ def read_fleet_file(path: str | Path, where: str) -> dict[str, Any]:
             raise _error(where, f"fleet file {str(path)!r}: only clients.profiles may change between "
                          f"fleets, found clients.{', clients.'.join(sorted(extra))}")
         raw = raw["clients"].get("profiles") or {}
-    return raw
+    return _resolved(raw, path.resolve().parent, str(path), where)
 
 
 def parse_fleet_arg(text: str, base_dir: Path | None = None) -> tuple[str, dict[str, Any]]:
@@ -106,10 +117,10 @@ def parse_fleet_arg(text: str, base_dir: Path | None = None) -> tuple[str, dict[
     path = Path(file)
     if base_dir is not None and not path.is_absolute():
         path = base_dir / path
-    return name.strip(), _absolute_traces(read_fleet_file(path, f"--fleet {text}"))
+    return name.strip(), read_fleet_file(path, f"--fleet {text}", file)
 
 
-def _fleets(spec: WhatIfSpec, spec_dir: Path | None) -> dict[str, dict[str, Any]]:
+def _fleets(spec: WhatIfSpec, spec_dir: Path | None, source: str | None = None) -> dict[str, dict[str, Any]]:
     items: list[tuple[str, Any]] = []
     if isinstance(spec.fleets, dict):
         items = list(spec.fleets.items())
@@ -121,18 +132,22 @@ def _fleets(spec: WhatIfSpec, spec_dir: Path | None) -> dict[str, dict[str, Any]
     out = {}
     for name, value in items:
         if isinstance(value, str):
-            path = Path(value)
+            path = Path(value).expanduser()
             if spec_dir is not None and not path.is_absolute():
                 path = spec_dir / path
-            value = read_fleet_file(path, f"fleets.{name}")
-        out[name] = _absolute_traces(value)
+            out[name] = read_fleet_file(path, f"fleets.{name}", value)
+        else:
+            out[name] = _resolved(value, spec_dir, source, f"fleets.{name}")
     return out
 
 
-def _absolute_traces(profiles: Any) -> Any:
-    """Trials run in Tune's working folders: a fleet's trace files must not be relative."""
-    if isinstance(profiles, dict) and "conditions" in profiles:
-        return {**profiles, "conditions": absolute_trace_files(profiles["conditions"])}
+def _resolved(profiles: Any, folder: Path | None, source: str | None, where: str) -> Any:
+    """A fleet's paths made absolute against the file that names them (trials run in Tune's
+    working folders); a missing file is refused here, naming the path first."""
+    profiles, origins = resolve_profile_paths(profiles, folder, source)
+    problems = missing_paths({"clients": {"profiles": profiles}}, origins)
+    if problems:
+        raise _error(where, "; ".join(p.strip() for p in problems))
     return profiles
 
 
@@ -147,7 +162,7 @@ def load_whatif_file(path: str | Path) -> tuple[WhatIfSpec, dict[str, dict[str, 
     if spec.name is None:
         spec.name = path.stem
     spec_dir = path.resolve().parent
-    return spec, _fleets(spec, spec_dir), spec_dir
+    return spec, _fleets(spec, spec_dir, str(path)), spec_dir
 
 
 def base_experiment(base: str | Path | dict[str, Any] | None, spec_dir: Path | None = None) -> dict[str, Any]:
@@ -174,6 +189,20 @@ def check_fleets(base_raw: dict[str, Any], fleets: dict[str, dict[str, Any]]) ->
             raise _error(where, str(err)) from None
 
 
+def with_overrides(base_raw: dict[str, Any], overrides: list[str], folder: Path | None = None) -> dict[str, Any]:
+    """``base_raw`` with ``key=value`` items applied (never clients.profiles: the fleets set it); a
+    path they give is relative to ``folder`` (the what-if file's), else to the working folder."""
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if key == PROFILES_KEY or key.startswith(PROFILES_KEY + "."):
+            raise _error(f"overrides {item}", "clients.profiles is what the fleets set; "
+                         "put it in a fleet")
+    try:
+        return resolve_paths(apply_overrides(base_raw, list(overrides)), folder)[0]
+    except ConfigError as err:
+        raise _error("overrides", str(err)) from None
+
+
 def whatif_sweep_spec(
     base_raw: dict[str, Any],
     fleets: dict[str, dict[str, Any]],
@@ -187,15 +216,7 @@ def whatif_sweep_spec(
     ray: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The sweep spec of a what-if: one ``named`` dimension ``clients.profiles``, column ``fleet``."""
-    for item in overrides:
-        key = item.split("=", 1)[0].strip()
-        if key == PROFILES_KEY or key.startswith(PROFILES_KEY + "."):
-            raise _error(f"overrides {item}", "clients.profiles is what the fleets set; "
-                         "put it in a fleet")
-    try:
-        base_raw = apply_overrides(base_raw, list(overrides))
-    except ConfigError as err:
-        raise _error("overrides", str(err)) from None
+    base_raw = with_overrides(base_raw, overrides)
     check_fleets(base_raw, fleets)
     return {
         "name": name,

@@ -283,9 +283,9 @@ def test_unknown_trace_ids_and_missing_files_are_named(tmp_path):
     pd.DataFrame({"trace_id": ["a", "a"], "t_s": [0.0, 5.0], "down_mbps": [1.0, 2.0]}).to_csv(path, index=False)
     for spec, message in ((f"{{kind: trace, file: '{path}', traces: [b]}}", r"names \['b'\], not in"),
                           (f"{{kind: trace, file: '{tmp_path / 'none.csv'}'}}", "does not exist")):
-        cfg = load_config(None, [*TINY, f"clients.profiles.conditions={{sets: {{x: {{down: {spec}}}}}}}"])
-        with pytest.raises(ConfigError, match=message):
-            validate_experiment(cfg)
+        with pytest.raises(ConfigError, match=message):  # a missing file: already at load_config
+            sets = f"clients.profiles.conditions={{sets: {{x: {{down: {spec}}}}}}}"
+            validate_experiment(load_config(None, [*TINY, sets]))
 
 
 def test_a_method_reading_the_profile_sees_its_conditions_at_the_rounds_start(tmp_path):

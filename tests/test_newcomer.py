@@ -5,6 +5,7 @@ import pytest
 from engine.config.schema import apply_overrides, load_config
 from engine.errors import ConfigError
 from engine.run.validate import tier_problems
+from hardware_profiles.sampler import ProfileSpec
 from hardware_profiles.suggest import did_you_mean, unknown
 from hetsim.cli import main
 
@@ -41,13 +42,17 @@ def test_unknown_names_get_a_suggestion(override, words):
 
 
 def test_unknown_tiers_get_a_suggestion_naming_the_field():
-    spec = load_config(None, ["clients.profiles.network={5Mbps: 1.0}", "clients.profiles.devices={phone_mdi: 1}"])
-    problems = tier_problems(spec.clients.profiles)
-    assert problems == [
-        "  clients.profiles.devices = {'phone_mdi': 1.0}: unknown device tier 'phone_mdi'; did you mean "
+    expected = [
+        "  clients.profiles.devices = {'phone_mdi': 1}: unknown device tier 'phone_mdi'; did you mean "
         "'phone_mid'? allowed: edge_gpu, laptop_cpu, phone_high, phone_low, phone_mid, rpi4",
         "  clients.profiles.network = {'5Mbps': 1.0}: unknown network tier '5Mbps'; did you mean '5mbps'? "
         "allowed: 4g, 500mbps, 50mbps, 5mbps, wifi"]
+    with pytest.raises(ConfigError) as err:  # the schema stage, with the file's other mistakes
+        load_config(None, ["clients.profiles.network={5Mbps: 1.0}", "clients.profiles.devices={phone_mdi: 1}"])
+    assert str(err.value).splitlines()[1:] == expected
+    # a spec built without load_config meets the same check in the validation pass
+    spec = ProfileSpec(devices={"phone_mdi": 1}, network={"5Mbps": 1.0})
+    assert tier_problems(spec) == [expected[0].replace("1}", "1.0}"), expected[1]]
 
 
 def test_an_unknown_tier_is_a_user_error_of_the_command(capsys):

@@ -487,7 +487,7 @@ def test_whatif_inputs_are_checked_before_anything_starts(tmp_path, capsys):
     cases = [
         (["--fleet", f"a={ok}"], "1 fleet(s) given; a what-if compares at least 2"),
         (["--fleet", f"a={ok}", "--fleet", f"b={write_yaml(tmp_path / 'b.yaml', {'network': {'7mbps': 1.0}})}"],
-         "fleets.b: unknown network tier '7mbps'"),
+         "fleets.b: clients.profiles.network = {'7mbps': 1.0}: unknown network tier '7mbps'; did you mean"),
         (["--fleet", f"a={ok}", "--fleet", f"b={write_yaml(tmp_path / 'c.yaml', {'network': {'5mbps': 2.0}})}"],
          "fleets.b:"),
         (["--fleet", f"a={ok}", "--fleet", f"b={write_yaml(tmp_path / 'd.yaml', {'clients': {'num_clients': 3}})}"],

@@ -1,10 +1,12 @@
 """Plain words for pydantic's type errors in a config: a value with a unit, a string where a
-section is expected, an unknown method name (:func:`engine.config.schema._format_errors` asks)."""
+section is expected, an unknown method name (:func:`engine.config.schema._format_errors` asks);
+and the names pydantic does not check, the device and network tiers (:func:`tier_problems`)."""
 from __future__ import annotations
 
 import re
 from typing import Any
 
+from hardware_profiles.catalog import load_catalog
 from hardware_profiles.suggest import did_you_mean, unknown
 
 # a field's unit, from the end of its name: the schema's convention (down_mbps, memory_gb, ...)
@@ -49,3 +51,21 @@ def friendly(e: dict[str, Any], loc: list[str]) -> str | None:
         best = did_you_mean(value, re.findall(r"'([^']+)'", str((e.get("ctx") or {}).get("expected", ""))))
         return f"{e['msg']}; did you mean {best!r}?" if best else None
     return None
+
+
+def tier_problems(spec: Any) -> list[str]:
+    """Unknown tier names of the device and network mixes of ``clients.profiles`` (a raw mapping
+    or a validated spec), before the data is loaded: one line each, with the closest name."""
+    get = spec.get if isinstance(spec, dict) else (lambda key: getattr(spec, key, None))
+    try:
+        catalog = load_catalog(get("catalog"))
+    except (ValueError, OSError, TypeError):  # a broken catalog is reported where the profiles are built
+        return []
+    out = []
+    for field, known, what in (("devices", catalog.devices, "device tier"), ("network", catalog.networks,
+                                                                              "network tier")):
+        mix = get(field) or {}
+        if isinstance(mix, dict):
+            out += [f"  clients.profiles.{field} = {mix!r}: {unknown(what, name, known)}"
+                    for name in mix if str(name) not in known]
+    return out

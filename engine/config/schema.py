@@ -24,25 +24,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from algorithms.asynchronous import ASYNC_METHODS, SYNCHRONOUS_ONLY
 from algorithms.params import ALGORITHM_PARAMS
-from engine.config.hints import friendly
+from engine.config.hints import friendly, tier_problems
 from engine.config.names import DATASET_NAMES, MODEL_NAMES
+from engine.config.paths import expand_path, missing_paths, resolve_paths
 from engine.config.yamlio import check_values, parse_yaml, read_yaml_file
 from engine.errors import ConfigError
 from hardware_profiles.clock import RoundPolicy
 from hardware_profiles.sampler import ProfileSpec
 from hardware_profiles.suggest import unknown, unknown_key
+from hardware_profiles.traces import BUILTIN_PREFIX
 
 DEFAULT_CONFIG = Path(__file__).parent / "default.yaml"
 __all__ = ["ConfigError", "ExperimentConfig", "load_config", "apply_overrides", "expand_path"]
-
-
-def expand_path(value: str) -> str:
-    """``~`` and ``$VAR`` expanded (once: the resolved config stores the result)."""
-    out = os.path.expandvars(os.path.expanduser(value))
-    missing = re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", out)
-    if missing:
-        raise ValueError(f"environment variable {missing[0]} is not set (in {value!r})")
-    return out
 
 
 def _expanded(v: str | None) -> str | None:
@@ -149,7 +142,7 @@ def absolute_trace_files(conditions: Any) -> Any:
             spec = dict(spec)
             for process in ("down", "up", "compute", "availability"):
                 p = spec.get(process)
-                if isinstance(p, dict) and isinstance(p.get("file"), str):
+                if isinstance(p, dict) and isinstance(p.get("file"), str) and not p["file"].startswith(BUILTIN_PREFIX):
                     spec[process] = {**p, "file": os.path.abspath(expand_path(p["file"]))}
         sets[name] = spec
     return {**conditions, "sets": sets}
@@ -522,8 +515,8 @@ def bool_problems(annotation: Any, value: Any, where: str) -> list[str]:
     return out
 
 
-def _format_errors(err: ValidationError, raw: dict[str, Any]) -> str:
-    lines = []
+def _format_errors(err: ValidationError, raw: dict[str, Any], problems: list[str] = ()) -> str:
+    lines = list(problems)
     for e in err.errors():
         loc = [str(p) for p in e["loc"] if not (isinstance(p, str) and p in ALGORITHM_PARAMS)]
         field = ".".join(loc) or "<root>"
@@ -571,23 +564,30 @@ def load_config(
     """
     if source is None:
         source = DEFAULT_CONFIG
+    origins: dict = {}
     if isinstance(source, (str, Path)):
         path = Path(expand_path(str(source)))
         raw = read_yaml_file(path)
         if not isinstance(raw, dict):
             raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections "
                               f"(seed:, rounds:, dataset:, ...), got a {type(raw).__name__}")
+        # the file's paths are relative to its folder; --set values to the working folder (below)
+        raw, origins = resolve_paths(raw, path.resolve().parent, str(path))
     else:
         raw = copy.deepcopy(dict(source))
     if overrides:
         raw = apply_overrides(raw, overrides)
-    problems = check_values(raw) + bool_problems(ExperimentConfig, raw, "")
+    raw, origins = resolve_paths(raw, None, None, origins)
+    profiles = (raw.get("clients") or {}).get("profiles") if isinstance(raw.get("clients"), dict) else None
+    problems = (check_values(raw) + bool_problems(ExperimentConfig, raw, "") + missing_paths(raw, origins)
+                + (tier_problems(profiles) if isinstance(profiles, dict) else []))
+    try:  # every mistake of the file in one message: these lines and pydantic's together
+        cfg = ExperimentConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, raw, problems)) from None
     if problems:
         raise ConfigError("invalid experiment config:\n" + "\n".join(problems))
-    try:
-        return ExperimentConfig.model_validate(raw)
-    except ValidationError as err:
-        raise ConfigError(_format_errors(err, raw)) from None
+    return cfg
 
 
 SECRET_OPTIONS = ("access_key", "secret_key", "session_token")  # of output.storage_options

@@ -145,7 +145,7 @@ def parse_yaml(text: str, source: str) -> Any:
         mark = err.problem_mark or err.context_mark
         if mark is None:
             where = source
-        elif source.startswith("--set"):  # a one-line value: the column is enough
+        elif source.startswith(("--set", "--grid")):  # a one-line value: the column is enough
             where = f"{source} (column {mark.column + 1} of {text.strip()!r})"
         else:
             where = f"{source}:{mark.line + 1}:{mark.column + 1}"

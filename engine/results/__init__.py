@@ -38,6 +38,9 @@ _EXPORTS = {
     "RunWriter": "engine.results.tables",
     "load_run": "engine.results.tables",
     "read_table": "engine.results.tables",
+    "TERMINAL_WIDTH": "engine.results.text",
+    "fold_table": "engine.results.text",
+    "wrap": "engine.results.text",
 }
 
 __all__ = sorted(_EXPORTS)

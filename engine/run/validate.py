@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from algorithms.base import ModelSize
+from engine.config.hints import tier_problems
 from engine.config.schema import ExperimentConfig
 from engine.data.build import build_data
 from engine.data.datasets import _COMMON_ARGS, DATASETS, DatasetNotFoundError
@@ -35,13 +36,11 @@ from engine.errors import ConfigError
 from engine.loop.selection import select_clients, target_arrivals
 from engine.ray.cluster import RayConnectError, check_reachable, cluster_cpus, ray_is_up, resolve_address
 from engine.ray.pool import PoolSizeError, plan_pool
-from hardware_profiles.catalog import load_catalog
 from hardware_profiles.condition_spec import Constant
 from hardware_profiles.conditions import FleetConditions
 from hardware_profiles.energy import FleetBatteries
 from hardware_profiles.profile import RANGE_HINT
 from hardware_profiles.sampler import assign_profiles
-from hardware_profiles.suggest import unknown
 from hardware_profiles.traces import TraceError
 
 HEADER = "invalid experiment config:\n"
@@ -117,21 +116,6 @@ def static_problems(cfg: ExperimentConfig, run_dir) -> list[str]:
         if problem:
             problems.append(problem)
     return problems + tier_problems(cfg.clients.profiles)
-
-
-def tier_problems(spec) -> list[str]:
-    """Unknown tier names of the device and network mixes, before the data is loaded."""
-    try:
-        catalog = load_catalog(spec.catalog)
-    except (ValueError, OSError):  # a broken catalog is reported where the profiles are built
-        return []
-    out = []
-    for field, known, what in (("devices", catalog.devices, "device tier"), ("network", catalog.networks,
-                                                                              "network tier")):
-        mix = getattr(spec, field) or {}
-        out += [f"  clients.profiles.{field} = {mix!r}: {unknown(what, name, known)}"
-                for name in mix if name not in known]
-    return out
 
 
 def folder_problem(path: str | Path, field: str) -> str | None:
