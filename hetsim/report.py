@@ -23,7 +23,6 @@ import yaml
 from engine.results import load_run
 from hetsim import plots
 from hetsim.common import human_bytes, is_sweep_folder
-from hetsim.compare import run_summary
 from hetsim.page import Page
 from hetsim.report_async import ASYNC_FIGURES as ASYNC_FIGURES
 from hetsim.report_async import async_section, has_async
@@ -37,6 +36,7 @@ from hetsim.report_participation import participation_section, participation_sum
 from hetsim.report_sweep import SWEEP_FIGURES as SWEEP_FIGURES
 from hetsim.report_sweep import sweep_page
 from hetsim.report_sweep import sweep_param_figure_id as sweep_param_figure_id
+from hetsim.summary import method_text, summary_rows
 
 RUN_FIGURES = (
     "fig-accuracy-round",
@@ -79,23 +79,11 @@ def run_page(path: Path) -> Page:
     algo = (cfg.get("algorithm") or {}).get("name") or run.manifest.get("algorithm", "?")
     dataset = (cfg.get("dataset") or {}).get("name") or run.manifest.get("dataset", "?")
     page = Page(f"hetsim run: {path.name}{_trial_params(path)}",
-                f"{algo} on {dataset}, {run.manifest.get('num_clients', '?')} clients, "
+                f"{method_text(cfg, run.manifest)} on {dataset}, {run.manifest.get('num_clients', '?')} clients, "
                 f"status {run.manifest.get('status', '?')}")
     participation = participation_summary(run)
     page.warnings(run_warnings(run, participation))
-    s = run_summary(run)
-    page.key_values("table-run-summary", [
-        ("run folder", str(path)),
-        ("status", str(run.manifest.get("status", "?"))),
-        ("algorithm / dataset / model", f"{algo} / {dataset} / {(cfg.get('model') or {}).get('name', '?')}"),
-        ("seed", str(cfg.get("seed", run.manifest.get("seed", "?")))),
-        ("rounds", f"{s['rounds']} of {cfg.get('rounds', '?')}"),
-        ("global accuracy: final / best", f"{_pct(s['final_global_acc'])} / {_pct(s['best_global_acc'])}"),
-        ("personalized accuracy: final / best", f"{_pct(s['final_pers_acc'])} / {_pct(s['best_pers_acc'])}"),
-        ("simulated time", f"{s['sim_time_s']:.2f} s"),
-        ("upload / download", f"{human_bytes(s['bytes_up'])} / {human_bytes(s['bytes_down'])}"),
-        ("wall time", f"{s['wall_s']:.1f} s" if np.isfinite(s["wall_s"]) else "–"),
-    ])
+    page.key_values("table-run-summary", summary_items(path, run))
     if run.rounds.empty:
         page.text("This run has no finished rounds yet: nothing to plot.")
         for fig_id in RUN_FIGURES:
@@ -131,6 +119,17 @@ def run_page(path: Path) -> Page:
     return page
 
 
+def summary_items(path: Path, run) -> list[tuple[str, str]]:
+    """The report's first table: the folder, status and seed, then the lines `hetsim show` prints."""
+    cfg = run.config or {}
+    return [
+        ("run folder", str(path)),
+        ("status", str(run.manifest.get("status", "?"))),
+        ("seed", str(cfg.get("seed", run.manifest.get("seed", "?")))),
+        *(summary_rows(run) if len(run.rounds) else []),
+    ]
+
+
 def _trial_params(path: Path) -> str:
     """`` (fleet slow)`` / `` (lr=0.01)`` for a sweep's or what-if's trial folder (its trial.json), else ""."""
     try:
@@ -140,10 +139,6 @@ def _trial_params(path: Path) -> str:
     # a what-if's one dimension is clients.profiles, named by its fleet
     text = ", ".join(f"fleet {v}" if k == "clients.profiles" else f"{k}={v}" for k, v in params.items())
     return f" ({text})" if text else ""
-
-
-def _pct(v: float) -> str:
-    return "–" if v is None or not np.isfinite(v) else f"{100 * v:.2f}%"
 
 
 # ---------------------------------------------------------------- accuracy
