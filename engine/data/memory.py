@@ -1,7 +1,7 @@
 """The memory an eager dataset will take, estimated before it is built (issue 37).
 
 An eager ``synthetic`` dataset generates every client's rows up front: a million clients hold
-~63M rows and peak at ~31 GB while they are generated and partitioned. Validation estimates that
+~63M rows and peak at ~32 GiB while they are generated and partitioned. Validation estimates that
 peak from the dataset's params and ``clients.num_clients`` and refuses a run that would not fit
 in the memory this machine has available, naming ``dataset.params.lazy: true`` (rows built per
 client when it takes part, :mod:`engine.data.ondemand`), instead of letting it grow until the
