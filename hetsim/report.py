@@ -162,7 +162,7 @@ def accuracy_figures(page: Page, run) -> None:
     page.row()
     for fig_id, x, xlabel in (("fig-accuracy-round", "round", "round"),
                               ("fig-accuracy-time", "sim_time_s", "simulated time (s)")):
-        fig, (ax,) = plots.figure(width=6.6, height=4.0)
+        fig, (ax,) = plots.figure(width=6.6, height=4.0)  # the legend right of the axes
         for col, label, colour, style in ACCURACY_LINES:
             if col not in metrics:
                 continue
@@ -183,7 +183,7 @@ def accuracy_figures(page: Page, run) -> None:
         ax.set_xlabel(xlabel)
         ax.set_ylabel("accuracy")
         ax.set_ylim(0, 1.02)
-        ax.legend(loc="best", fontsize=8)
+        plots.legend_outside(ax)
         title = "Accuracy per round" if x == "round" else "Accuracy against simulated time"
         ax.set_title(title, loc="left", fontsize=11)
         page.figure(fig_id, fig, "global: held-out global test set; personalized: each client's own "
@@ -202,14 +202,17 @@ def time_figures(page: Page, run) -> None:
             page.omit(fig_id, f"{fig_id}: clients.parquet has no client times")
         return
     ran = c[plots.numeric(c["sim_total_s"]).notna()]
-    for fig_id, (groups, order), what in (
-        ("fig-time-device-tier", plots.device_groups(ran, run.profiles), "device tier"),
-        ("fig-time-network-tier", plots.network_groups(ran, run.profiles), "network tier"),
+    for fig_id, grouping, what in (
+        ("fig-time-device-tier", plots.device_groups, "device tier"),
+        ("fig-time-network-tier", plots.network_groups, "network tier"),
     ):
-        _phase_panels(page, fig_id, ran, r, groups, order, what)
+        groups, order = grouping(ran, run.profiles)
+        all_groups, _ = grouping(c, run.profiles)  # the participation panels count the selected clients
+        selected = c.groupby(all_groups.values)["client_id"].nunique()
+        _phase_panels(page, fig_id, ran, r, groups, order, what, selected)
 
 
-def _phase_panels(page, fig_id, ran, rounds, groups, order, what) -> None:
+def _phase_panels(page, fig_id, ran, rounds, groups, order, what, selected) -> None:
     phases = [p for p in plots.PHASES if p[0] in ran.columns]
     ncols, nrows = plots.grid_shape(len(order))
     fig, axes = plots.figure(ncols=ncols, nrows=nrows, height=3.2, sharey=True)
@@ -223,8 +226,10 @@ def _phase_panels(page, fig_id, ran, rounds, groups, order, what) -> None:
         plots.stacked_bars(ax, all_rounds, [(lab, m[col].to_numpy(), colour) for col, lab, colour in phases])
         ax.step(all_rounds, round_s.reindex(all_rounds).to_numpy(), where="mid", color="black",
                 linewidth=1, label="round time (slowest arrived)")
-        n_clients = ran.loc[groups == g, "client_id"].nunique()
-        ax.set_title(f"{g}  ({n_clients} clients)", loc="left", fontsize=10)
+        n_ran = ran.loc[groups == g, "client_id"].nunique()
+        n_selected = selected.get(g, n_ran)
+        ax.set_title(f"{g}  ({n_ran} of {n_selected} selected clients ran)" if n_selected != n_ran
+                     else f"{g}  ({n_ran} clients ran)", loc="left", fontsize=10)
         plots.round_ticks(ax)
     axes[0].set_ylabel("simulated s (mean per client)")
     for row_start in range(0, len(axes), ncols):
@@ -234,7 +239,9 @@ def _phase_panels(page, fig_id, ran, rounds, groups, order, what) -> None:
     fig.suptitle(f"Simulated time per round by {what}: download / compute / compress / upload",
                  x=0.01, ha="left", fontsize=11)
     page.figure(fig_id, fig, f"bars: mean phase seconds of the {what}'s clients that ran in the "
-                "round; line: the round's simulated time (slowest client that arrived, or the deadline)")
+                "round; line: the round's simulated time (slowest client that arrived, or the deadline); "
+                "a title counts the tier's clients that ran (not unavailable) of those ever selected, "
+                "which the participation panels count")
 
 
 # ---------------------------------------------------------------- bytes and participation
@@ -249,21 +256,29 @@ def bytes_figure(page: Page, run) -> None:
     x = r["round"].to_numpy()
     down, up = plots.numeric(r["bytes_down"]).fillna(0), plots.numeric(r["bytes_up"]).fillna(0)
     # up and down on their own scales: compression cuts the upload, invisible beside the broadcast
+    same = bool(np.array_equal(down.to_numpy(), up.to_numpy()))  # FedAvg: the upload is the broadcast
+    note = " (= download)" if same else ""
     fig, axes = plots.figure(ncols=2, height=3.2)
     for ax, values, what, colour in ((axes[0], down, "download", "#4C72B0"), (axes[1], up, "upload", "#C44E52")):
         div, unit = plots.byte_unit(values.max())
         ax.bar(x, values / div, 0.8, color=colour, linewidth=0)
         plots.round_ticks(ax)
         ax.set_ylabel(f"{unit} per round")
-        ax.set_title(f"{what.capitalize()} per round (total {human_bytes(values.sum())})", loc="left", fontsize=11)
+        ax.set_title(f"{what.capitalize()} per round (total {human_bytes(values.sum())})"
+                     + (note if what == "upload" else ""), loc="left", fontsize=11)
     page.figure("fig-bytes", fig, "download: broadcast to the clients that ran; upload: payloads "
-                "of the clients that arrived (exact payload bytes); each panel on its own scale")
+                "of the clients that arrived (exact payload bytes); each panel on its own scale"
+                + ("; here every round's upload equals its download" if same else ""))
     fig, (ax,) = plots.figure(width=7.5, height=3.4)
     t = plots.numeric(r["sim_time_s"]).to_numpy()
-    for values, what, colour in ((down, "download", "#4C72B0"), (up, "upload", "#C44E52")):
+    # equal series: download wide and dashed under a thin upload, so that both stay visible
+    lines = ((down, "download (= upload)" if same else "download", "#4C72B0", "--" if same else "-",
+              3.2 if same else 1.5),
+             (up, "upload", "#C44E52", "-", 1.2 if same else 1.5))
+    for values, what, colour, style, width in lines:
         cum = values.cumsum().to_numpy(dtype=float)
-        ax.plot(t, np.where(cum > 0, cum, np.nan), "-", color=colour, label=what,
-                marker=plots.marker_for(len(t)), markersize=3)
+        ax.plot(t, np.where(cum > 0, cum, np.nan), style, color=colour, label=what, linewidth=width,
+                marker=plots.marker_for(len(t)) if not (same and style == "--") else None, markersize=3)
     if (down.sum() > 0) or (up.sum() > 0):
         from matplotlib.ticker import FuncFormatter  # matplotlib: only drawing needs it (see plots.figure)
 
@@ -271,10 +286,11 @@ def bytes_figure(page: Page, run) -> None:
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: human_bytes(v)))
     ax.set_xlabel("simulated time (s)")
     ax.set_ylabel("cumulative bytes (log)")
-    ax.legend(fontsize=8, loc="lower right")
+    plots.legend_outside(ax)
     ax.set_title("Cumulative bytes against simulated time", loc="left", fontsize=11)
     page.figure("fig-bytes-time", fig, "cumulative download and upload at the end of each round, against "
-                "cumulative simulated seconds; log axis: both stay visible when one is much smaller")
+                "cumulative simulated seconds; log axis: both stay visible when one is much smaller"
+                + ("; the two are equal here: the dashed download lies under the upload" if same else ""))
 
 
 def _outcome(clients: pd.DataFrame) -> pd.Series:
