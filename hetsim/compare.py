@@ -396,7 +396,7 @@ def compare_page(entries: list[Entry], metric: str = "global_acc", target: float
         ax.set_ylabel(metric)
         if plots.is_accuracy(metric):
             plots.min_span(ax)
-        plots.legend_outside(ax)
+        plots.fig_legend(fig, ax, ncols=2)  # below: two such figures stand side by side
         ax.set_title(f"{metric} against {xlabel.split(' (')[0]}", loc="left", fontsize=11)
         page.figure(fig_id, fig)
     page.row(False)
@@ -410,7 +410,7 @@ def compare_page(entries: list[Entry], metric: str = "global_acc", target: float
     plots.round_ticks(ax)
     ax.set_xlabel(round_label)
     ax.set_ylabel("simulated s")
-    plots.legend_outside(ax)
+    plots.fig_legend(fig, ax, ncols=2)
     ax.set_title("Simulated time per round" + (" or server step" if steps else ""), loc="left", fontsize=11)
     page.figure("fig-compare-round-time", fig)
     fig, (ax,) = plots.figure(width=6.6, height=3.6)
@@ -421,7 +421,7 @@ def compare_page(entries: list[Entry], metric: str = "global_acc", target: float
                     color=colours[e.label], label=e.label)
     ax.set_xlabel("simulated time (s)")
     ax.set_ylabel("cumulative MB uploaded")
-    plots.legend_outside(ax)
+    plots.fig_legend(fig, ax, ncols=2)
     ax.set_title("Upload against simulated time", loc="left", fontsize=11)
     page.figure("fig-compare-bytes", fig)
     page.row(False)

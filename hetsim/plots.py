@@ -62,19 +62,24 @@ def tidy(ax) -> None:
     ax.set_axisbelow(True)
 
 
-def round_ticks(ax) -> None:
-    """Integer ticks on a round axis."""
+def round_ticks(ax, label: str = "round") -> None:
+    """Integer ticks on a round axis (``label``: "server step" for an asynchronous run's rows)."""
     from matplotlib.ticker import MaxNLocator  # matplotlib: only drawing needs it (see figure)
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("round")
+    ax.set_xlabel(label)
 
 
-def fig_legend(fig, ax) -> None:
-    """One legend for all panels, below them (the panels share their series)."""
+def step_word(run) -> str:
+    """What a row of rounds.parquet is: "round", or "server step" in an asynchronous run."""
+    return "server step" if ((getattr(run, "config", None) or {}).get("asynchronous")) else "round"
+
+
+def fig_legend(fig, ax, ncols: int = 6) -> None:
+    """One legend for all panels, below them (the panels share their series), outside the axes."""
     handles, labels = ax.get_legend_handles_labels()
     if handles:
-        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 6), fontsize=8,
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), ncols), fontsize=8,
                    frameon=False)
 
 

@@ -159,10 +159,11 @@ def accuracy_figures(page: Page, run) -> None:
             page.omit(fig_id, f"{fig_id}: no evaluated round (global_acc and pers_acc are empty)")
         return
     evaluated = r[metrics + arch_cols].apply(plots.numeric).notna().any(axis=1)
+    step = plots.step_word(run)
     page.row()
-    for fig_id, x, xlabel in (("fig-accuracy-round", "round", "round"),
+    for fig_id, x, xlabel in (("fig-accuracy-round", "round", step),
                               ("fig-accuracy-time", "sim_time_s", "simulated time (s)")):
-        fig, (ax,) = plots.figure(width=6.6, height=4.0)  # the legend right of the axes
+        fig, (ax,) = plots.figure(width=6.6, height=4.0)
         for col, label, colour, style in ACCURACY_LINES:
             if col not in metrics:
                 continue
@@ -179,12 +180,12 @@ def accuracy_figures(page: Page, run) -> None:
             ax.plot(ev[x], ev["v"], ":", color=plots.PALETTE[(i + 4) % len(plots.PALETTE)],
                     label=f"global: {col[len('global_acc_'):]}")
         if x == "round":
-            plots.round_ticks(ax)
+            plots.round_ticks(ax, step)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("accuracy")
         ax.set_ylim(0, 1.02)
-        plots.legend_outside(ax)
-        title = "Accuracy per round" if x == "round" else "Accuracy against simulated time"
+        plots.fig_legend(fig, ax, ncols=2)  # below: two such figures stand side by side
+        title = f"Accuracy per {step}" if x == "round" else "Accuracy against simulated time"
         ax.set_title(title, loc="left", fontsize=11)
         page.figure(fig_id, fig, "global: held-out global test set; personalized: each client's own "
                     "model on its local test split, mean and worst over the clients that ran"
@@ -209,10 +210,10 @@ def time_figures(page: Page, run) -> None:
         groups, order = grouping(ran, run.profiles)
         all_groups, _ = grouping(c, run.profiles)  # the participation panels count the selected clients
         selected = c.groupby(all_groups.values)["client_id"].nunique()
-        _phase_panels(page, fig_id, ran, r, groups, order, what, selected)
+        _phase_panels(page, fig_id, ran, r, groups, order, what, selected, plots.step_word(run))
 
 
-def _phase_panels(page, fig_id, ran, rounds, groups, order, what, selected) -> None:
+def _phase_panels(page, fig_id, ran, rounds, groups, order, what, selected, step="round") -> None:
     phases = [p for p in plots.PHASES if p[0] in ran.columns]
     ncols, nrows = plots.grid_shape(len(order))
     fig, axes = plots.figure(ncols=ncols, nrows=nrows, height=3.2, sharey=True)
@@ -224,19 +225,19 @@ def _phase_panels(page, fig_id, ran, rounds, groups, order, what, selected) -> N
         if m is None:
             continue
         plots.stacked_bars(ax, all_rounds, [(lab, m[col].to_numpy(), colour) for col, lab, colour in phases])
-        ax.step(all_rounds, round_s.reindex(all_rounds).to_numpy(), where="mid", color="black",
-                linewidth=1, label="round time (slowest arrived)")
+        ax.step(all_rounds, round_s.reindex(all_rounds).to_numpy(), where="mid", color="black", linewidth=1,
+                label="round time (slowest arrived)" if step == "round" else "time since the previous step")
         n_ran = ran.loc[groups == g, "client_id"].nunique()
         n_selected = selected.get(g, n_ran)
         ax.set_title(f"{g}  ({n_ran} of {n_selected} selected clients ran)" if n_selected != n_ran
                      else f"{g}  ({n_ran} clients ran)", loc="left", fontsize=10)
-        plots.round_ticks(ax)
+        plots.round_ticks(ax, step)
     axes[0].set_ylabel("simulated s (mean per client)")
     for row_start in range(0, len(axes), ncols):
         axes[row_start].set_ylabel("simulated s (mean per client)")
     plots.hide_unused(axes, len(order))
     plots.fig_legend(fig, axes[0])
-    fig.suptitle(f"Simulated time per round by {what}: download / compute / compress / upload",
+    fig.suptitle(f"Simulated time per {step} by {what}: download / compute / compress / upload",
                  x=0.01, ha="left", fontsize=11)
     page.figure(fig_id, fig, f"bars: mean phase seconds of the {what}'s clients that ran in the "
                 "round; line: the round's simulated time (slowest client that arrived, or the deadline); "
