@@ -113,10 +113,11 @@ def energy_rows(run) -> list[tuple[str, str]]:
     r, c = run.rounds, run.clients
     if "energy_j" not in r:
         return [("energy", f"{NA} (run written before the energy ledger: no energy columns)")]
-    total = float(_num(r, "energy_j").sum(min_count=1))
-    if not np.isfinite(total):
-        rows = [("energy", f"{NA} (a tier without a power model: its clients' energy is unknown; "
-                           "docs/energy.md)")]
+    energy = _num(r, "energy_j")
+    total = float(energy.sum())
+    if energy.isna().any():  # a sum over the known rounds would pass for the whole run's
+        rows = [("energy", f"{NA} ({int(energy.isna().sum())} of {len(energy)} rounds include a client whose "
+                           "tier has no power model, so their energy is unknown; docs/energy.md)")]
     else:
         wasted = float(_num(r, "energy_wasted_j").sum())
         share = f", {100 * wasted / total:.1f} % on updates not aggregated" if total > 0 else ""

@@ -140,6 +140,17 @@ def test_a_run_written_before_the_energy_ledger_says_so(tmp_path, capsys):
     assert json.loads((tmp_path / folder.split("/")[-1] / "manifest.json").read_text()).get("asynchronous") is None
 
 
+def test_an_unknown_energy_is_not_summed_over_the_known_rounds(tmp_path, capsys):
+    folder, _ = _run(tmp_path, capsys, "rounds=2")
+    path = f"{folder}/rounds.parquet"
+    df = pd.read_parquet(path)
+    df.loc[1, "energy_j"] = float("nan")  # as the ledger writes a round with a tier of unknown power
+    df.to_parquet(path)
+    text = summary_table(folder)
+    assert _line(text, "energy").startswith("n/a (1 of 2 rounds include a client whose tier has no power model")
+    assert "energy (fleet total)" not in text
+
+
 @pytest.mark.parametrize("value, text", [(0.5, "0.5 J"), (1234.0, "1.23 kJ"), (2.5e6, "2.5 MJ")])
 def test_joules(value, text):
     assert joules(value) == text
