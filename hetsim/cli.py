@@ -25,7 +25,7 @@ from pathlib import Path
 
 from engine import RunCallback, UserError, mark  # light: no torch, no Ray
 from hetsim import results_cli, start_cli
-from hetsim.common import TERMINAL_WIDTH, human_bytes, resolve_latest  # report / compare / whatif: argparse only
+from hetsim.common import TERMINAL_WIDTH, resolve_latest  # report / compare / whatif: argparse only
 
 EPILOG = """examples:
   hetsim run                                   # the built-in default experiment
@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run one experiment and write its run folder", parents=[common])
     _add_config_args(p)
     p.add_argument("-o", "--out", help="run folder, a path or a URI such as s3://bucket/runs/x "
-                   "(default: <output.dir>/<algorithm>-<dataset>-<time>)")
+                   "(default: <output.dir>/<method>-<dataset>-<time>; method: the algorithm or the "
+                   "asynchronous mode, e.g. fedbuff)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue an unfinished run from its newest checkpoint; -c/--set may change "
@@ -143,17 +144,18 @@ def cmd_validate(args) -> int:
 
 
 class ProgressBar(RunCallback):
-    """A run callback: one tqdm bar over rounds, showing the latest accuracies and simulated time."""
+    """A run callback: one tqdm bar over rounds (an asynchronous run's server steps), showing the
+    latest accuracies and simulated time."""
 
-    def __init__(self, total: int):
-        self.total = total
+    def __init__(self, total: int, unit: str = "round"):
+        self.total, self.unit = total, unit
         self.bar = None
         self.postfix: dict[str, str] = {}
 
     def on_run_begin(self, run) -> None:
         from tqdm import tqdm  # ~50 ms: only a run with a progress bar needs it
 
-        self.bar = tqdm(total=self.total, initial=run.first_round, unit="round",
+        self.bar = tqdm(total=self.total, initial=run.first_round, unit=self.unit,
                         dynamic_ncols=True, file=sys.stderr)
 
     def on_round_end(self, run, rec) -> None:
@@ -195,7 +197,7 @@ def cmd_run(args) -> int:
         path, warnings = prepare_run(cfg, args.out)
     args.run_path = path  # for the error log and the interruption message
     mark("cli: config loaded")
-    callbacks = [] if args.quiet else [ProgressBar(cfg.rounds)]
+    callbacks = [] if args.quiet else [ProgressBar(cfg.rounds, "step" if cfg.asynchronous else "round")]
     try:
         if args.resume:
             resume_run(path, cfg, callbacks=callbacks, command=sys.argv)
@@ -259,6 +261,7 @@ def cmd_show(args) -> int:
 
 def summary_table(path: Path | str) -> str:
     from engine.results import load_run, run_status  # pandas and pyarrow: not for --help
+    from hetsim.summary import format_rows, summary_rows  # the lines the report's table shows too
 
     run = load_run(path)
     m = run.manifest
@@ -266,30 +269,9 @@ def summary_table(path: Path | str) -> str:
     if status == "crashed":
         status += (f" (its process {m.get('pid')} on {m.get('host')} is gone; last heartbeat "
                    f"{m.get('heartbeat', 'never')})")
-    r = run.rounds
-    if r.empty:
+    if run.rounds.empty:
         return f"{path}: no finished rounds (status: {status})"
-    last = r.iloc[-1]
-    evaluated = r.dropna(subset=["global_acc"]) if "global_acc" in r else r.iloc[0:0]
-
-    def pct(v):
-        return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.2f}%"
-
-    wall = m.get("wall_s", r["wall_s"].sum() if "wall_s" in r else float("nan"))
-    lines = [
-        ("status", status),
-        ("algorithm / dataset", f"{m.get('algorithm')} / {m.get('dataset')}"),
-        ("rounds", f"{len(r)}"),
-        ("global accuracy (final)", pct(last.get("global_acc"))),
-        ("global accuracy (best)", pct(evaluated["global_acc"].max() if len(evaluated) else None)),
-        ("personalized acc (mean)", pct(last.get("pers_acc"))),
-        ("personalized acc (weighted)", pct(last.get("pers_acc_weighted"))),
-        ("personalized acc (worst client)", pct(last.get("pers_acc_worst"))),
-        ("upload total", human_bytes(r["bytes_up"].sum())),
-        ("download total", human_bytes(r["bytes_down"].sum())),
-        ("simulated time", f"{last['sim_time_s']:.1f} s"),
-        ("wall time", f"{wall:.1f} s"),
-    ]
+    lines = [("status", status), *summary_rows(run)]
     if m.get("resumes"):
         froms = ", ".join(str(e.get("from_round")) for e in m["resumes"])
         lines.append(("resumed", f"{len(m['resumes'])}x (from round {froms})"))
@@ -299,8 +281,7 @@ def summary_table(path: Path | str) -> str:
         lines.append(("reason", str(m["error"]).splitlines()[-1][:200]))
     for text in m.get("warnings") or []:
         lines.append(("warning", text[:200]))
-    width = max(len(k) for k, _ in lines)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
+    return format_rows(lines)
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:

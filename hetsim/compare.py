@@ -372,8 +372,11 @@ def compare_page(entries: list[Entry], metric: str = "global_acc", target: float
     styles = ["-", "--", "-.", ":"]
     page.section("Curves")
     has_metric = any(plots.has_values(e.run.rounds, metric) for e in entries)
+    # an asynchronous run's rows are server steps: the round axis says so when one is there
+    steps = any((e.run.config or {}).get("asynchronous") for e in entries)
+    round_label = "round (asynchronous: server step)" if steps else "round"
     page.row()
-    for fig_id, x, xlabel in (("fig-compare-accuracy-round", "round", "round"),
+    for fig_id, x, xlabel in (("fig-compare-accuracy-round", "round", round_label),
                               ("fig-compare-accuracy-time", "sim_time_s", "simulated time (s)")):
         if not has_metric:
             page.omit(fig_id, f"{fig_id}: no run has values of {metric}")
@@ -393,8 +396,10 @@ def compare_page(entries: list[Entry], metric: str = "global_acc", target: float
             plots.round_ticks(ax)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(metric)
-        ax.legend(fontsize=8, loc="lower right")
-        ax.set_title(f"{metric} against {xlabel}", loc="left", fontsize=11)
+        if plots.is_accuracy(metric):
+            plots.min_span(ax)
+        plots.fig_legend(fig, ax, ncols=2)  # below: two such figures stand side by side
+        ax.set_title(f"{metric} against {xlabel.split(' (')[0]}", loc="left", fontsize=11)
         page.figure(fig_id, fig)
     page.row(False)
     page.row()
@@ -405,9 +410,10 @@ def compare_page(entries: list[Entry], metric: str = "global_acc", target: float
             ax.plot(r["round"], r["sim_round_s"], styles[i % len(styles)], color=colours[e.label],
                     label=e.label, marker=plots.marker_for(len(r)), markersize=3)
     plots.round_ticks(ax)
+    ax.set_xlabel(round_label)
     ax.set_ylabel("simulated s")
-    ax.legend(fontsize=8)
-    ax.set_title("Simulated time per round", loc="left", fontsize=11)
+    plots.fig_legend(fig, ax, ncols=2)
+    ax.set_title("Simulated time per round" + (" or server step" if steps else ""), loc="left", fontsize=11)
     page.figure("fig-compare-round-time", fig)
     fig, (ax,) = plots.figure(width=6.6, height=3.6)
     for i, e in enumerate(entries):
@@ -417,7 +423,7 @@ def compare_page(entries: list[Entry], metric: str = "global_acc", target: float
                     color=colours[e.label], label=e.label)
     ax.set_xlabel("simulated time (s)")
     ax.set_ylabel("cumulative MB uploaded")
-    ax.legend(fontsize=8)
+    plots.fig_legend(fig, ax, ncols=2)
     ax.set_title("Upload against simulated time", loc="left", fontsize=11)
     page.figure("fig-compare-bytes", fig)
     page.row(False)

@@ -29,7 +29,10 @@ figcaption { color: #555; font-size: 0.9em; margin-top: 2px; }
 p.omitted { color: #8a6d3b; background: #fcf8e3; border-left: 3px solid #e0c36b;
             padding: 6px 10px; font-size: 0.92em; }
 table { border-collapse: collapse; font-size: 0.9em; margin: 6px 0 14px; }
+div.wide { overflow-x: auto; margin: 6px 0 14px; }
+div.wide table { font-size: 0.8em; margin: 0; }
 th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: right; }
+div.wide th, div.wide td { padding: 3px 5px; }
 th { background: #f4f4f4; }
 td.text, th.text { text-align: left; }
 table.kv td:first-child { text-align: left; color: #555; }
@@ -39,6 +42,9 @@ div.warnings p { color: #8e1c1c; margin: 6px 0; font-weight: 600; }
 td pre { margin: 0; font-size: 0.82em; text-align: left; white-space: pre; }
 details pre { background: #f7f7f7; padding: 8px; font-size: 0.85em; overflow-x: auto; }
 """
+
+
+WIDE_COLUMNS = 10  # a table with more columns is set smaller, in a box that scrolls sideways
 
 
 class Page:
@@ -120,8 +126,9 @@ class Page:
                 cells.append(f'<td class="{"text" if c in text_cols else ""}">{html.escape(s)}</td>')
             rows.append("<tr>" + "".join(cells) + "</tr>")
         cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
-        self.parts.append(f'<table id="{table_id}">{cap}<thead><tr>{head}</tr></thead>'
-                          f'<tbody>{"".join(rows)}</tbody></table>')
+        table = f'<table id="{table_id}">{cap}<thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+        # many columns (the compare table has 17): smaller, and scrolled rather than cut at the page's edge
+        self.parts.append(f'<div class="wide">{table}</div>' if len(cols) > WIDE_COLUMNS else table)
 
     def key_values(self, table_id: str, items: list[tuple[str, str]]) -> None:
         rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in items)

@@ -62,20 +62,56 @@ def tidy(ax) -> None:
     ax.set_axisbelow(True)
 
 
-def round_ticks(ax) -> None:
-    """Integer ticks on a round axis."""
+def round_ticks(ax, label: str = "round") -> None:
+    """Integer ticks on a round axis (``label``: "server step" for an asynchronous run's rows)."""
     from matplotlib.ticker import MaxNLocator  # matplotlib: only drawing needs it (see figure)
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("round")
+    ax.set_xlabel(label)
 
 
-def fig_legend(fig, ax) -> None:
-    """One legend for all panels, below them (the panels share their series)."""
+def step_word(run) -> str:
+    """What a row of rounds.parquet is: "round", or "server step" in an asynchronous run."""
+    return "server step" if ((getattr(run, "config", None) or {}).get("asynchronous")) else "round"
+
+
+def fig_legend(fig, ax, ncols: int = 6) -> None:
+    """One legend for all panels, below them (the panels share their series), outside the axes."""
     handles, labels = ax.get_legend_handles_labels()
     if handles:
-        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 6), fontsize=8,
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), ncols), fontsize=8,
                    frameon=False)
+
+
+def legend_outside(ax, **kw) -> None:
+    """The axes' legend to the right of it, outside the plot: never over a curve's end."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False,
+                  borderaxespad=0.0, **kw)
+
+
+ACC_MIN_SPAN = 0.10  # an accuracy axis spans at least 10 points: 0.7 points must look small
+
+
+def min_span(ax, span: float = ACC_MIN_SPAN, lo: float | None = 0.0, hi: float | None = 1.0) -> None:
+    """Widen the y-axis to at least ``span``, around the data and within [``lo``, ``hi``]
+    (accuracies: [0, 1]), so that a small difference does not fill the whole axis."""
+    y0, y1 = ax.get_ylim()
+    if y1 - y0 >= span:
+        return
+    mid = (y0 + y1) / 2
+    y0, y1 = mid - span / 2, mid + span / 2
+    if lo is not None and y0 < lo:
+        y0, y1 = lo, lo + span
+    if hi is not None and y1 > hi:
+        y0, y1 = hi - span, hi
+    ax.set_ylim(y0, y1)
+
+
+def is_accuracy(metric: str) -> bool:
+    """An accuracy column (global_acc, pers_acc_worst, ...): a fraction in [0, 1]."""
+    return "acc" in metric
 
 
 def grid_shape(n: int, max_cols: int = 3) -> tuple[int, int]:

@@ -23,7 +23,6 @@ import yaml
 from engine.results import load_run
 from hetsim import plots
 from hetsim.common import human_bytes, is_sweep_folder
-from hetsim.compare import run_summary
 from hetsim.page import Page
 from hetsim.report_async import ASYNC_FIGURES as ASYNC_FIGURES
 from hetsim.report_async import async_section, has_async
@@ -37,6 +36,7 @@ from hetsim.report_participation import participation_section, participation_sum
 from hetsim.report_sweep import SWEEP_FIGURES as SWEEP_FIGURES
 from hetsim.report_sweep import sweep_page
 from hetsim.report_sweep import sweep_param_figure_id as sweep_param_figure_id
+from hetsim.summary import method_text, summary_rows
 
 RUN_FIGURES = (
     "fig-accuracy-round",
@@ -79,23 +79,11 @@ def run_page(path: Path) -> Page:
     algo = (cfg.get("algorithm") or {}).get("name") or run.manifest.get("algorithm", "?")
     dataset = (cfg.get("dataset") or {}).get("name") or run.manifest.get("dataset", "?")
     page = Page(f"hetsim run: {path.name}{_trial_params(path)}",
-                f"{algo} on {dataset}, {run.manifest.get('num_clients', '?')} clients, "
+                f"{method_text(cfg, run.manifest)} on {dataset}, {run.manifest.get('num_clients', '?')} clients, "
                 f"status {run.manifest.get('status', '?')}")
     participation = participation_summary(run)
     page.warnings(run_warnings(run, participation))
-    s = run_summary(run)
-    page.key_values("table-run-summary", [
-        ("run folder", str(path)),
-        ("status", str(run.manifest.get("status", "?"))),
-        ("algorithm / dataset / model", f"{algo} / {dataset} / {(cfg.get('model') or {}).get('name', '?')}"),
-        ("seed", str(cfg.get("seed", run.manifest.get("seed", "?")))),
-        ("rounds", f"{s['rounds']} of {cfg.get('rounds', '?')}"),
-        ("global accuracy: final / best", f"{_pct(s['final_global_acc'])} / {_pct(s['best_global_acc'])}"),
-        ("personalized accuracy: final / best", f"{_pct(s['final_pers_acc'])} / {_pct(s['best_pers_acc'])}"),
-        ("simulated time", f"{s['sim_time_s']:.2f} s"),
-        ("upload / download", f"{human_bytes(s['bytes_up'])} / {human_bytes(s['bytes_down'])}"),
-        ("wall time", f"{s['wall_s']:.1f} s" if np.isfinite(s["wall_s"]) else "–"),
-    ])
+    page.key_values("table-run-summary", summary_items(path, run))
     if run.rounds.empty:
         page.text("This run has no finished rounds yet: nothing to plot.")
         for fig_id in RUN_FIGURES:
@@ -131,6 +119,17 @@ def run_page(path: Path) -> Page:
     return page
 
 
+def summary_items(path: Path, run) -> list[tuple[str, str]]:
+    """The report's first table: the folder, status and seed, then the lines `hetsim show` prints."""
+    cfg = run.config or {}
+    return [
+        ("run folder", str(path)),
+        ("status", str(run.manifest.get("status", "?"))),
+        ("seed", str(cfg.get("seed", run.manifest.get("seed", "?")))),
+        *(summary_rows(run) if len(run.rounds) else []),
+    ]
+
+
 def _trial_params(path: Path) -> str:
     """`` (fleet slow)`` / `` (lr=0.01)`` for a sweep's or what-if's trial folder (its trial.json), else ""."""
     try:
@@ -140,10 +139,6 @@ def _trial_params(path: Path) -> str:
     # a what-if's one dimension is clients.profiles, named by its fleet
     text = ", ".join(f"fleet {v}" if k == "clients.profiles" else f"{k}={v}" for k, v in params.items())
     return f" ({text})" if text else ""
-
-
-def _pct(v: float) -> str:
-    return "–" if v is None or not np.isfinite(v) else f"{100 * v:.2f}%"
 
 
 # ---------------------------------------------------------------- accuracy
@@ -164,8 +159,9 @@ def accuracy_figures(page: Page, run) -> None:
             page.omit(fig_id, f"{fig_id}: no evaluated round (global_acc and pers_acc are empty)")
         return
     evaluated = r[metrics + arch_cols].apply(plots.numeric).notna().any(axis=1)
+    step = plots.step_word(run)
     page.row()
-    for fig_id, x, xlabel in (("fig-accuracy-round", "round", "round"),
+    for fig_id, x, xlabel in (("fig-accuracy-round", "round", step),
                               ("fig-accuracy-time", "sim_time_s", "simulated time (s)")):
         fig, (ax,) = plots.figure(width=6.6, height=4.0)
         for col, label, colour, style in ACCURACY_LINES:
@@ -184,12 +180,12 @@ def accuracy_figures(page: Page, run) -> None:
             ax.plot(ev[x], ev["v"], ":", color=plots.PALETTE[(i + 4) % len(plots.PALETTE)],
                     label=f"global: {col[len('global_acc_'):]}")
         if x == "round":
-            plots.round_ticks(ax)
+            plots.round_ticks(ax, step)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("accuracy")
         ax.set_ylim(0, 1.02)
-        ax.legend(loc="best", fontsize=8)
-        title = "Accuracy per round" if x == "round" else "Accuracy against simulated time"
+        plots.fig_legend(fig, ax, ncols=2)  # below: two such figures stand side by side
+        title = f"Accuracy per {step}" if x == "round" else "Accuracy against simulated time"
         ax.set_title(title, loc="left", fontsize=11)
         page.figure(fig_id, fig, "global: held-out global test set; personalized: each client's own "
                     "model on its local test split, mean and worst over the clients that ran"
@@ -207,14 +203,17 @@ def time_figures(page: Page, run) -> None:
             page.omit(fig_id, f"{fig_id}: clients.parquet has no client times")
         return
     ran = c[plots.numeric(c["sim_total_s"]).notna()]
-    for fig_id, (groups, order), what in (
-        ("fig-time-device-tier", plots.device_groups(ran, run.profiles), "device tier"),
-        ("fig-time-network-tier", plots.network_groups(ran, run.profiles), "network tier"),
+    for fig_id, grouping, what in (
+        ("fig-time-device-tier", plots.device_groups, "device tier"),
+        ("fig-time-network-tier", plots.network_groups, "network tier"),
     ):
-        _phase_panels(page, fig_id, ran, r, groups, order, what)
+        groups, order = grouping(ran, run.profiles)
+        all_groups, _ = grouping(c, run.profiles)  # the participation panels count the selected clients
+        selected = c.groupby(all_groups.values)["client_id"].nunique()
+        _phase_panels(page, fig_id, ran, r, groups, order, what, selected, plots.step_word(run))
 
 
-def _phase_panels(page, fig_id, ran, rounds, groups, order, what) -> None:
+def _phase_panels(page, fig_id, ran, rounds, groups, order, what, selected, step="round") -> None:
     phases = [p for p in plots.PHASES if p[0] in ran.columns]
     ncols, nrows = plots.grid_shape(len(order))
     fig, axes = plots.figure(ncols=ncols, nrows=nrows, height=3.2, sharey=True)
@@ -226,20 +225,24 @@ def _phase_panels(page, fig_id, ran, rounds, groups, order, what) -> None:
         if m is None:
             continue
         plots.stacked_bars(ax, all_rounds, [(lab, m[col].to_numpy(), colour) for col, lab, colour in phases])
-        ax.step(all_rounds, round_s.reindex(all_rounds).to_numpy(), where="mid", color="black",
-                linewidth=1, label="round time (slowest arrived)")
-        n_clients = ran.loc[groups == g, "client_id"].nunique()
-        ax.set_title(f"{g}  ({n_clients} clients)", loc="left", fontsize=10)
-        plots.round_ticks(ax)
+        ax.step(all_rounds, round_s.reindex(all_rounds).to_numpy(), where="mid", color="black", linewidth=1,
+                label="round time (slowest arrived)" if step == "round" else "time since the previous step")
+        n_ran = ran.loc[groups == g, "client_id"].nunique()
+        n_selected = selected.get(g, n_ran)
+        ax.set_title(f"{g}  ({n_ran} of {n_selected} selected clients ran)" if n_selected != n_ran
+                     else f"{g}  ({n_ran} clients ran)", loc="left", fontsize=10)
+        plots.round_ticks(ax, step)
     axes[0].set_ylabel("simulated s (mean per client)")
     for row_start in range(0, len(axes), ncols):
         axes[row_start].set_ylabel("simulated s (mean per client)")
     plots.hide_unused(axes, len(order))
     plots.fig_legend(fig, axes[0])
-    fig.suptitle(f"Simulated time per round by {what}: download / compute / compress / upload",
+    fig.suptitle(f"Simulated time per {step} by {what}: download / compute / compress / upload",
                  x=0.01, ha="left", fontsize=11)
     page.figure(fig_id, fig, f"bars: mean phase seconds of the {what}'s clients that ran in the "
-                "round; line: the round's simulated time (slowest client that arrived, or the deadline)")
+                "round; line: the round's simulated time (slowest client that arrived, or the deadline); "
+                "a title counts the tier's clients that ran (not unavailable) of those ever selected, "
+                "which the participation panels count")
 
 
 # ---------------------------------------------------------------- bytes and participation
@@ -254,21 +257,29 @@ def bytes_figure(page: Page, run) -> None:
     x = r["round"].to_numpy()
     down, up = plots.numeric(r["bytes_down"]).fillna(0), plots.numeric(r["bytes_up"]).fillna(0)
     # up and down on their own scales: compression cuts the upload, invisible beside the broadcast
+    same = bool(np.array_equal(down.to_numpy(), up.to_numpy()))  # FedAvg: the upload is the broadcast
+    note = " (= download)" if same else ""
     fig, axes = plots.figure(ncols=2, height=3.2)
     for ax, values, what, colour in ((axes[0], down, "download", "#4C72B0"), (axes[1], up, "upload", "#C44E52")):
         div, unit = plots.byte_unit(values.max())
         ax.bar(x, values / div, 0.8, color=colour, linewidth=0)
         plots.round_ticks(ax)
         ax.set_ylabel(f"{unit} per round")
-        ax.set_title(f"{what.capitalize()} per round (total {human_bytes(values.sum())})", loc="left", fontsize=11)
+        ax.set_title(f"{what.capitalize()} per round (total {human_bytes(values.sum())})"
+                     + (note if what == "upload" else ""), loc="left", fontsize=11)
     page.figure("fig-bytes", fig, "download: broadcast to the clients that ran; upload: payloads "
-                "of the clients that arrived (exact payload bytes); each panel on its own scale")
+                "of the clients that arrived (exact payload bytes); each panel on its own scale"
+                + ("; here every round's upload equals its download" if same else ""))
     fig, (ax,) = plots.figure(width=7.5, height=3.4)
     t = plots.numeric(r["sim_time_s"]).to_numpy()
-    for values, what, colour in ((down, "download", "#4C72B0"), (up, "upload", "#C44E52")):
+    # equal series: download wide and dashed under a thin upload, so that both stay visible
+    lines = ((down, "download (= upload)" if same else "download", "#4C72B0", "--" if same else "-",
+              3.2 if same else 1.5),
+             (up, "upload", "#C44E52", "-", 1.2 if same else 1.5))
+    for values, what, colour, style, width in lines:
         cum = values.cumsum().to_numpy(dtype=float)
-        ax.plot(t, np.where(cum > 0, cum, np.nan), "-", color=colour, label=what,
-                marker=plots.marker_for(len(t)), markersize=3)
+        ax.plot(t, np.where(cum > 0, cum, np.nan), style, color=colour, label=what, linewidth=width,
+                marker=plots.marker_for(len(t)) if not (same and style == "--") else None, markersize=3)
     if (down.sum() > 0) or (up.sum() > 0):
         from matplotlib.ticker import FuncFormatter  # matplotlib: only drawing needs it (see plots.figure)
 
@@ -276,10 +287,11 @@ def bytes_figure(page: Page, run) -> None:
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: human_bytes(v)))
     ax.set_xlabel("simulated time (s)")
     ax.set_ylabel("cumulative bytes (log)")
-    ax.legend(fontsize=8, loc="lower right")
+    plots.legend_outside(ax)
     ax.set_title("Cumulative bytes against simulated time", loc="left", fontsize=11)
     page.figure("fig-bytes-time", fig, "cumulative download and upload at the end of each round, against "
-                "cumulative simulated seconds; log axis: both stay visible when one is much smaller")
+                "cumulative simulated seconds; log axis: both stay visible when one is much smaller"
+                + ("; the two are equal here: the dashed download lies under the upload" if same else ""))
 
 
 def _outcome(clients: pd.DataFrame) -> pd.Series:

@@ -99,7 +99,7 @@ def accuracy_figure(page: Page, run) -> None:
     ax.set_xlabel(f"cumulative fleet energy ({unit})")
     ax.set_ylabel("accuracy")
     ax.set_ylim(0, 1.02)
-    ax.legend(loc="best", fontsize=8)
+    plots.legend_outside(ax)
     ax.set_title("Accuracy against the energy the fleet spent", loc="left", fontsize=11)
     page.figure("fig-energy-accuracy", fig, "x: the sum of every client's ledger (download, train, compress, "
                 "upload, radio tails) up to the end of each round, wasted work included")

@@ -401,7 +401,7 @@ def tier_shares_figure(page: Page, p: Participation) -> None:
     for ax, (what, share) in zip(axes, p.shares.items()):
         share = share.iloc[::-1]  # slowest on top
         left = np.zeros(len(share))
-        names = [f"{t} ({n})" for t, n in zip(share.index, share["clients"])]
+        names = [f"{t} ({n} selected)" for t, n in zip(share.index, share["clients"])]
         for k in kinds:
             v = share[k].to_numpy() if k in share else np.zeros(len(share))
             ax.barh(names, v, left=left, color=OUTCOME_COLOURS.get(k, "#777777"), label=k)
@@ -410,8 +410,9 @@ def tier_shares_figure(page: Page, p: Participation) -> None:
         ax.set_xlabel("share of selections")
         ax.set_title(f"Outcome by {what}", loc="left", fontsize=11)
     plots.fig_legend(fig, axes[0])
-    page.figure("fig-participation-tiers", fig, "each tier's selections by outcome; (n): its clients that were "
-                "selected; sampled bandwidths are grouped by decade of the download bandwidth")
+    page.figure("fig-participation-tiers", fig, "each tier's selections by outcome; (n selected): its clients that "
+                "were ever selected (the time panels count those of them that ran); sampled bandwidths are "
+                "grouped by decade of the download bandwidth")
 
 
 def left_out_table(page: Page, p: Participation) -> None:

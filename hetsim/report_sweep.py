@@ -141,6 +141,8 @@ def _param_figure(page, fig_id, ok, col, key, kind, metric) -> None:
         ax.set_xlim(-0.6, len(cats) - 0.4)
         ax.set_xlabel(col)
     ax.set_ylabel(metric)
+    if plots.is_accuracy(metric):
+        plots.min_span(ax)  # trials 0.7 points apart must not fill the axis
     plots.fig_legend(fig, ax)
     ax.set_title(f"{metric} against {col}", loc="left", fontsize=11)
     page.figure(fig_id, fig, f"one point per trial ({key}); filled: the trial's best value, hollow: "
@@ -306,6 +308,8 @@ def _sweep_curves(page, s, ok, metric) -> None:
     ax2.set_xlabel("simulated time (s)")
     for a in (ax, ax2):
         a.set_ylabel(metric)
+        if plots.is_accuracy(metric):
+            plots.min_span(a)
     ax.set_title(f"{metric} per round", loc="left", fontsize=11)
     ax2.set_title(f"{metric} against simulated time", loc="left", fontsize=11)
     plots.fig_legend(fig, ax)

@@ -11,7 +11,7 @@ from pathlib import Path
 from hetsim.common import TERMINAL_WIDTH, resolve_latest
 
 EPILOG_LINES = """  hetsim report runs/fedavg-mnist5k-20261129-150000   # HTML report of a run (or a sweep folder)
-  hetsim compare runs/a runs/b --target 0.8     # side by side; -o compare.html for the HTML
+  hetsim compare runs/a runs/b --target 0.8     # side by side; -o compare.html: the compare page
   hetsim whatif -c exp.yaml --fleet fast=fast.yaml --fleet slow=slow.yaml   # one run per fleet
 """
 
@@ -88,7 +88,7 @@ def cmd_compare(args) -> int:
     print(text_table(table, args.metric, target, None if args.wide else TERMINAL_WIDTH))
     if args.out:
         page, _, _ = compare_page(entries, args.metric, target)
-        print(f"\nreport: {page.write(args.out)}")
+        print(f"\ncompare page: {page.write(args.out)}")
     return 0
 
 

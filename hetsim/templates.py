@@ -1,7 +1,15 @@
 """The starter configs of ``hetsim init``: each a commented YAML that validates and runs as it is
 (tests/test_newcomer.py checks that every one does). Keys: docs/config.md, docs/async.md,
-docs/energy.md, docs/conditions.md."""
+docs/energy.md, docs/conditions.md.
+
+They are also the example files in ``configs/`` (:data:`CONFIG_FILES`): one source, so a file
+there is what ``hetsim init`` writes; ``python -m hetsim.templates`` rewrites them after a change
+here, and tests/test_configs.py checks that they are equal and that each runs.
+"""
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 _COMMON = """\
 # A hetsim experiment: `hetsim validate -c {file}` checks it, `hetsim run -c {file}` runs it.
@@ -99,7 +107,36 @@ TEMPLATES = {
 }
 
 
+# configs/<file> -> the template it holds
+CONFIG_FILES = {
+    "fedbuff_mnist.yaml": "async",
+    "energy_mnist.yaml": "energy",
+    "conditions_mnist.yaml": "conditions",
+}
+
+
 def render(name: str, file: str) -> str:
     """The text of template ``name`` for a file named ``file``."""
     what, body = TEMPLATES[name]
     return f"# Template {name!r}: {what}.\n" + _COMMON.format(file=file) + body
+
+
+def config_text(file: str) -> str:
+    """The text of ``configs/<file>``: its template, named as the repository's example."""
+    return render(CONFIG_FILES[file], f"configs/{file}").replace(
+        "# Template", f"# configs/{file} (`hetsim init {CONFIG_FILES[file]}` writes the same; "
+        "from hetsim/templates.py)\n# Template", 1)
+
+
+def write_configs(folder: Path) -> list[Path]:
+    """Write every ``configs/`` example into ``folder``; returns their paths."""
+    out = []
+    for file in CONFIG_FILES:
+        (folder / file).write_text(config_text(file))
+        out.append(folder / file)
+    return out
+
+
+if __name__ == "__main__":  # python -m hetsim.templates [FOLDER]: rewrite the configs/ examples
+    for path in write_configs(Path(sys.argv[1] if len(sys.argv) > 1 else "configs")):
+        print(f"wrote {path}")

@@ -80,7 +80,7 @@ def report_whatif(sweep, metric: str = "global_acc", target: float | None = None
     if links:
         print(f"run folders by fleet: {Path(sweep.path) / whatif.FLEETS_DIR}/<fleet> "
               f"({', '.join(links)})")
-    print(f"report: {out}")
+    print(f"compare page: {out}  (`hetsim report {sweep.path}` draws the sweep report beside it)")
     if not sweep.complete:
         print(f"interrupted: continue with `hetsim sweep --resume {sweep.path}`", file=sys.stderr)
         return 130

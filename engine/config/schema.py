@@ -201,7 +201,8 @@ MAX_NAME_BYTES = 255  # of one path component (output.name)
 
 class OutputConfig(Section):
     dir: str = Field("runs", description="a local folder or a URI such as s3://bucket/runs (engine.storage.locations)")
-    name: str | None = Field(None, description="run folder name; default <algorithm>-<dataset>-<time>")
+    name: str | None = Field(
+        None, description="run folder name; default <method>-<dataset>-<time> (method: algorithm or async mode)")
     overwrite: bool = False
     storage_options: dict[str, Any] = Field(
         default_factory=dict, description="options of a URI's pyarrow filesystem, e.g. endpoint_override")

@@ -27,6 +27,17 @@ SCHEMA_VERSION = 1
 HEARTBEAT_S = 30.0  # a running run rewrites manifest.json's heartbeat at least this often
 STALE_AFTER_S = 5 * HEARTBEAT_S  # ... so a run silent for longer is reported as crashed
 
+
+
+def method_label(algorithm: str, asynchronous_mode: str | None = None) -> str:
+    """How a run's method is named (its folder, its summary): the algorithm for synchronous
+    rounds; for an asynchronous run its mode, e.g. ``fedbuff`` (clients training with FedAvg,
+    the mode's own method) or ``fedbuff-fedprox``."""
+    if not asynchronous_mode:
+        return algorithm
+    return asynchronous_mode if algorithm == "fedavg" else f"{asynchronous_mode}-{algorithm}"
+
+
 _locks: dict[str, threading.Lock] = {}  # one per manifest path: writers in one process take turns
 _locks_guard = threading.Lock()
 

@@ -247,6 +247,7 @@ def _new_manifest(cfg: ExperimentConfig, command: list[str], warnings: list[str]
         "status": "running",
         "seed": cfg.seed,
         "algorithm": cfg.algorithm.name,
+        **({"asynchronous": cfg.asynchronous.mode} if cfg.asynchronous else {}),
         "dataset": cfg.dataset.name,
         "started": utc_now(),
         "command": command,

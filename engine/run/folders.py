@@ -16,7 +16,7 @@ from pathlib import Path
 
 from engine.config.schema import ExperimentConfig, dump_config, expand_path
 from engine.errors import UserError
-from engine.results.manifest import claim_manifest, process_identity, read_manifest
+from engine.results.manifest import claim_manifest, method_label, process_identity, read_manifest
 from engine.storage.locations import is_uri, open_storage
 
 log = logging.getLogger("hetsim")
@@ -24,7 +24,8 @@ log = logging.getLogger("hetsim")
 
 def make_run_dir(cfg: ExperimentConfig, run_dir: str | Path | None = None) -> Path | str:
     """Create and claim a fresh run folder: ``run_dir`` (``-o``), else
-    ``<output.dir>/<output.name>``, else ``<output.dir>/<algorithm>-<dataset>-<time>``.
+    ``<output.dir>/<output.name>``, else ``<output.dir>/<method>-<dataset>-<time>`` (method: the algorithm, or
+    an asynchronous run's mode, e.g. ``fedbuff``: :func:`~engine.results.manifest.method_label`).
 
     Claiming is atomic (an exclusive ``mkdir``, then an exclusive create of ``manifest.json``),
     so two runs started in the same instant never share a folder: an automatic name gets a
@@ -42,7 +43,7 @@ def make_run_dir(cfg: ExperimentConfig, run_dir: str | Path | None = None) -> Pa
         return _with_config(_claim_named(Path(expand_path(str(run_dir))), out.overwrite, "-o"), cfg)
     if is_uri(out.dir):
         base = open_storage(out.dir, out.storage_options)
-        name = out.name or f"{cfg.algorithm.name}-{cfg.dataset.name}-{dt.datetime.now():%Y%m%d-%H%M%S}"
+        name = out.name or f"{_method(cfg)}-{cfg.dataset.name}-{dt.datetime.now():%Y%m%d-%H%M%S}"
         if base.child(name).exists("manifest.json") and not out.overwrite:
             raise FileExistsError(
                 f"run folder {base.child(name).uri} already exists; choose another output.name or set "
@@ -53,7 +54,7 @@ def make_run_dir(cfg: ExperimentConfig, run_dir: str | Path | None = None) -> Pa
         return _with_config(_claim_named(base / out.name, out.overwrite, "output.name"), cfg)
     base.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    stem = f"{cfg.algorithm.name}-{cfg.dataset.name}-{stamp}"
+    stem = f"{_method(cfg)}-{cfg.dataset.name}-{stamp}"
     for i in range(1, 10_000):
         path = base / (stem if i == 1 else f"{stem}-{i}")
         try:
@@ -65,6 +66,11 @@ def make_run_dir(cfg: ExperimentConfig, run_dir: str | Path | None = None) -> Pa
             return _with_config(path, cfg)
         release_run_folder(path)
     raise FileExistsError(f"no free run folder name {stem}-N under {base}")
+
+
+def _method(cfg: ExperimentConfig) -> str:
+    """The method part of a run folder's name: the algorithm, or the asynchronous mode."""
+    return method_label(cfg.algorithm.name, cfg.asynchronous.mode if cfg.asynchronous else None)
 
 
 def _with_config(path: Path, cfg: ExperimentConfig) -> Path:

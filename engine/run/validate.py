@@ -32,6 +32,7 @@ from engine.config.hints import tier_problems
 from engine.config.schema import ExperimentConfig
 from engine.data.build import build_data
 from engine.data.datasets import _COMMON_ARGS, DATASETS, DatasetNotFoundError
+from engine.data.memory import memory_problems
 from engine.errors import ConfigError
 from engine.loop.selection import select_clients, target_arrivals
 from engine.ray.cluster import RayConnectError, check_reachable, cluster_cpus, ray_is_up, resolve_address
@@ -67,7 +68,7 @@ def validate_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None
 def validate_with_data(cfg: ExperimentConfig, *, ray_running: bool | None = None) -> list[str]:
     """The checks of :func:`validate_experiment` that load the data (after the static ones)."""
     warnings: list[str] = []
-    fail(_params_problems(cfg))  # imports the model and dataset code (torch)
+    fail(_params_problems(cfg) + memory_problems(cfg))  # torch; the data's memory before it is built
     data = _build_data(cfg)
     profiles = _build_profiles(cfg, data.num_clients)
     warnings += _check_conditions(cfg, profiles)
