@@ -19,7 +19,6 @@ from algorithms.base import ServerContext
 from engine.clients.device import prepare_device, resolve_device
 from engine.clients.host import LAST_TIMES, HostSetup
 from engine.config.schema import ExperimentConfig
-from engine.data.build import build_data
 from engine.data.partition import FederatedData
 from engine.execution.base import Executor
 from engine.execution.inprocess import InProcessExecutor
@@ -28,13 +27,12 @@ from engine.loop.asynchronous import AsyncLoop
 from engine.loop.batching import UnbatchedNotice
 from engine.loop.callbacks import CallbackLike, CallbackList, RoundRecord, RunContext, Stop
 from engine.loop.evaluation import GlobalEvaluation, global_columns, is_evaluation_round
+from engine.loop.parts import build_parts
 from engine.loop.selection import select_clients
-from engine.models.arch import assign_architectures, build_arch_model
 from engine.trace import mark
 from hardware_profiles import clock
-from hardware_profiles.conditions import FleetConditions, participation
-from hardware_profiles.energy import FleetBatteries, empties_at, ledger
-from hardware_profiles.sampler import assign_profiles
+from hardware_profiles.conditions import participation
+from hardware_profiles.energy import empties_at, ledger
 
 log = logging.getLogger("hetsim")
 
@@ -48,22 +46,13 @@ class Simulation:
     ):
         self.cfg = cfg
         self.executor = executor or InProcessExecutor()
-        self.data = data if data is not None else build_data(cfg)
+        parts = build_parts(cfg, data=data)  # the validation's, when it built this config
         mark("sim: data built")
+        self.data, self.profiles, self.conditions = parts.data, parts.profiles, parts.conditions
         n = self.data.num_clients
-        self.profiles = assign_profiles(cfg.clients.profiles, n, seed=cfg.seed)
-        changing = cfg.clients.profiles.conditions
-        # processes over virtual time; None: every client's conditions are constant (as before)
-        self.conditions = (FleetConditions(changing, self.profiles, cfg.seed, origin_s=cfg.clock.start_s)
-                           if changing and changing.sets else None)
-        battery = cfg.clients.profiles.battery
-        zones = self.conditions.columns().get("tz_offset_h") if self.conditions is not None else None
-        self.batteries = FleetBatteries(battery, self.profiles, cfg.seed, zones) if battery else None
-        self.arch_names, self.client_arch = assign_architectures(cfg, self.profiles)
-        self.models = {
-            arch: build_arch_model(cfg, arch, self.data.input_shape, self.data.num_classes)
-            for arch in self.arch_names
-        }
+        self.batteries = parts.fresh_batteries()  # its charge changes as the run goes
+        self.arch_names, self.client_arch = parts.arch_names, parts.client_arch
+        self.models = parts.fresh_models()  # the server's to change
         spec = ALGORITHMS[cfg.algorithm.name]
         public_x, public_y = self.data.public_arrays() if self.data.num_public else (None, None)
         context = ServerContext(
