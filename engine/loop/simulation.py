@@ -52,7 +52,7 @@ class Simulation:
         n = self.data.num_clients
         self.batteries = parts.fresh_batteries()  # its charge changes as the run goes
         self.arch_names, self.client_arch = parts.arch_names, parts.client_arch
-        self.models = parts.fresh_models()  # the server's to change
+        self.models = parts.take_models()  # the server's to change
         spec = ALGORITHMS[cfg.algorithm.name]
         public_x, public_y = self.data.public_arrays() if self.data.num_public else (None, None)
         context = ServerContext(

@@ -2,14 +2,9 @@
 
 Clients share one model (``model.name``) unless ``model.zoo`` / ``model.per_client`` give
 architectures by device (heterogeneous models, as ASCEND's distillation uses). An
-architecture's initial weights come from the run's seed, so every process builds the same; it
-builds each once and hands out copies (:data:`TEMPLATES` kept, the newest first).
+architecture's initial weights come from the run's seed, so every process builds the same.
 """
 from __future__ import annotations
-
-import copy
-import json
-from collections import OrderedDict
 
 import numpy as np
 import torch
@@ -49,21 +44,9 @@ def assign_architectures(cfg: ExperimentConfig, profiles) -> tuple[list[str], np
 def build_arch_model(cfg: ExperimentConfig, arch: str, input_shape, num_classes) -> torch.nn.Module:
     """The initial model of one architecture: identical on the server and on every host."""
     name, params = arch_spec(cfg, arch)
-    key = json.dumps([name, params, list(input_shape), int(num_classes), cfg.seed], sort_keys=True, default=str)
-    template = _templates.get(key)
-    if template is None:
-        with torch.random.fork_rng():
-            torch.manual_seed(cfg.seed)
-            template = build_model(name, input_shape, num_classes, **params)
-        _templates[key] = template
-        while len(_templates) > TEMPLATES:
-            _templates.popitem(last=False)
-    _templates.move_to_end(key)
-    return copy.deepcopy(template)  # the same weights as a new build, and no caller shares them
-
-
-TEMPLATES = 8  # initial models kept per process (warm trial workers build each once)
-_templates: OrderedDict[str, torch.nn.Module] = OrderedDict()
+    with torch.random.fork_rng():
+        torch.manual_seed(cfg.seed)
+        return build_model(name, input_shape, num_classes, **params)
 
 
 def arch_flops(cfg: ExperimentConfig, arch: str, input_shape, num_classes) -> float:
