@@ -32,7 +32,9 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from engine import ConfigError, UserError, apply_overrides, load_config, parse_yaml
+from engine import ConfigError, UserError, load_config
+from engine.config.schema import apply_overrides
+from engine.config.yamlio import parse_yaml
 from engine.results import ROUND_COLUMNS, RunFolderError, Storage, load_run, open_storage, read_table
 from sweeps.search import TRIAL_INDEX
 from sweeps.spec import expand_params, trial_seed

@@ -33,7 +33,9 @@ import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from engine import ConfigError, absolute_trace_files, apply_overrides, load_config, parse_yaml
+from engine import ConfigError, load_config
+from engine.config.schema import absolute_trace_files, apply_overrides
+from engine.config.yamlio import parse_yaml
 from hardware_profiles.sampler import assign_profiles
 from sweeps.results import RUNS_DIR
 from sweeps.spec import (
