@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager
@@ -56,8 +57,9 @@ class Parts:
     def take_models(self) -> dict[str, Any]:
         """The initial models, the caller's to change: the built ones to the first caller,
         the same built again to the others."""
-        if not self._taken[0]:
-            self._taken[0] = True
+        with _TAKE:  # two runs of one config in two threads must not share the built models
+            first, self._taken[0] = not self._taken[0], True
+        if first:
             return self.models
         data = self.data
         return {arch: build_arch_model(self.cfg, arch, data.input_shape, data.num_classes) for arch in self.models}
@@ -70,6 +72,7 @@ def _no_guard(stage: str, arch: str = "", data=None) -> ContextManager[Any]:
     return contextlib.nullcontext()
 
 
+_TAKE = threading.Lock()
 _last: tuple[str, Parts] | None = None  # the last config built in this process, and its parts
 _data: OrderedDict[str, Any] = OrderedDict()  # data key -> federated data, oldest first
 
