@@ -1,11 +1,12 @@
-# The two commands of the README: `make run` (default experiment) and `make test` (test suite).
+# The two commands of the README: `make run` (default experiment) and `make test` (test suite);
+# `make test-quick` leaves out the tests that start whole runs, Ray or other processes.
 # Both create the virtual environment on first use, so a fresh clone needs nothing else.
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PYTHON ?= python3
 
-.PHONY: run test lint setup bench clean
+.PHONY: run test test-quick lint setup bench clean
 
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,6 +21,9 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(ARGS)
+
+test-quick: $(STAMP)
+	$(PY) -m pytest -m "not integration and not slow and not ray" $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -27,9 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402 - after the thread setting
 
 from engine.config.schema import load_config  # noqa: E402
-from engine.loop import rows, simulation  # noqa: E402
+from engine.loop import rows  # noqa: E402
 from engine.results.tables import load_run  # noqa: E402
 from engine.run.api import run_experiment  # noqa: E402
+from hardware_profiles import round_clock  # noqa: E402
 from hardware_profiles.energy import FleetBatteries  # noqa: E402
 
 SPENT: dict[str, list[float]] = defaultdict(list)
@@ -54,10 +55,10 @@ def main() -> None:
     ap.add_argument("--participation", type=float, default=0.2)
     ap.add_argument("--rounds", type=int, default=30)
     args = ap.parse_args()
-    for owner, name in ((simulation, "ledger"), (simulation, "empties_at"), (rows, "energy_summary"),
+    for owner, name in ((round_clock, "ledger"), (round_clock, "empties_at"), (rows, "energy_summary"),
                         (rows, "add_battery_columns"), (FleetBatteries, "too_low"), (FleetBatteries, "fraction"),
-                        (FleetBatteries, "on_charger"), (FleetBatteries, "charge_j"), (FleetBatteries, "advance"),
-                        (simulation.Simulation, "_on_charger")):
+                        (FleetBatteries, "charge_j"), (FleetBatteries, "advance"),
+                        (round_clock.RoundClock, "on_charger")):  # (FleetBatteries.on_charger within)
         timed(owner, name, name)
     cfg = load_config(None, [
         "dataset.name=synthetic", "model.name=mlp", f"clients.num_clients={args.clients}",
@@ -70,8 +71,6 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         run = load_run(run_experiment(cfg, Path(tmp) / "r"))
     walls = run.rounds["wall_s"].to_numpy()[1:]
-    # _on_charger calls on_charger: count the outer call only
-    SPENT.pop("on_charger", None)
     per_round = sum(sum(v[1:]) if len(v) == args.rounds else sum(v) * (args.rounds - 1) / args.rounds
                     for v in SPENT.values()) / (args.rounds - 1)
     engine_s = float(np.mean(walls))

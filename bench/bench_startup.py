@@ -146,7 +146,9 @@ import torch
 torch.set_num_threads(1)
 from bench_engine import BareLoop
 try:
-    from engine import InProcessExecutor, Simulation, load_config
+    from engine import load_config
+    from engine.execution.inprocess import InProcessExecutor
+    from engine.loop.simulation import Simulation
     from engine.results import RunWriter
 except ImportError:  # a baseline tree from before engine/ had subpackages
     from engine.config import load_config

@@ -23,7 +23,8 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from engine import RunCallback, UserError, mark  # light: no torch, no Ray
+from engine import RunCallback, UserError  # light: no torch, no Ray
+from engine.trace import mark
 from hetsim import results_cli, start_cli
 from hetsim.common import TERMINAL_WIDTH, resolve_latest  # report / compare / whatif: argparse only
 
@@ -131,7 +132,9 @@ def cmd_validate(args) -> int:
     # yaml, and torch behind validate_experiment: only validate needs them
     import yaml
 
-    from engine import check_device_request, check_gpu_requests, validate_experiment
+    from engine import validate_experiment
+    from engine.clients.device import check_device_request
+    from engine.run.gpu_checks import check_gpu_requests
 
     cfg = _load(args)
     check_device_request(cfg)  # e.g. device: cuda on a machine without CUDA
@@ -174,16 +177,11 @@ class ProgressBar(RunCallback):
 
 def cmd_run(args) -> int:
     # torch, pandas and Ray behind these: only a run needs them
-    from engine import (
-        DriverDiedError,
-        ExecutorError,
-        RunStateError,
-        prepare_run,
-        resume_config,
-        resume_run,
-        run_in_folder,
-    )
+    from engine import resume_run
+    from engine.ray.cluster import DriverDiedError, ExecutorError
     from engine.results import load_run, run_status
+    from engine.run.api import prepare_run, resume_config, run_in_folder
+    from engine.run.folders import RunStateError
 
     if args.resume:
         if args.out:
@@ -294,7 +292,7 @@ def _environment_message(err: Exception) -> str | None:
     outside a run folder's own writes, which raise a ``StorageFault`` themselves; None for a bug."""
     if not isinstance(err, OSError):
         return None
-    from engine import storage_fault  # stdlib only behind it
+    from engine.errors import storage_fault  # stdlib only behind it
 
     where = Path(err.filename).parent if err.filename else Path.cwd()  # if it names a temporary
     fault = storage_fault(err, "a file", where)
@@ -382,13 +380,13 @@ def main(argv: list[str] | None = None) -> int:
         logger.removeHandler(handler)
         logger.propagate = True
         if not ray_before:  # the command started Ray (or joined a cluster): end that now
-            from engine import shutdown_ray
+            from engine.ray.cluster import shutdown_ray
 
             shutdown_ray()
 
 
 def _ray_initialized() -> bool:
-    from engine import ray_is_up  # only stdlib behind it: Ray itself is not imported to ask
+    from engine.ray.cluster import ray_is_up  # only stdlib behind it: Ray itself is not imported to ask
 
     return ray_is_up()
 

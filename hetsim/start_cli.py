@@ -32,7 +32,7 @@ def add_commands(sub) -> None:
 
 
 def cmd_list(args) -> int:
-    from engine import list_entries  # imports the registries (torch for models and algorithms)
+    from engine.run.listing import list_entries  # imports the registries (torch for models and algorithms)
 
     entries = list_entries(args.topic)
     width = max(len(name) for name, _ in entries)

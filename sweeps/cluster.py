@@ -7,7 +7,8 @@ results to this node through Ray.
 """
 from __future__ import annotations
 
-from engine import gpu_capacity, node_disk_filesystem, nodes_sharing
+from engine.ray.node_disk import node_disk_filesystem, nodes_sharing
+from engine.ray.pool import gpu_capacity
 from engine.results import Storage
 from sweeps.callbacks import say
 from sweeps.spec import ResolvedSweep, SweepSpecError

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from engine import parse_yaml
+from engine.config.yamlio import parse_yaml
 from hardware_profiles.suggest import unknown
 
 NAMED_KINDS = ("named", "cases")  # dimensions whose values are names of entries

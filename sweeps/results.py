@@ -32,18 +32,11 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from engine import ConfigError, UserError, apply_overrides, load_config, parse_yaml
-from engine.results import (
-    ROUND_COLUMNS,
-    TERMINAL_WIDTH,
-    RunFolderError,
-    Storage,
-    fold_table,
-    load_run,
-    open_storage,
-    read_table,
-    wrap,
-)
+from engine import ConfigError, UserError, load_config
+from engine.config.schema import apply_overrides
+from engine.config.yamlio import parse_yaml
+from engine.results import ROUND_COLUMNS, RunFolderError, Storage, load_run, open_storage, read_table
+from engine.results.text import TERMINAL_WIDTH, fold_table, wrap
 from sweeps.search import TRIAL_INDEX
 from sweeps.spec import expand_params, trial_seed
 from sweeps.stats import config_stats, pareto_mask, within_noise

@@ -33,8 +33,9 @@ from ray import tune  # noqa: E402
 from ray.tune import ExperimentAnalysis  # noqa: E402
 from ray.tune.schedulers import ASHAScheduler, PopulationBasedTraining  # noqa: E402
 
-from engine import check_while_ray_starts, init_ray, mark  # noqa: E402
+from engine.ray.cluster import check_while_ray_starts, init_ray  # noqa: E402
 from engine.results import Storage, check_writable, read_table  # noqa: E402
+from engine.trace import mark  # noqa: E402
 from sweeps.callbacks import (  # noqa: E402
     ACTIVE,
     FailureNotices,

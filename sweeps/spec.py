@@ -49,17 +49,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from engine import (
-    DEFAULT_CONFIG,
-    ConfigError,
-    ExperimentConfig,
-    apply_overrides,
-    expand_path,
-    load_config,
-    ray_is_up,
-    read_yaml_file,
-    resolve_paths,
-)
+from engine import ConfigError, ExperimentConfig, load_config
+from engine.config.paths import resolve_paths
+from engine.config.schema import DEFAULT_CONFIG, apply_overrides, expand_path
+from engine.config.yamlio import read_yaml_file
+from engine.ray.cluster import ray_is_up
 from engine.results import ROUND_COLUMNS, is_uri, open_storage, redact
 from hardware_profiles.suggest import unknown_key
 from sweeps.grid import GridError, apply_grid

@@ -1,7 +1,7 @@
 """The Tune function trainable: one trial = one simulation = one run folder.
 
 ``hetsim_trial(params, sweep)`` applies the trial's ``{dotted key: value}`` to the base
-experiment, runs it with :func:`engine.run_in_folder` and reports every round's ``rounds.parquet`` row to
+experiment, runs it with :func:`engine.run.api.run_in_folder` and reports every round's ``rounds.parquet`` row to
 Tune with :func:`ray.tune.report` (Ray 2.x's Tune API for function trainables; ``ray.train.report``
 is Train's). The last round is reported after the run folder is complete, so a scheduler
 decision on it cannot cut the run's finalisation short. Schedulers read ``last_<metric>``: the
@@ -53,21 +53,15 @@ import ray
 from ray import tune
 from ray.tune import PlacementGroupFactory
 
-from engine import (
-    CHECKPOINTS,
-    RayExecutor,
-    RunCallback,
-    checkpoint_name,
-    execute_run,
-    list_checkpoints,
-    load_config,
-    mark,
-    read_meta,
-    run_in_folder,
-    set_ray_gpu_ids,
-    validate_experiment,
-)
+from engine import RunCallback, load_config, validate_experiment
+from engine.checkpoint.folder import CHECKPOINTS, checkpoint_name, list_checkpoints
+from engine.checkpoint.snapshot import read_meta
+from engine.clients.device import set_ray_gpu_ids
+from engine.ray.executor import RayExecutor
 from engine.results import DirectoryMirror, Storage, StorageError, read_table, update_manifest, write_json_atomic
+from engine.run.api import run_in_folder
+from engine.run.body import execute_run
+from engine.trace import mark
 from sweeps.results import SEARCHER_PREFIX, searcher_values
 from sweeps.space import plain
 from sweeps.spec import ResolvedSweep

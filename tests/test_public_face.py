@@ -26,6 +26,16 @@ def test_every_exported_name_resolves_to_what_its_module_defines():
             face.not_a_name  # noqa: B018 - the lookup is the test
 
 
+def test_the_face_holds_the_names_a_user_needs_and_no_plumbing():
+    assert len(engine._EXPORTS) <= 15
+    assert {"simulate", "run_experiment", "resume_run", "load_run", "Run", "load_config", "ExperimentConfig",
+            "RunCallback", "Stop", "UserError", "ConfigError"} <= set(engine._EXPORTS)
+    # plumbing comes from its own module, not from the face
+    for name in ("execute_run", "Simulation", "init_ray", "RayExecutor", "write_checkpoint", "apply_overrides"):
+        with pytest.raises(AttributeError, match=name):
+            getattr(engine, name)
+
+
 def test_importing_the_face_imports_neither_torch_nor_ray():
     code = "import sys, engine; print(json.dumps(sorted(m for m in ('torch', 'ray', 'pandas') if m in sys.modules)))"
     out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True, check=True)

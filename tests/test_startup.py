@@ -40,7 +40,10 @@ def test_a_ray_runs_start_up_path_imports_no_torch():
     # static checks, up to Ray's start (the data checks import torch beside it, in a thread)
     caller = """
 from hetsim.cli import cmd_run
-from engine import DriverDiedError, ExecutorError, RunStateError, prepare_run, resume_config, resume_run, run_in_folder
+from engine import resume_run
+from engine.ray.cluster import DriverDiedError, ExecutorError
+from engine.run.api import prepare_run, resume_config, run_in_folder
+from engine.run.folders import RunStateError
 from engine.run.startup import validate_while_ray_starts
 from engine.run.validate import static_problems
 from engine.run.gpu_checks import gpu_problems
@@ -56,7 +59,8 @@ assert static_problems(cfg, None) == [] and gpu_problems(cfg, False) == []
 
 def test_a_fedavg_run_imports_neither_the_other_methods_nor_torchvision_nor_dynamo():
     code = """
-from engine import Simulation, load_config
+from engine import load_config
+from engine.loop.simulation import Simulation
 sim = Simulation(load_config(None, ["dataset.name=digits", "model.name=mlp", "clients.num_clients=4",
                                     "rounds=1", "clients.profiles={}"]))
 sim.run()

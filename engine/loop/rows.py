@@ -12,6 +12,7 @@ import numpy as np
 
 from algorithms.base import Broadcast, ClientResult
 from hardware_profiles.energy import ENERGY_COLUMNS
+from hardware_profiles.round_clock import phase_timeline
 
 PERSONALIZED_COLUMNS = ("pers_acc", "pers_acc_weighted", "pers_acc_worst", "pers_acc_std", "pers_loss")
 
@@ -27,17 +28,8 @@ def payloads(broadcast: Broadcast, results: list[ClientResult]) -> dict[str, np.
 
 
 def timeline(conditions, runnable, start_s: float, times: dict, sent: dict, measured) -> dict[str, np.ndarray]:
-    """Where each runnable client's phases end in virtual time, from the round's start: through
-    its processes when the fleet has conditions (``times`` is then updated in place), else
-    back to back with today's durations."""
-    if conditions is not None:
-        return conditions.timeline(runnable, start_s, times, sent["bytes_down"], sent["bytes_up"],
-                                   sent["train_flops"], sent["compress_ops"], measured)
-    download_end = start_s + times["download_s"]
-    train_end = download_end + times["compute_s"]
-    compress_end = train_end + times["compress_s"]
-    return {"download_end_s": download_end, "train_end_s": train_end, "compress_end_s": compress_end,
-            "upload_end_s": compress_end + times["upload_s"]}
+    """:func:`hardware_profiles.round_clock.phase_timeline` (the round clock's; the asynchronous loop's name)."""
+    return phase_timeline(conditions, runnable, start_s, times, sent, measured)
 
 
 TIMELINE_COLUMNS = ("download_end_s", "train_end_s", "compress_end_s", "upload_end_s")

@@ -19,7 +19,6 @@ from algorithms.base import ServerContext
 from engine.clients.device import prepare_device, resolve_device
 from engine.clients.host import LAST_TIMES, HostSetup
 from engine.config.schema import ExperimentConfig
-from engine.data.build import build_data
 from engine.data.partition import FederatedData
 from engine.execution.base import Executor
 from engine.execution.inprocess import InProcessExecutor
@@ -28,13 +27,10 @@ from engine.loop.asynchronous import AsyncLoop
 from engine.loop.batching import UnbatchedNotice
 from engine.loop.callbacks import CallbackLike, CallbackList, RoundRecord, RunContext, Stop
 from engine.loop.evaluation import GlobalEvaluation, global_columns, is_evaluation_round
+from engine.loop.parts import build_parts
 from engine.loop.selection import select_clients
-from engine.models.arch import assign_architectures, build_arch_model
 from engine.trace import mark
-from hardware_profiles import clock
-from hardware_profiles.conditions import FleetConditions, participation
-from hardware_profiles.energy import FleetBatteries, empties_at, ledger
-from hardware_profiles.sampler import assign_profiles
+from hardware_profiles.round_clock import RoundClock
 
 log = logging.getLogger("hetsim")
 
@@ -48,22 +44,13 @@ class Simulation:
     ):
         self.cfg = cfg
         self.executor = executor or InProcessExecutor()
-        self.data = data if data is not None else build_data(cfg)
+        parts = build_parts(cfg, data=data)  # the validation's, when it built this config
         mark("sim: data built")
+        self.data, self.profiles, self.conditions = parts.data, parts.profiles, parts.conditions
         n = self.data.num_clients
-        self.profiles = assign_profiles(cfg.clients.profiles, n, seed=cfg.seed)
-        changing = cfg.clients.profiles.conditions
-        # processes over virtual time; None: every client's conditions are constant (as before)
-        self.conditions = (FleetConditions(changing, self.profiles, cfg.seed, origin_s=cfg.clock.start_s)
-                           if changing and changing.sets else None)
-        battery = cfg.clients.profiles.battery
-        zones = self.conditions.columns().get("tz_offset_h") if self.conditions is not None else None
-        self.batteries = FleetBatteries(battery, self.profiles, cfg.seed, zones) if battery else None
-        self.arch_names, self.client_arch = assign_architectures(cfg, self.profiles)
-        self.models = {
-            arch: build_arch_model(cfg, arch, self.data.input_shape, self.data.num_classes)
-            for arch in self.arch_names
-        }
+        self.batteries = parts.fresh_batteries()  # its charge changes as the run goes
+        self.arch_names, self.client_arch = parts.arch_names, parts.client_arch
+        self.models = parts.take_models()  # the server's to change
         spec = ALGORITHMS[cfg.algorithm.name]
         public_x, public_y = self.data.public_arrays() if self.data.num_public else (None, None)
         context = ServerContext(
@@ -86,7 +73,8 @@ class Simulation:
         self.eval_device = resolve_device("cpu" if cfg.executor.device == "cpu" else "auto")
         prepare_device(self.eval_device, cfg.executor.cuda_deterministic)
         self.evaluation = GlobalEvaluation(cfg, self.data, self.server, self.eval_device)
-        self.sim_time_s = 0.0
+        # the fleet's virtual time, conditions and batteries, one round at a time
+        self.clock = RoundClock(self.profiles, cfg.clock, cfg.seed, self.conditions, self.batteries)
         self.next_round = 0  # the first round run() will run (a resumed run starts later)
         self.stop: Stop | None = None  # why the last run() ended early, if it did
         self.in_round = False  # True while a round runs (its state is then incomplete)
@@ -166,79 +154,29 @@ class Simulation:
         next server step instead."""
         if self.asynchronous is not None:
             return self.asynchronous.step(r)
-        cfg, policy = self.cfg, self.cfg.clock
-        wall0 = time.perf_counter()
-        start_s = policy.start_s + self.sim_time_s  # virtual time: the round starts S_r
+        cfg, wall0 = self.cfg, time.perf_counter()
         selected, target = select_clients(cfg, self.data.num_clients, r)
-        available, dropped, leaves = participation(self.conditions, self.profiles, selected, cfg.seed, r,
-                                                   policy, start_s)
-        batteries = self.batteries
-        low = batteries.too_low(selected) & available if batteries else np.zeros(len(selected), dtype=bool)
-        charging = self._on_charger(r, start_s) if batteries else None
-        level_start = batteries.fraction(selected) if batteries else None
-        run_mask = available & ~low & ~dropped
-        runnable = selected[run_mask]
-        evaluating = is_evaluation_round(cfg, r)
+        start = self.clock.begin(r, selected)
+        runnable, evaluating = start.runnable, is_evaluation_round(cfg, r)
         broadcast = self.server.broadcast(r)
-        now = self.conditions.now(runnable, start_s) if self.conditions is not None and self.reads_profile else None
-        if self.last_times is not None:
-            now = now or {}
-            for c in runnable.tolist():
-                if c in self.last_times:
-                    now.setdefault(c, {})[LAST_TIMES] = self.last_times[c]
         self.unbatched.check(self.executor, runnable, f"round {r}")
-        reply = self.executor.run_round(r, runnable.tolist(), broadcast, evaluating, now)
+        reply = self.executor.run_round(r, runnable.tolist(), broadcast, evaluating, self._now(runnable, start.start_s))
         results = reply.results
-
         sent = rows.payloads(broadcast, results)
-        measured = None
-        if policy.mode == "measured":
-            measured = policy.measured_compute_s([res.metrics["wall_fit_s"] for res in results])
-        times = clock.client_times(self.profiles, runnable, sent["bytes_down"], sent["bytes_up"],
-                                   sent["train_flops"], sent["compress_ops"], measured_compute_s=measured)
-        timeline = rows.timeline(self.conditions, runnable, start_s, times, sent, measured)
-        if self.last_times is not None:  # the phase times as the clock reports them (conditions included)
-            phases = ("download_s", "compute_s", "compress_s", "upload_s")
-            for i, c in enumerate(runnable.tolist()):
-                self.last_times[c] = {"round": r, **{k: float(times[k][i]) for k in phases}}
-        leaves = leaves[run_mask] - start_s
-        empties = (empties_at(self.profiles, runnable, times, batteries.charge_j(runnable, charging))
-                   if batteries else None)
-        outcome = clock.resolve_round(times, runnable, policy, target_k=target, leaves_s=leaves, empties_s=empties)
-        stopped = np.select([outcome.drop_reason == "offline", outcome.drop_reason == "battery"],
-                            [leaves, empties if empties is not None else leaves], np.inf)
-        if self.conditions is not None or batteries:
-            timeline["left_s"] = np.where(np.isfinite(stopped), start_s + stopped, np.nan)
-        energy = ledger(self.profiles, runnable, times, stopped)
-        nonfinite = guards.reject_nonfinite(results, outcome, cfg.train.on_nonfinite)
-        arrived = [res for res, ok in zip(results, outcome.made_deadline) if ok]
+        timing = self.clock.time(start, sent, [res.metrics["wall_fit_s"] for res in results], target)
+        self._keep_last_times(r, runnable, timing.times)
+        nonfinite = guards.reject_nonfinite(results, timing.outcome, cfg.train.on_nonfinite)
+        made = timing.outcome.made_deadline
+        arrived = [res for res, ok in zip(results, made) if ok]
         # a non-finite upload is not put back into error-feedback residuals
-        lost = [res.client_id for res, ok, bad in zip(results, outcome.made_deadline, nonfinite)
-                if not ok and not bad]
+        lost = [res.client_id for res, ok, bad in zip(results, made, nonfinite) if not ok and not bad]
         if lost:
             self.executor.notify_dropped(r, lost)
         server_metrics = self.server.aggregate(r, arrived) or {}
         diverged = guards.divergence(r, results, nonfinite, self.server.global_models(), cfg.train.on_nonfinite)
-        round_s = clock.round_seconds(outcome, policy, dropped_in_flight=bool((available & ~low & dropped).any()),
-                                      arrived=len(arrived), target=target)
-        self.sim_time_s += round_s
-        if batteries:
-            batteries.advance(round_s, runnable, energy["energy_j"], np.minimum(times["total_s"], stopped),
-                              outcome.drop_reason == "battery", charging)
-
-        not_run = np.where(~available, "unavailable", np.where(low, "battery", "dropout"))
-        row = rows.round_row(
-            r, selected=selected, runnable=runnable, arrived=arrived, available=available,
-            dropped=dropped & ~low, round_s=round_s, sim_time_s=self.sim_time_s, bytes_down=sent["bytes_down"],
-            nonfinite=nonfinite, personalized=results if evaluating else [],
-            global_columns=global_columns(cfg, list(self.server.global_models()), r),
-            server_metrics=server_metrics, start_s=start_s)
-        row.update(rows.energy_summary(energy, outcome, low, batteries))
-        client_rows = rows.client_rows(r, self.profiles, selected, not_run, results, times,
-                                       sent["bytes_down"], outcome, timeline, start_s, energy)
-        if batteries:
-            rows.add_battery_columns(client_rows, level_start, batteries.fraction(selected),
-                                     charging[selected])
+        round_s = self.clock.advance(start, timing, arrived=len(arrived), target=target)
+        row, client_rows = self._rows(start, timing, results, arrived, nonfinite, sent, round_s, server_metrics,
+                                      evaluating)
         self._realtime_sleep(r, round_s)
         row["wall_s"] = time.perf_counter() - wall0
         tables = self.server.drain_tables()
@@ -246,16 +184,49 @@ class Simulation:
             tables["faults"] = reply.faults
         return RoundRecord(r, row, client_rows, tables, diverged=diverged)
 
-    def _on_charger(self, r: int, start_s: float) -> np.ndarray:
-        """Who is on the charger for round ``r`` (every client; ``charging: online`` asks the
-        battery-powered ones' availability at the round's start, the same draw as selection's)."""
-        online = None
-        if self.batteries.spec.charging == "online":
-            ids = np.flatnonzero(self.batteries.has)
-            online = np.zeros(len(self.batteries.has), dtype=bool)
-            online[ids] = participation(self.conditions, self.profiles, ids, self.cfg.seed, r, self.cfg.clock,
-                                        start_s)[0]
-        return self.batteries.on_charger(start_s, online)
+    @property
+    def sim_time_s(self) -> float:
+        """Virtual seconds since ``clock.start`` (the clock's; checkpointed)."""
+        return self.clock.sim_time_s
+
+    @sim_time_s.setter
+    def sim_time_s(self, value: float) -> None:
+        self.clock.sim_time_s = value
+
+    def _now(self, runnable, start_s: float) -> dict | None:
+        """What the clients may read of their conditions and last phase times this round."""
+        now = self.conditions.now(runnable, start_s) if self.conditions is not None and self.reads_profile else None
+        if self.last_times is not None:
+            now = now or {}
+            for c in runnable.tolist():
+                if c in self.last_times:
+                    now.setdefault(c, {})[LAST_TIMES] = self.last_times[c]
+        return now
+
+    def _keep_last_times(self, r: int, runnable, times: dict) -> None:
+        """The phase times as the clock reports them (conditions included), for methods that read them."""
+        if self.last_times is not None:
+            phases = ("download_s", "compute_s", "compress_s", "upload_s")
+            for i, c in enumerate(runnable.tolist()):
+                self.last_times[c] = {"round": r, **{k: float(times[k][i]) for k in phases}}
+
+    def _rows(self, start, timing, results, arrived, nonfinite, sent, round_s, server_metrics, evaluating):
+        """The round's rounds.parquet row (without wall_s) and clients.parquet rows."""
+        cfg, r, batteries, selected = self.cfg, start.round, self.batteries, start.selected
+        row = rows.round_row(
+            r, selected=selected, runnable=start.runnable, arrived=arrived, available=start.available,
+            dropped=start.dropped & ~start.low, round_s=round_s, sim_time_s=self.sim_time_s,
+            bytes_down=sent["bytes_down"], nonfinite=nonfinite, personalized=results if evaluating else [],
+            global_columns=global_columns(cfg, list(self.server.global_models()), r),
+            server_metrics=server_metrics, start_s=start.start_s)
+        row.update(rows.energy_summary(timing.energy, timing.outcome, start.low, batteries))
+        client_rows = rows.client_rows(r, self.profiles, selected, start.not_run, results, timing.times,
+                                       sent["bytes_down"], timing.outcome, timing.timeline, start.start_s,
+                                       timing.energy)
+        if batteries:
+            rows.add_battery_columns(client_rows, start.level_start, batteries.fraction(selected),
+                                     start.charging[selected])
+        return row, client_rows
 
     def _realtime_sleep(self, r: int, round_s: float) -> None:
         """``clock.mode: realtime``: sleep the round's simulated seconds x ``time_scale``."""

@@ -21,6 +21,7 @@ function per family, so that ``hetsim validate``, a run and a sweep refuse exact
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 from pathlib import Path
@@ -30,7 +31,6 @@ import numpy as np
 from algorithms.base import ModelSize
 from engine.config.hints import tier_problems
 from engine.config.schema import ExperimentConfig
-from engine.data.build import build_data
 from engine.data.datasets import _COMMON_ARGS, DATASETS, DatasetNotFoundError
 from engine.data.memory import memory_problems
 from engine.errors import ConfigError
@@ -38,10 +38,7 @@ from engine.loop.selection import select_clients, target_arrivals
 from engine.ray.cluster import RayConnectError, check_reachable, cluster_cpus, ray_is_up, resolve_address
 from engine.ray.pool import PoolSizeError, plan_pool
 from hardware_profiles.condition_spec import Constant
-from hardware_profiles.conditions import FleetConditions
-from hardware_profiles.energy import FleetBatteries
 from hardware_profiles.profile import RANGE_HINT
-from hardware_profiles.sampler import assign_profiles
 from hardware_profiles.traces import TraceError
 
 HEADER = "invalid experiment config:\n"
@@ -66,24 +63,31 @@ def validate_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None
 
 
 def validate_with_data(cfg: ExperimentConfig, *, ray_running: bool | None = None) -> list[str]:
-    """The checks of :func:`validate_experiment` that load the data (after the static ones)."""
+    """The checks of :func:`validate_experiment` that load the data (after the static ones).
+
+    The parts are built by :func:`engine.loop.parts.build_parts`, which keeps them for the run
+    that follows in this process (a config is built once)."""
     warnings: list[str] = []
     fail(_params_problems(cfg) + memory_problems(cfg))  # torch; the data's memory before it is built
-    data = _build_data(cfg)
-    profiles = _build_profiles(cfg, data.num_clients)
-    warnings += _check_conditions(cfg, profiles)
-    _check_batteries(cfg, profiles)
-    arch_names, client_arch, flops, sizes = _build_models(cfg, data, profiles)
+    _check_compute_processes(cfg)
+    from engine.loop.parts import build_parts  # torch: see _params_problems
+
+    problems: list[str] = []
+    parts = build_parts(cfg, _Guard(cfg, problems))
+    fail(problems)  # models that cannot be built for the data
+    data, profiles = parts.data, parts.profiles
+    warnings += _check_conditions(cfg, parts.conditions)
+    flops, sizes = _model_figures(cfg, parts)
     n = data.num_clients
     problems = _method_problems(cfg, sizes)
     problems += _pool_problems(cfg, n, ray_running)
-    problems += _fleet_problems(cfg, data, profiles, arch_names, client_arch, flops, warnings, sizes)
+    problems += _fleet_problems(cfg, data, profiles, parts.arch_names, parts.client_arch, flops, warnings, sizes)
     problems += _failure_injection_problems(cfg, n, profiles, warnings)
     if cfg.evaluation.global_model and data.num_global_test == 0:
         problems.append(f"  partition.global_test_fraction = {cfg.partition.global_test_fraction!r}: "
                         "leaves no global test samples; raise it, or set evaluation.global_model: false")
     fail(problems)
-    _build_server(cfg, data)
+    _build_server(cfg)
     train = data.client_num_train()
     if train.mean() < FEW_SAMPLES:
         warnings.append(
@@ -177,46 +181,76 @@ def _params_problems(cfg: ExperimentConfig) -> list[str]:
 # ---------------------------------------------------------------- data, profiles, models
 
 
-def _build_data(cfg: ExperimentConfig):
-    p = cfg.partition
-    try:
-        return build_data(cfg)
-    except DatasetNotFoundError as err:
-        raise ConfigError(f"{HEADER}  dataset.name = {cfg.dataset.name!r}: {err}") from None
-    except (ValueError, TypeError) as err:
-        text = str(err)
-        if "partition" in text or "split" in text or "natural" in text or "num_clients" in text:
-            where = (f"partition.scheme = {p.scheme!r} with clients.num_clients = "
-                     f"{cfg.clients.num_clients}")
-        else:
-            where = f"dataset {cfg.dataset.name!r} (dataset.params = {cfg.dataset.params!r})"
-        raise ConfigError(f"{HEADER}  {where}: {text}") from None
+class _Guard:
+    """The errors of each stage of :func:`build_parts` as config problems: raised at once, but
+    a model that cannot be built is added to ``problems`` and the next one built."""
 
+    def __init__(self, cfg: ExperimentConfig, problems: list[str]):
+        self.cfg, self.problems = cfg, problems
 
-def _build_profiles(cfg: ExperimentConfig, n: int):
-    try:
-        return assign_profiles(cfg.clients.profiles, n, seed=cfg.seed)
-    except (ValueError, KeyError, OSError) as err:
-        text = str(err).replace(RANGE_HINT, "set clients.profiles.allow_out_of_range: true to "
+    @contextlib.contextmanager
+    def __call__(self, stage: str, arch: str = "", data=None):
+        try:
+            yield
+        except DatasetNotFoundError as err:
+            raise ConfigError(f"{HEADER}  dataset.name = {self.cfg.dataset.name!r}: {err}") from None
+        except (ValueError, TypeError, RuntimeError, KeyError, OSError, TraceError) as err:
+            where = self._where(stage, arch, data, err)
+            if where is None:
+                raise
+            if stage != "model":
+                raise ConfigError(f"{HEADER}  {where}") from None
+            self.problems.append(f"  {where}")
+
+    def _where(self, stage: str, arch: str, data, err: BaseException) -> str | None:
+        cfg, text = self.cfg, str(err)
+        if stage == "data" and isinstance(err, (ValueError, TypeError)):
+            if "partition" in text or "split" in text or "natural" in text or "num_clients" in text:
+                return (f"partition.scheme = {cfg.partition.scheme!r} with clients.num_clients = "
+                        f"{cfg.clients.num_clients}: {text}")
+            return f"dataset {cfg.dataset.name!r} (dataset.params = {cfg.dataset.params!r}): {text}"
+        if stage == "profiles" and isinstance(err, (ValueError, KeyError, OSError)):
+            text = text.replace(RANGE_HINT, "set clients.profiles.allow_out_of_range: true to "
                                 "permit bandwidths outside the catalog range")
-        raise ConfigError(f"{HEADER}  clients.profiles: {text}") from None
+            return f"clients.profiles: {text}"
+        if stage == "conditions" and isinstance(err, (TraceError, ValueError)):
+            return f"clients.profiles.conditions: {err}"
+        if stage == "batteries" and isinstance(err, ValueError):
+            return f"clients.profiles.battery: {err}"
+        if stage == "architectures" and isinstance(err, ValueError):
+            text = text.removeprefix("model.per_client: ")
+            return (f"model.per_client = {cfg.model.per_client!r}: {text} "
+                    f"(clients.num_clients = {cfg.clients.num_clients})")
+        if stage == "model" and isinstance(err, (ValueError, RuntimeError, TypeError)):
+            return self._model_problem(arch, data, err)
+        return None
+
+    def _model_problem(self, arch: str, data, err: BaseException) -> str:
+        from engine.models.arch import arch_spec  # torch: see _params_problems
+
+        cfg = self.cfg
+        name, params = arch_spec(cfg, arch)
+        field = "model.name" if arch in ("", cfg.model.name) else f"model architecture {arch!r}"
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return (f"{field} = {name!r} (params {params!r}): cannot be built for dataset {cfg.dataset.name!r} "
+                f"(input shape {data.input_shape}, {data.num_classes} classes): {first}")
 
 
-def _check_conditions(cfg: ExperimentConfig, profiles) -> list[str]:
-    """Conditions over time, built as the run builds them: trace files, their ids and rows,
-    and whether clients can ever be online; returns warnings."""
+def _check_compute_processes(cfg: ExperimentConfig) -> None:
     spec = cfg.clients.profiles.conditions
     if spec is None or not spec.sets:
-        return []
-    field = "clients.profiles.conditions"
+        return
     computes = [name for name, s in spec.sets.items() if not isinstance(s.compute, Constant)]
     if cfg.clock.mode == "measured" and computes:
-        fail([f"  {field}.sets.{computes[0]}.compute: clock.mode = 'measured' takes compute times from the "
-              "host, so a compute process cannot apply; remove it or use clock.mode: virtual"])
-    try:
-        conditions = FleetConditions(spec, profiles, cfg.seed, origin_s=cfg.clock.start_s)
-    except (TraceError, ValueError) as err:
-        raise ConfigError(f"{HEADER}  {field}: {err}") from None
+        fail([f"  clients.profiles.conditions.sets.{computes[0]}.compute: clock.mode = 'measured' takes compute "
+              "times from the host, so a compute process cannot apply; remove it or use clock.mode: virtual"])
+
+
+def _check_conditions(cfg: ExperimentConfig, conditions) -> list[str]:
+    """Whether clients can ever be online under the conditions over time; returns warnings."""
+    if conditions is None:
+        return []
+    field = "clients.profiles.conditions"
     never = conditions.never_online(cfg.clock.start_s)
     if cfg.clock.apply_availability and never.all():
         fail([f"  {field}: no client can ever be online from clock.start = {cfg.clock.start!r} on (their "
@@ -226,58 +260,35 @@ def _check_conditions(cfg: ExperimentConfig, profiles) -> list[str]:
             f"{cfg.clock.start!r} on"] if cfg.clock.apply_availability and never.any() else []
 
 
-def _check_batteries(cfg: ExperimentConfig, profiles) -> None:
-    """The fleet's batteries, built as the run builds them (someone has one; each has a power model)."""
-    spec = cfg.clients.profiles.battery
-    if spec is None:
-        return
-    try:
-        FleetBatteries(spec, profiles, cfg.seed)
-    except ValueError as err:
-        raise ConfigError(f"{HEADER}  clients.profiles.battery: {err}") from None
-
-
-def _build_models(cfg: ExperimentConfig, data, profiles):
-    """Architectures per client, then every model built and its training FLOPs counted (which
-    runs one forward and backward pass: a model that does not fit the data fails here)."""
+def _model_figures(cfg: ExperimentConfig, parts) -> tuple[dict[str, float], dict[str, int]]:
+    """Training FLOPs per sample and parameters of each architecture (counting FLOPs runs one
+    forward and backward pass: a model that does not fit the data fails here)."""
     # torch: see _params_problems
     from algorithms.training import num_params
-    from engine.models.arch import arch_spec, assign_architectures, build_arch_model
+    from engine.models.arch import arch_spec
     from engine.models.zoo import training_flops_per_sample
 
-    try:
-        arch_names, client_arch = assign_architectures(cfg, profiles)
-    except ValueError as err:
-        text = str(err).removeprefix("model.per_client: ")
-        raise ConfigError(f"{HEADER}  model.per_client = {cfg.model.per_client!r}: {text} "
-                          f"(clients.num_clients = {data.num_clients})") from None
-    flops, sizes, problems = {}, {}, []
-    for arch in arch_names:
+    data, flops, sizes, problems = parts.data, {}, {}, []
+    for arch, model in parts.models.items():
         name, params = arch_spec(cfg, arch)
-        field = "model.name" if arch in ("", cfg.model.name) else f"model architecture {arch!r}"
         try:
-            model = build_arch_model(cfg, arch, data.input_shape, data.num_classes)
-            flops[arch] = float(training_flops_per_sample(
-                name, data.input_shape, data.num_classes, **params))
+            flops[arch] = float(training_flops_per_sample(name, data.input_shape, data.num_classes, **params))
             sizes[arch] = num_params(model)
         except (ValueError, RuntimeError, TypeError) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            problems.append(
-                f"  {field} = {name!r} (params {params!r}): cannot be built for dataset "
-                f"{cfg.dataset.name!r} (input shape {data.input_shape}, {data.num_classes} "
-                f"classes): {first}")
+            problems.append(f"  {_Guard(cfg, [])._model_problem(arch, data, err)}")
     fail(problems)
-    return arch_names, client_arch, flops, sizes
+    return flops, sizes
 
 
-def _build_server(cfg: ExperimentConfig, data) -> None:
-    """The method's server, built as the run builds it (ASCEND needs a public split, ...)."""
+def _build_server(cfg: ExperimentConfig) -> None:
+    """The method's server, built as the run builds it, from the same parts (ASCEND needs a
+    public split, ...)."""
     # torch: see _params_problems
     from engine.execution.inprocess import InProcessExecutor
     from engine.loop.simulation import Simulation
 
     try:
-        Simulation(cfg, InProcessExecutor(), data=data)
+        Simulation(cfg, InProcessExecutor())
     except (ValueError, RuntimeError, TypeError) as err:
         raise ConfigError(f"{HEADER}  algorithm.name = {cfg.algorithm.name!r}: {err}") from None
 

@@ -1,0 +1,145 @@
+"""The parts of a run, built from its config once per process: the federated data, the fleet
+(profiles, conditions over time, batteries), the architecture of each client and one model per
+architecture.
+
+:func:`build_parts` is the one builder. The validation (:mod:`engine.run.validate`) calls it with
+a ``guard`` that turns each stage's errors into config problems; the run's :class:`Simulation`
+calls it again and gets the same :class:`Parts` back (the last config built is kept), so a config
+is built once per run. Warm processes that run several trials (a sweep's reused trial workers,
+``hetsim whatif``, a notebook) keep more: the federated data per (dataset, partition, clients,
+seed), within :data:`DATA_BUDGET_BYTES`. Nothing here changes a result: the data is read only,
+and every :class:`Simulation` has its own of what a run changes: the models (the first taker
+gets the built ones, later ones build them again from the seed, the same weights) and the
+batteries' charge (a copy). Models are built again rather than copied because a copy costs more:
+``copy.deepcopy`` of LeNet-5 takes 7 ms of CPU, building it 2 ms (measured in a loop of each).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable, ContextManager
+
+import numpy as np
+
+from engine.config.schema import ExperimentConfig
+from engine.data.build import build_data
+from engine.models.arch import assign_architectures, build_arch_model
+from hardware_profiles.conditions import FleetConditions
+from hardware_profiles.energy import FleetBatteries
+from hardware_profiles.sampler import assign_profiles
+
+DATA_BUDGET_BYTES = 1 << 30  # federated data kept for later runs of this process (the newest always)
+
+# guard(stage) or guard("model", arch, data) -> a context that may turn the stage's errors into
+# config problems; stages: "data", "profiles", "conditions", "batteries", "architectures", "model"
+Guard = Callable[..., ContextManager[Any]]
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What a config builds before its first round; read only (see :meth:`take_models`,
+    :meth:`fresh_batteries` for what a run changes)."""
+
+    data: Any  # FederatedData or OnDemandFederatedData
+    profiles: Any  # hardware_profiles.ProfileTable
+    conditions: FleetConditions | None  # None: every client's conditions are constant
+    batteries: FleetBatteries | None
+    arch_names: list[str]  # architecture name per code; "" when all clients share one model
+    client_arch: np.ndarray  # int code per client (into arch_names)
+    models: dict[str, Any]  # the initial model of each architecture
+    cfg: ExperimentConfig
+    _taken: list[bool] = field(default_factory=lambda: [False], repr=False, compare=False)
+
+    def take_models(self) -> dict[str, Any]:
+        """The initial models, the caller's to change: the built ones to the first caller,
+        the same built again to the others."""
+        with _TAKE:  # two runs of one config in two threads must not share the built models
+            first, self._taken[0] = not self._taken[0], True
+        if first:
+            return self.models
+        data = self.data
+        return {arch: build_arch_model(self.cfg, arch, data.input_shape, data.num_classes) for arch in self.models}
+
+    def fresh_batteries(self) -> FleetBatteries | None:
+        return copy.deepcopy(self.batteries)
+
+
+def _no_guard(stage: str, arch: str = "", data=None) -> ContextManager[Any]:
+    return contextlib.nullcontext()
+
+
+_TAKE = threading.Lock()
+_last: tuple[str, Parts] | None = None  # the last config built in this process, and its parts
+_data: OrderedDict[str, Any] = OrderedDict()  # data key -> federated data, oldest first
+
+
+def build_parts(cfg: ExperimentConfig, guard: Guard | None = None, data=None) -> Parts:
+    """The parts of ``cfg``: those of the last config built in this process if it equals
+    ``cfg``, else built (the data from this process's earlier runs where it is the same).
+
+    ``guard`` wraps each stage (see :data:`Guard`); a guard that suppresses an architecture's error
+    leaves that model out (the validation collects them all), and such parts are not kept.
+    ``data``: federated data built by the caller (a benchmark's), used instead; not kept."""
+    global _last
+    key = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
+    if data is None and _last is not None and _last[0] == key:
+        return _last[1]
+    guard = guard or _no_guard
+    keep = data is None
+    if data is None:
+        with guard("data"):
+            data = _shared_data(cfg)
+    with guard("profiles"):
+        profiles = assign_profiles(cfg.clients.profiles, data.num_clients, seed=cfg.seed)
+    changing = cfg.clients.profiles.conditions
+    with guard("conditions"):
+        conditions = (FleetConditions(changing, profiles, cfg.seed, origin_s=cfg.clock.start_s)
+                      if changing and changing.sets else None)
+    battery = cfg.clients.profiles.battery
+    zones = conditions.columns().get("tz_offset_h") if conditions is not None else None
+    with guard("batteries"):
+        batteries = FleetBatteries(battery, profiles, cfg.seed, zones) if battery else None
+    with guard("architectures"):
+        arch_names, client_arch = assign_architectures(cfg, profiles)
+    models = {}
+    for arch in arch_names:
+        with guard("model", arch, data):
+            models[arch] = build_arch_model(cfg, arch, data.input_shape, data.num_classes)
+    parts = Parts(data, profiles, conditions, batteries, arch_names, client_arch, models, cfg)
+    if keep and len(models) == len(arch_names):
+        _last = (key, parts)
+    return parts
+
+
+def data_key(cfg: ExperimentConfig) -> str:
+    """What the federated data depends on: the dataset, the partition, the clients, the seed."""
+    return json.dumps([cfg.dataset.model_dump(mode="json"), cfg.partition.model_dump(mode="json"),
+                       cfg.clients.num_clients, cfg.seed], sort_keys=True, default=str)
+
+
+def _shared_data(cfg: ExperimentConfig):
+    key = data_key(cfg)
+    if key in _data:
+        _data.move_to_end(key)
+        return _data[key]
+    data = build_data(cfg)
+    _data[key] = data
+    while len(_data) > 1 and sum(_nbytes(d) for d in _data.values()) > DATA_BUDGET_BYTES:
+        _data.popitem(last=False)
+    return data
+
+
+def _nbytes(data) -> int:
+    x = getattr(data, "x", None)
+    return int(x.nbytes) if isinstance(x, np.ndarray) else 0
+
+
+def forget() -> None:
+    """Drop everything kept (tests; a process that needs the memory back)."""
+    global _last
+    _last = None
+    _data.clear()
