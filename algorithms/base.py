@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from algorithms.asynchronous import apply_states
+
 if TYPE_CHECKING:  # annotations only: importing the contract (and the params) needs no torch
     import torch
 
@@ -213,6 +215,16 @@ class Server:
     def aggregate(self, round: int, results: list[ClientResult]) -> dict[str, Any]:
         """Fold the uploads that arrived this round into the global state; returns round metrics."""
         raise NotImplementedError
+
+    def async_step(self, step: int, updates: list, rule) -> dict[str, Any]:
+        """One asynchronous server step (docs/async.md) over ``updates``
+        (:class:`algorithms.asynchronous.AsyncUpdate`, the FedBuff buffer or FedAsync's one update)
+        under ``rule`` (:class:`algorithms.asynchronous.StepRule`); returns the step's metrics.
+        ``step`` counts server steps (0, 1, ...), as ``round`` counts rounds. The default averages
+        the clients' full states (:func:`algorithms.asynchronous.apply_states`); a method whose
+        server does more overrides it."""
+        apply_states(self.models, updates, rule)
+        return {}
 
     def global_models(self) -> dict[str, torch.nn.Module]:
         return self.models

@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from algorithms.asynchronous import ASYNC_METHODS, SYNCHRONOUS_ONLY
+from algorithms.asynchronous import ASYNC_METHODS, SYNCHRONOUS_ONLY, async_option_problems
 from algorithms.params import ALGORITHM_PARAMS
 from engine.config.hints import friendly
 from engine.config.names import DATASET_NAMES, MODEL_NAMES
@@ -362,6 +362,7 @@ def async_problems(a: AsyncConfig, sections: dict[str, Any]) -> list[str]:
     if name in SYNCHRONOUS_ONLY:
         out.append(f"algorithm.name = {name!r} cannot run asynchronously: {SYNCHRONOUS_ONLY[name]}; "
                    f"allowed with asynchronous: {', '.join(ASYNC_METHODS)}")
+    out.extend(async_option_problems(name, cfg.algorithm))
     if a.concurrency > cfg.clients.num_clients:
         out.append(f"asynchronous.concurrency = {a.concurrency}: more than the {cfg.clients.num_clients} "
                    "clients (clients.num_clients)")

@@ -13,7 +13,8 @@ All clients dispatched at one instant train on one version in ONE ``executor.run
 *wave*), so a Ray pool trains them together; their ``round`` (the seed of their local RNG) is the
 wave's index, which every executor sees alike. :meth:`AsyncLoop.step` runs events until the next
 server step and returns its :class:`RoundRecord`: ``rounds`` counts server steps. The math of a
-step is :mod:`algorithms.asynchronous`'s; docs/async.md describes the model and the columns.
+step is the method's (``Server.async_step``: :mod:`algorithms.asynchronous`'s FedBuff/FedAsync by
+default); docs/async.md describes the model, each method's rule and the columns.
 """
 from __future__ import annotations
 
@@ -25,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.asynchronous import client_state, fedasync_step, fedbuff_step, staleness_weight
+from algorithms.asynchronous import AsyncUpdate, StepRule, staleness_weight
 from algorithms.base import ClientResult, Payload
-from algorithms.training import flat_state, load_flat_state, num_params
+from algorithms.training import flat_state
 from engine.loop import guards, rows
 from engine.loop.callbacks import RoundRecord
 from engine.loop.evaluation import global_columns
@@ -68,6 +69,7 @@ class AsyncLoop:
         self.bases: dict[int, dict[str, np.ndarray]] = {}  # version -> global flat state per arch
         self.wave = self.seq = 0
         self.resolved: list[Update] = []  # applied or dropped since the last record
+        self.server_metrics: dict[str, Any] = {}  # the last step's (Server.async_step)
         self.dispatched: list[tuple[int, float]] = []  # (client id, bytes down) since the last record
         self.faults: list[dict] = []
         self.last_step_s = self.now
@@ -96,10 +98,11 @@ class AsyncLoop:
             return
         ids, leaves = idle[pick], leaves[pick]
         broadcast = sim.server.broadcast(self.version)
-        if self.version not in self.bases:
-            self.bases[self.version] = {arch: np.asarray(p.arrays["state"], dtype=np.float64)
-                                        for arch, p in broadcast.items()}
+        if self.version not in self.bases:  # the state the broadcast stands for (full: parameters, buffers)
+            self.bases[self.version] = {arch: flat_state(m).cpu().numpy().astype(np.float64)
+                                        for arch, m in sim.server.models.items()}
         now = sim.conditions.now(ids, self.now) if sim.conditions is not None and sim.reads_profile else None
+        now = sim.with_last_times(ids, now)
         sim.unbatched.check(sim.executor, ids, f"wave {wave}")
         reply = sim.executor.run_round(wave, ids.tolist(), broadcast, False, now)
         self.faults.extend(reply.faults)
@@ -111,6 +114,7 @@ class AsyncLoop:
         times = clock.client_times(sim.profiles, ids, sent["bytes_down"], sent["bytes_up"], sent["train_flops"],
                                    sent["compress_ops"], measured_compute_s=measured)
         timeline = rows.timeline(sim.conditions, ids, self.now, times, sent, measured)
+        sim.keep_last_times(wave, ids, times)
         arrive = timeline["upload_end_s"]
         lost = leaves < arrive
         stopped = np.where(lost, leaves - self.now, np.inf)
@@ -145,7 +149,7 @@ class AsyncLoop:
             t, _, seq = heapq.heappop(self.events)
             self.now = t
             update = self.flight.pop(seq)
-            applied = self._handle(update)
+            applied = self._handle(update, r)
             if not self.events or self.events[0][0] > t:  # every event of this instant is handled
                 self.dispatch()
         return self._record(r, applied, wall0)
@@ -160,7 +164,7 @@ class AsyncLoop:
         raise RuntimeError(f"asynchronous: no client could be dispatched for {MAX_IDLE_RETRIES} x "
                            f"idle_retry_s = {MAX_IDLE_RETRIES * self.spec.idle_retry_s:g} s of virtual time")
 
-    def _handle(self, u: Update) -> list[Update] | None:
+    def _handle(self, u: Update, r: int) -> list[Update] | None:
         """Resolve one event; returns the updates of a server step if one is applied now."""
         staleness = self.version - u.base
         u.row.update(base_version=u.base, staleness=staleness, dispatch_seq=u.seq, wave=u.wave,
@@ -174,7 +178,7 @@ class AsyncLoop:
         self.buffer.append(u)
         if self.spec.mode == "fedasync" or len(self.buffer) >= self.spec.buffer_size:
             applied, self.buffer = self.buffer, []
-            self._apply(applied)
+            self._apply(applied, r)
             return applied
         return None
 
@@ -184,25 +188,16 @@ class AsyncLoop:
         if reason != "nonfinite":  # as a synchronous round: a non-finite upload is not put back
             self.sim.executor.notify_dropped(u.wave, [u.client_id])
 
-    def _apply(self, updates: list[Update]) -> None:
-        """One server step over ``updates`` (FedBuff: the buffer; FedAsync: one update)."""
-        spec, models = self.spec, self.sim.server.models
+    def _apply(self, updates: list[Update], r: int) -> None:
+        """Server step ``r`` over ``updates`` (FedBuff: the buffer; FedAsync: one update): the
+        method's ``async_step`` (algorithms/asynchronous.py by default)."""
+        spec = self.spec
         tau = np.array([self.version - u.base for u in updates], dtype=np.float64)
         weight = staleness_weight(spec.staleness.kind, tau, spec.staleness.a, spec.staleness.b)
-        for arch, model in models.items():
-            mine = [i for i, u in enumerate(updates) if u.result.arch == arch]
-            if not mine:
-                continue
-            current = flat_state(model).cpu().numpy()
-            d = num_params(model)
-            bases = np.stack([self.bases[updates[i].base][arch] for i in mine])
-            states = np.stack([client_state(updates[i].result.upload, bases[j], d) for j, i in enumerate(mine)])
-            if spec.mode == "fedasync":
-                new = fedasync_step(current, states[0], spec.mixing * float(weight[mine[0]]))
-            else:
-                new = fedbuff_step(current, states, bases, [updates[i].result.num_samples for i in mine],
-                                   weight[mine], spec.server_lr)
-            load_flat_state(model, new)
+        batch = [AsyncUpdate(u.result, self.bases[u.base][u.result.arch], u.base, int(t), float(w), u.wave)
+                 for u, t, w in zip(updates, tau.tolist(), weight.tolist())]
+        rule = StepRule(spec.mode, spec.server_lr, spec.mixing)
+        self.server_metrics = self.sim.server.async_step(r, batch, rule) or {}
         self.version += 1
         for u, w in zip(updates, weight.tolist()):
             u.row.update(made_deadline=True, drop_reason="", applied_version=self.version, staleness_weight=w)
@@ -243,7 +238,7 @@ class AsyncLoop:
             round_s=self.now - self.last_step_s, sim_time_s=self.now - cfg.clock.start_s,
             bytes_down=np.array([b for _, b in dispatched], dtype=np.float64), nonfinite=nonfinite,
             personalized=[], global_columns=global_columns(cfg, list(sim.server.global_models()), r),
-            server_metrics={}, start_s=self.last_step_s)
+            server_metrics=self.server_metrics, start_s=self.last_step_s)
         applied_mask = np.array([u.row["made_deadline"] for u in resolved], dtype=bool)
         for name in ENERGY_COLUMNS:
             row[name] = float(sum(u.row[name] for u in resolved))

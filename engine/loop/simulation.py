@@ -159,6 +159,25 @@ class Simulation:
                 self.executor.close()
         return status
 
+    def with_last_times(self, ids: np.ndarray, now: dict | None) -> dict | None:
+        """``now`` (the executor's per-client extras) with each client's last phase times, for
+        methods that read them (``ctx.last_times``); unchanged when none does."""
+        if self.last_times is None:
+            return now
+        now = now or {}
+        for c in ids.tolist():
+            if c in self.last_times:
+                now.setdefault(c, {})[LAST_TIMES] = self.last_times[c]
+        return now
+
+    def keep_last_times(self, r: int, ids: np.ndarray, times: dict[str, np.ndarray]) -> None:
+        """Remember the phase times of round (asynchronous: wave) ``r`` as the clock reports them
+        (conditions included), for the clients' next participation; a no-op when no method reads them."""
+        if self.last_times is not None:
+            phases = ("download_s", "compute_s", "compress_s", "upload_s")
+            for i, c in enumerate(ids.tolist()):
+                self.last_times[c] = {"round": r, **{k: float(times[k][i]) for k in phases}}
+
     def run_round(self, r: int) -> RoundRecord:
         """One round: select, run the selected clients, time them on the virtual clock, keep
         those that arrive, aggregate; the record holds its rows (global evaluation is the
@@ -181,11 +200,7 @@ class Simulation:
         evaluating = is_evaluation_round(cfg, r)
         broadcast = self.server.broadcast(r)
         now = self.conditions.now(runnable, start_s) if self.conditions is not None and self.reads_profile else None
-        if self.last_times is not None:
-            now = now or {}
-            for c in runnable.tolist():
-                if c in self.last_times:
-                    now.setdefault(c, {})[LAST_TIMES] = self.last_times[c]
+        now = self.with_last_times(runnable, now)
         self.unbatched.check(self.executor, runnable, f"round {r}")
         reply = self.executor.run_round(r, runnable.tolist(), broadcast, evaluating, now)
         results = reply.results
@@ -197,10 +212,7 @@ class Simulation:
         times = clock.client_times(self.profiles, runnable, sent["bytes_down"], sent["bytes_up"],
                                    sent["train_flops"], sent["compress_ops"], measured_compute_s=measured)
         timeline = rows.timeline(self.conditions, runnable, start_s, times, sent, measured)
-        if self.last_times is not None:  # the phase times as the clock reports them (conditions included)
-            phases = ("download_s", "compute_s", "compress_s", "upload_s")
-            for i, c in enumerate(runnable.tolist()):
-                self.last_times[c] = {"round": r, **{k: float(times[k][i]) for k in phases}}
+        self.keep_last_times(r, runnable, times)
         leaves = leaves[run_mask] - start_s
         empties = (empties_at(self.profiles, runnable, times, batteries.charge_j(runnable, charging))
                    if batteries else None)
