@@ -177,8 +177,6 @@ def test_synchronous_runs_have_no_async_columns(tmp_path):
 
 
 @pytest.mark.parametrize("setting, message", [
-    ("algorithm.name=fedcspack", "algorithm.name = 'fedcspack' cannot run asynchronously: .*round-synchronous"),
-    ("algorithm.name=ascend", "algorithm.name = 'ascend' cannot run asynchronously"),
     ("clock.deadline_s=5", "clock.deadline_s = 5.0 does not apply to asynchronous runs"),
     ("clock.over_selection=1.5", "clock.over_selection = 1.5 does not apply"),
     ("train.lr_decay=0.9", "train.lr_decay = 0.9 is per round"),
@@ -279,14 +277,26 @@ def _online_until(tmp_path) -> str:
             f"file: '{online}', loop: false}}}}, other: {{share: 0.5, down: gilbert_elliott}}}}}}")
 
 
-@pytest.mark.parametrize("variant", ["fedbuff-topk", "fedasync-conditions"])
+ASCEND_SMALL = ("algorithm={name: ascend, distill_steps: 4, distill_batch: 32, public_probe_size: 64, "
+                "probe_batches: 1}", "partition.public_fraction=0.1")
+
+
+@pytest.mark.parametrize("variant", ["fedbuff-topk", "fedasync-conditions", "fedcspack-fedbuff",
+                                     pytest.param("ascend-fedbuff", marks=pytest.mark.slow),
+                                     pytest.param("ascend-fedasync", marks=pytest.mark.slow)])
 def test_an_async_run_continues_bit_identically_from_a_checkpoint(tmp_path, variant):
     """Checkpoint after step 3 with updates in flight (and buffered): a fresh Simulation restored
-    from it takes steps 4-9 exactly as the uninterrupted run did."""
-    over = {"fedbuff-topk": ["algorithm={name: fedavg_compressed, compressor: topk, k: 0.1}",
-                             "asynchronous={mode: fedbuff, concurrency: 6, buffer_size: 3, max_staleness: 2}"],
+    from it takes steps 4-9 exactly as the uninterrupted run did. FedCSPACK: the global masks and
+    each client's personal model and shared packs; ASCEND: each client's bandit, residual,
+    pending reward and undo record, the server's teacher, reference loss and rollbacks."""
+    fedbuff = "asynchronous={mode: fedbuff, concurrency: 6, buffer_size: 3, max_staleness: 2}"
+    over = {"fedbuff-topk": ["algorithm={name: fedavg_compressed, compressor: topk, k: 0.1}", fedbuff],
             "fedasync-conditions": [_online_until(tmp_path), "clock.start=00:00",
-                                    "asynchronous={mode: fedasync, concurrency: 4, max_staleness: 4}"]}[variant]
+                                    "asynchronous={mode: fedasync, concurrency: 4, max_staleness: 4}"],
+            "fedcspack-fedbuff": ["algorithm={name: fedcspack, pack_size: 64, record_packs: true}", fedbuff],
+            "ascend-fedbuff": [*ASCEND_SMALL, fedbuff],
+            "ascend-fedasync": [*ASCEND_SMALL, _online_until(tmp_path), "clock.start=00:00",
+                                "asynchronous={mode: fedasync, concurrency: 4, max_staleness: 4}"]}[variant]
     cfg = load_config(None, [*BASE, f"output.dir={tmp_path}", "rounds=10",
                              "clients.profiles={network: {5mbps: 0.5, 500mbps: 0.5}}", *over])
     full = Collect(after=3, directory=tmp_path / "ckpt")
@@ -298,12 +308,27 @@ def test_an_async_run_continues_bit_identically_from_a_checkpoint(tmp_path, vari
     assert resumed.run([tail]) == "finished"
     for left, right in zip(_tables(tail.records), _tables(full.records[4:])):
         pd.testing.assert_frame_equal(left.reset_index(drop=True), right.reset_index(drop=True))
+    for a, b in zip(tail.records, full.records[4:]):  # the methods' own tables (packs, rollbacks)
+        assert a.extra_tables.keys() == b.extra_tables.keys()
+        for name in a.extra_tables:
+            pd.testing.assert_frame_equal(pd.DataFrame(a.extra_tables[name]).drop(columns=["wall_s"], errors="ignore"),
+                                          pd.DataFrame(b.extra_tables[name]).drop(columns=["wall_s"], errors="ignore"))
     reasons = set(_tables(full.records)[1]["drop_reason"])
     assert reasons & {"stale", "offline"}  # drops happened
 
 
-def test_sigkill_of_an_async_hetsim_run_then_resume_equals_an_uninterrupted_run(tmp_path):
-    over = [*BASE, "rounds=60", "checkpoint.every=4", "train.local_epochs=4",
+@pytest.mark.parametrize("method", [
+    "fedavg",
+    pytest.param("fedcspack", marks=pytest.mark.slow),
+    pytest.param("ascend", marks=pytest.mark.slow),
+])
+def test_sigkill_of_an_async_hetsim_run_then_resume_equals_an_uninterrupted_run(tmp_path, method):
+    """kill -9 of a running `hetsim run` once step 9 is on disk, `--resume` from its newest
+    checkpoint (every 4 steps): the tables equal an uninterrupted run's (FedCSPACK: and its packs
+    and global masks; ASCEND: and its rollbacks)."""
+    algo = {"fedavg": [], "fedcspack": ["algorithm={name: fedcspack, pack_size: 64, record_packs: true}"],
+            "ascend": list(ASCEND_SMALL)}[method]
+    over = [*BASE, *algo, "rounds=60", "checkpoint.every=4", "train.local_epochs=4",
             "clients.profiles={network: {5mbps: 0.5, 500mbps: 0.5}}",
             "asynchronous={mode: fedbuff, concurrency: 6, buffer_size: 2, max_staleness: 3}"]
     path = tmp_path / "killed"
@@ -326,7 +351,14 @@ def test_sigkill_of_an_async_hetsim_run_then_resume_equals_an_uninterrupted_run(
     assert main(["run", "--resume", str(path), "-q"]) == 0
     resumed = load_run(path)
     ref = load_run(run_experiment(load_config(None, [*over, f"output.dir={tmp_path}"]), tmp_path / "ref"))
-    for left, right in ((resumed.rounds, ref.rounds), (resumed.clients, ref.clients)):
+    pairs = [(resumed.rounds, ref.rounds), (resumed.clients, ref.clients)]
+    for name in ("packs", "global_mask", "rollbacks"):  # the methods' own tables, where the run has them
+        left, right = resumed.table(name), ref.table(name)
+        assert (left is None) == (right is None)
+        if right is not None:
+            pairs.append((left, right))
+    assert len(pairs) == 2 + 2 * (method == "fedcspack") or method == "ascend"
+    for left, right in pairs:
         pd.testing.assert_frame_equal(left.drop(columns=list(WALL_COLUMNS), errors="ignore"),
                                       right.drop(columns=list(WALL_COLUMNS), errors="ignore"))
     assert resumed.manifest["resumes"][0]["previous_status"] == "running"
