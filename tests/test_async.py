@@ -158,6 +158,28 @@ def test_a_client_going_offline_mid_task_is_lost_at_that_time(tmp_path):
     assert r.rounds["num_offline"].tolist() == [3, 0]
 
 
+def test_a_task_past_the_deadline_is_abandoned_at_it(tmp_path):
+    """clock.deadline_s: an update that would arrive more than D after its dispatch is dropped at
+    dispatch + D (reason deadline, not arrived), its client stops working then (less energy than
+    its whole task), its slot is refilled at that instant, and everyone else is applied."""
+    over = ["rounds=20", *FIXED, "clients.profiles={network: {5mbps: 0.5, 500mbps: 0.5}}",
+            "asynchronous={mode: fedbuff, concurrency: 6, buffer_size: 2}"]
+    ref = run(tmp_path, "ref", *over).clients
+    task = ref["upload_end_s"] - ref["start_s"]
+    slow = ref["net_tier"] == "5mbps"
+    assert task[slow].min() > task[~slow].max()
+    d = float(task[slow].min() + task[~slow].max()) / 2  # between the fast clients' tasks and the slow ones'
+    c = run(tmp_path, "cut", *over, f"clock.deadline_s={d!r}").clients
+    late = c["drop_reason"] == "deadline"
+    assert late.any() and (c.loc[late, "net_tier"] == "5mbps").all()
+    assert (c.loc[~late, "drop_reason"] == "").all() and c.loc[~late, "made_deadline"].all()
+    assert np.allclose(c.loc[late, "resolved_s"], c.loc[late, "start_s"] + d, rtol=0, atol=1e-12)
+    assert not c.loc[late, "arrived"].any() and (c.loc[late, "upload_end_s"] - c.loc[late, "start_s"] > d).all()
+    full = ref.groupby("client_id")["energy_j"].first()  # every task of a client costs the same here
+    assert (c.loc[late, "energy_j"].to_numpy() < full[c.loc[late, "client_id"]].to_numpy()).all()
+    assert set(c.loc[late, "resolved_s"]) & set(c["start_s"])  # the slot is refilled at the deadline
+
+
 def test_same_seed_same_tables_other_seed_differs(tmp_path):
     over = ["rounds=5", "clients.profiles={network: {5mbps: 0.5, 500mbps: 0.5}}",
             "asynchronous={mode: fedbuff, concurrency: 5, buffer_size: 2, max_staleness: 3}"]
@@ -177,7 +199,6 @@ def test_synchronous_runs_have_no_async_columns(tmp_path):
 
 
 @pytest.mark.parametrize("setting, message", [
-    ("clock.deadline_s=5", "clock.deadline_s = 5.0 does not apply to asynchronous runs"),
     ("clock.over_selection=1.5", "clock.over_selection = 1.5 does not apply"),
     ("train.lr_decay=0.9", "train.lr_decay = 0.9 is per round"),
     ("asynchronous.concurrency=11", "asynchronous.concurrency = 11: more than the 10 clients"),

@@ -367,10 +367,9 @@ def async_problems(a: AsyncConfig, sections: dict[str, Any]) -> list[str]:
         out.append(f"asynchronous.concurrency = {a.concurrency}: more than the {cfg.clients.num_clients} "
                    "clients (clients.num_clients)")
     clock = cfg.clock
-    for field, value, ok in (("deadline_s", clock.deadline_s, None), ("over_selection", clock.over_selection, 1.0)):
-        if value != ok:
-            out.append(f"clock.{field} = {value!r} does not apply to asynchronous runs (there are no rounds "
-                       f"to cut); allowed: {ok!r}")
+    if clock.over_selection != 1.0:
+        out.append(f"clock.over_selection = {clock.over_selection!r} does not apply to asynchronous runs (there "
+                   "are no rounds to cut); allowed: 1.0")
     if clock.mode == "realtime":
         out.append("clock.mode = 'realtime' is not supported with asynchronous; allowed: virtual, measured")
     if cfg.clients.profiles.battery is not None:

@@ -54,6 +54,7 @@ class Update:
     result: ClientResult
     row: dict[str, Any]  # its clients.parquet row, completed when it is resolved
     nonfinite: bool
+    lost_reason: str = "offline"  # why it is lost (lost): offline, or deadline (clock.deadline_s passed)
 
 
 class AsyncLoop:
@@ -116,10 +117,14 @@ class AsyncLoop:
         timeline = rows.timeline(sim.conditions, ids, self.now, times, sent, measured)
         sim.keep_last_times(wave, ids, times)
         arrive = timeline["upload_end_s"]
-        lost = leaves < arrive
-        stopped = np.where(lost, leaves - self.now, np.inf)
+        # clock.deadline_s: the server abandons a task still running that long after its dispatch
+        cut = self.now + (cfg.clock.deadline_s if cfg.clock.deadline_s is not None else np.inf)
+        offline = leaves < np.minimum(arrive, cut)
+        late = ~offline & (arrive > cut)
+        lost = offline | late
+        stopped = np.select([offline, late], [leaves - self.now, cut - self.now], np.inf)  # the client stops
         if sim.conditions is not None:
-            timeline["left_s"] = np.where(lost, leaves, np.nan)
+            timeline["left_s"] = np.where(offline, leaves, np.nan)
         energy = ledger(sim.profiles, ids, times, stopped)
         n = len(ids)
         outcome = SimpleNamespace(made_deadline=np.zeros(n, dtype=bool), drop_reason=np.full(n, "", dtype="<U13"))
@@ -128,9 +133,9 @@ class AsyncLoop:
         nonfinite = guards.nonfinite_results(results) & (cfg.train.on_nonfinite != "ignore")
         for i, res in enumerate(results):
             seq, self.seq = self.seq, self.seq + 1
-            event_s = float(leaves[i] if lost[i] else arrive[i])
+            event_s = float(leaves[i] if offline[i] else cut if late[i] else arrive[i])
             self.flight[seq] = Update(seq, wave, int(ids[i]), self.version, self.now, event_s, bool(lost[i]), res,
-                                      client_rows[i], bool(nonfinite[i]))
+                                      client_rows[i], bool(nonfinite[i]), "deadline" if late[i] else "offline")
             heapq.heappush(self.events, (event_s, int(ids[i]), seq))
             self.dispatched.append((int(ids[i]), float(sent["bytes_down"][i])))
 
@@ -169,7 +174,7 @@ class AsyncLoop:
         staleness = self.version - u.base
         u.row.update(base_version=u.base, staleness=staleness, dispatch_seq=u.seq, wave=u.wave,
                      resolved_s=self.now, arrived=not u.lost)
-        reason = ("offline" if u.lost else
+        reason = (u.lost_reason if u.lost else
                   "stale" if self.spec.max_staleness is not None and staleness > self.spec.max_staleness else
                   "nonfinite" if u.nonfinite else "")
         if reason:
@@ -246,6 +251,7 @@ class AsyncLoop:
         tau = np.array([u.row["staleness"] for u in applied], dtype=np.float64)
         reasons = [u.row["drop_reason"] for u in resolved]
         row.update(version=self.version, num_stale=reasons.count("stale"), num_offline=reasons.count("offline"),
+                   num_deadline=reasons.count("deadline"),
                    in_flight=len(self.flight), buffered=len(self.buffer),
                    staleness_mean=float(tau.mean()), staleness_max=int(tau.max()))
         self.last_step_s = self.now
