@@ -12,7 +12,8 @@ trained from (its *base*). With ``s(tau)`` the staleness weight and ``m_i`` the 
   over the buffer (not renormalised: stale updates shrink the step);
 * FedAsync (Xie et al., 2019): ``w <- (1 - alpha_i) w + alpha_i w_i``, ``alpha_i = mixing s(tau_i)``.
 
-These two are :func:`apply_states`, the default :meth:`algorithms.base.Server.async_step`. A method
+These two are :func:`apply_states`, the step of a server without its own
+:meth:`algorithms.base.Server.async_step`. A method
 whose server step is more than an average of states has its own ``async_step`` (FedCSPACK: the
 staleness-weighted mask aggregation of packs; ASCEND: the FedBuff step of its compressed deltas,
 then distillation and its rollback guard); each gets one :class:`AsyncUpdate` per update of the
@@ -129,7 +130,7 @@ def fedasync_step(current: np.ndarray, state: np.ndarray, alpha: float) -> np.nd
 
 def apply_states(models: dict[str, torch.nn.Module], updates: list[AsyncUpdate], rule: StepRule) -> None:
     """The FedBuff or FedAsync step over full states, per architecture (an architecture with no
-    update in the step stays as it was): the default ``Server.async_step``."""
+    update in the step stays as it was): the step of a server without its own ``async_step``."""
     from algorithms.training import flat_state, load_flat_state, num_params  # torch: only once a step is taken
 
     for arch, model in models.items():

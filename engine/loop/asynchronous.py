@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.asynchronous import AsyncUpdate, StepRule, staleness_weight
+from algorithms.asynchronous import AsyncUpdate, StepRule, apply_states, staleness_weight
 from algorithms.base import ClientResult, Payload
 from algorithms.training import flat_state
 from engine.loop import guards, rows
@@ -202,7 +202,10 @@ class AsyncLoop:
         batch = [AsyncUpdate(u.result, self.bases[u.base][u.result.arch], u.base, int(t), float(w), u.wave)
                  for u, t, w in zip(updates, tau.tolist(), weight.tolist())]
         rule = StepRule(spec.mode, spec.server_lr, spec.mixing)
-        self.server_metrics = self.sim.server.async_step(r, batch, rule) or {}
+        metrics = self.sim.server.async_step(r, batch, rule)
+        if metrics is None:  # no step of its own: FedBuff/FedAsync over the full states
+            apply_states(self.sim.server.models, batch, rule)
+        self.server_metrics = metrics or {}
         self.version += 1
         for u, w in zip(updates, weight.tolist()):
             u.row.update(made_deadline=True, drop_reason="", applied_version=self.version, staleness_weight=w)
