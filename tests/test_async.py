@@ -180,6 +180,32 @@ def test_a_task_past_the_deadline_is_abandoned_at_it(tmp_path):
     assert set(c.loc[late, "resolved_s"]) & set(c["start_s"])  # the slot is refilled at the deadline
 
 
+SMALL_BATTERIES = ("clients.profiles={network: {4g: 1.0}, battery: {start: 1.0, threshold: 0.2, charging: never}, "
+                   "overrides: {0: {battery_wh: 0.003}, 1: {battery_wh: 0.01}, 2: {battery_wh: 0.02}}}")
+
+
+def test_batteries_below_the_threshold_are_not_dispatched_and_an_empty_one_stops_its_task(tmp_path):
+    """Batteries under asynchronous (charging never): a task's energy leaves the battery at its
+    dispatch, so each client's levels replay from its rows (battery_level_end = battery_level -
+    energy_j / capacity, 0 once emptied, the next dispatch starts there); nobody is dispatched
+    below the threshold; a battery that runs empty mid-task stops it then (reason battery,
+    resolved_s = left_s, less energy than a whole task)."""
+    c = run(tmp_path, "run", "clients.num_clients=6", "rounds=8", *FIXED, SMALL_BATTERIES,
+            "asynchronous={mode: fedbuff, concurrency: 4, buffer_size: 2}").clients
+    cap = {0: 0.003 * 3600, 1: 0.01 * 3600, 2: 0.02 * 3600}
+    mine = c[c["client_id"].isin(list(cap))].sort_values(["client_id", "start_s"])
+    flat = mine["drop_reason"] == "battery"
+    want = np.where(flat, 0.0, np.clip(mine["battery_level"] - mine["energy_j"] / mine["client_id"].map(cap), 0, 1))
+    np.testing.assert_allclose(mine["battery_level_end"], want, rtol=0, atol=1e-12)
+    for _, rows in mine.groupby("client_id"):  # the next dispatch starts where the last one left the battery
+        np.testing.assert_array_equal(rows["battery_level"].to_numpy()[1:], rows["battery_level_end"].to_numpy()[:-1])
+    assert (c["battery_level"].dropna() >= 0.2).all()  # nobody dispatched below the threshold
+    assert flat.any() and (mine.loc[flat, "resolved_s"] == mine.loc[flat, "left_s"]).all()
+    assert (mine.loc[flat, "energy_j"] < c.loc[c["drop_reason"] == "", "energy_j"].min()).all()
+    assert (mine.loc[flat, "left_s"] < mine.loc[flat, "upload_end_s"]).all()
+    assert c.loc[c["client_id"] >= 3, "battery_level"].notna().all()  # the others' big batteries count too
+
+
 def test_same_seed_same_tables_other_seed_differs(tmp_path):
     over = ["rounds=5", "clients.profiles={network: {5mbps: 0.5, 500mbps: 0.5}}",
             "asynchronous={mode: fedbuff, concurrency: 5, buffer_size: 2, max_staleness: 3}"]
@@ -302,7 +328,7 @@ ASCEND_SMALL = ("algorithm={name: ascend, distill_steps: 4, distill_batch: 32, p
                 "probe_batches: 1}", "partition.public_fraction=0.1")
 
 
-@pytest.mark.parametrize("variant", ["fedbuff-topk", "fedasync-conditions", "fedcspack-fedbuff",
+@pytest.mark.parametrize("variant", ["fedbuff-topk", "fedasync-conditions", "fedbuff-batteries", "fedcspack-fedbuff",
                                      pytest.param("ascend-fedbuff", marks=pytest.mark.slow),
                                      pytest.param("ascend-fedasync", marks=pytest.mark.slow)])
 def test_an_async_run_continues_bit_identically_from_a_checkpoint(tmp_path, variant):
@@ -314,6 +340,9 @@ def test_an_async_run_continues_bit_identically_from_a_checkpoint(tmp_path, vari
     over = {"fedbuff-topk": ["algorithm={name: fedavg_compressed, compressor: topk, k: 0.1}", fedbuff],
             "fedasync-conditions": [_online_until(tmp_path), "clock.start=00:00",
                                     "asynchronous={mode: fedasync, concurrency: 4, max_staleness: 4}"],
+            "fedbuff-batteries": [_online_until(tmp_path), "clock.start=00:00", "clients.profiles.battery={start: "
+                                  "{low: 0.2, high: 0.6}, threshold: 0.25, charging: online, idle_drain: true}",
+                                  "clients.profiles.overrides={0: {battery_wh: 0.01}, 1: {battery_wh: 0.01}}", fedbuff],
             "fedcspack-fedbuff": ["algorithm={name: fedcspack, pack_size: 64, record_packs: true}", fedbuff],
             "ascend-fedbuff": [*ASCEND_SMALL, fedbuff],
             "ascend-fedasync": [*ASCEND_SMALL, _online_until(tmp_path), "clock.start=00:00",

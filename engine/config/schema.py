@@ -372,9 +372,6 @@ def async_problems(a: AsyncConfig, sections: dict[str, Any]) -> list[str]:
                    "are no rounds to cut); allowed: 1.0")
     if clock.mode == "realtime":
         out.append("clock.mode = 'realtime' is not supported with asynchronous; allowed: virtual, measured")
-    if cfg.clients.profiles.battery is not None:
-        out.append("clients.profiles.battery is not supported with asynchronous (batteries advance per "
-                   "round); the energy ledger still applies per update")
     if cfg.train.lr_decay != 1.0:
         out.append(f"train.lr_decay = {cfg.train.lr_decay!r} is per round, and asynchronous runs have "
                    "none; allowed: 1.0")

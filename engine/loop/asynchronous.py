@@ -34,7 +34,7 @@ from engine.loop.callbacks import RoundRecord
 from engine.loop.evaluation import global_columns
 from hardware_profiles import clock
 from hardware_profiles.conditions import participation
-from hardware_profiles.energy import ENERGY_COLUMNS, ledger
+from hardware_profiles.energy import ENERGY_COLUMNS, empties_at, ledger
 
 SALT_DISPATCH = 0xA5C7  # the seeded choice of whom to dispatch
 MAX_IDLE_RETRIES = 100_000  # nobody online for this many retries: the fleet can never run
@@ -54,7 +54,7 @@ class Update:
     result: ClientResult
     row: dict[str, Any]  # its clients.parquet row, completed when it is resolved
     nonfinite: bool
-    lost_reason: str = "offline"  # why it is lost (lost): offline, or deadline (clock.deadline_s passed)
+    lost_reason: str = "offline"  # why it is lost (lost): offline, battery (ran empty) or deadline
 
 
 class AsyncLoop:
@@ -74,6 +74,7 @@ class AsyncLoop:
         self.dispatched: list[tuple[int, float]] = []  # (client id, bytes down) since the last record
         self.faults: list[dict] = []
         self.last_step_s = self.now
+        self.battery_s = self.now  # the batteries are advanced up to this time
         self.started = False
 
     # ------------------------------------------------------------------ dispatch
@@ -87,6 +88,9 @@ class AsyncLoop:
         busy[[u.client_id for u in self.flight.values()]] = True
         busy[[u.client_id for u in self.buffer]] = True  # arrived but not applied: not yet free
         idle = np.flatnonzero(~busy)
+        batteries = sim.batteries
+        if batteries is not None:  # below the threshold: not dispatched (it may charge meanwhile)
+            idle = idle[~batteries.too_low(idle)]
         if len(idle) == 0:
             return
         # every attempt draws new coins (a retry must not meet the same ones); wave = its number
@@ -119,23 +123,35 @@ class AsyncLoop:
         arrive = timeline["upload_end_s"]
         # clock.deadline_s: the server abandons a task still running that long after its dispatch
         cut = self.now + (cfg.clock.deadline_s if cfg.clock.deadline_s is not None else np.inf)
-        offline = leaves < np.minimum(arrive, cut)
-        late = ~offline & (arrive > cut)
-        lost = offline | late
-        stopped = np.select([offline, late], [leaves - self.now, cut - self.now], np.inf)  # the client stops
-        if sim.conditions is not None:
-            timeline["left_s"] = np.where(offline, leaves, np.nan)
+        empties = np.full(len(ids), np.inf)  # batteries: when it runs empty (on the charger: never)
+        if batteries is not None:
+            charging = sim._on_charger(wave, self.now)
+            empties = self.now + empties_at(sim.profiles, ids, times, batteries.charge_j(ids, charging))
+        # whichever comes first before the arrival; a tie of offline and battery is offline (as a round's)
+        offline = (leaves < np.minimum(arrive, cut)) & (leaves <= empties)
+        flat = ~offline & (empties < np.minimum(arrive, cut))
+        late = ~offline & ~flat & (arrive > cut)
+        lost = offline | flat | late
+        stopped = np.select([offline, flat, late], [leaves - self.now, empties - self.now, cut - self.now],
+                            np.inf)  # the client stops
+        if sim.conditions is not None or batteries is not None:
+            timeline["left_s"] = np.select([offline, flat], [leaves, empties], np.nan)
         energy = ledger(sim.profiles, ids, times, stopped)
         n = len(ids)
         outcome = SimpleNamespace(made_deadline=np.zeros(n, dtype=bool), drop_reason=np.full(n, "", dtype="<U13"))
         client_rows = rows.client_rows(-1, sim.profiles, ids, np.full(n, ""), results, times, sent["bytes_down"],
                                        outcome, timeline, self.now, energy)
+        if batteries is not None:  # a task's energy leaves the battery at its dispatch
+            level_start = batteries.fraction(ids)
+            batteries.advance(0.0, ids, energy["energy_j"], np.zeros(n), flat, np.zeros(len(batteries.level), bool))
+            rows.add_battery_columns(client_rows, level_start, batteries.fraction(ids), charging[ids])
         nonfinite = guards.nonfinite_results(results) & (cfg.train.on_nonfinite != "ignore")
         for i, res in enumerate(results):
             seq, self.seq = self.seq, self.seq + 1
-            event_s = float(leaves[i] if offline[i] else cut if late[i] else arrive[i])
+            event_s = float(leaves[i] if offline[i] else empties[i] if flat[i] else cut if late[i] else arrive[i])
+            reason = "battery" if flat[i] else "deadline" if late[i] else "offline"
             self.flight[seq] = Update(seq, wave, int(ids[i]), self.version, self.now, event_s, bool(lost[i]), res,
-                                      client_rows[i], bool(nonfinite[i]), "deadline" if late[i] else "offline")
+                                      client_rows[i], bool(nonfinite[i]), reason)
             heapq.heappush(self.events, (event_s, int(ids[i]), seq))
             self.dispatched.append((int(ids[i]), float(sent["bytes_down"][i])))
 
@@ -152,6 +168,7 @@ class AsyncLoop:
                 self._wait_for_clients()
                 continue
             t, _, seq = heapq.heappop(self.events)
+            self._advance_batteries(t)
             self.now = t
             update = self.flight.pop(seq)
             applied = self._handle(update, r)
@@ -162,12 +179,27 @@ class AsyncLoop:
     def _wait_for_clients(self) -> None:
         """Nobody in flight: retry the dispatch every ``idle_retry_s`` until someone is online."""
         for _ in range(MAX_IDLE_RETRIES):
+            self._advance_batteries(self.now + self.spec.idle_retry_s)
             self.now += self.spec.idle_retry_s
             self.dispatch()
             if self.events:
                 return
         raise RuntimeError(f"asynchronous: no client could be dispatched for {MAX_IDLE_RETRIES} x "
                            f"idle_retry_s = {MAX_IDLE_RETRIES * self.spec.idle_retry_s:g} s of virtual time")
+
+    def _advance_batteries(self, t: float) -> None:
+        """Batteries from ``battery_s`` to ``t``: charging (on the charger as at ``battery_s``, with
+        the next wave's coins for ``charging: online``) and idle drain outside the tasks in flight
+        (their energy was taken at dispatch)."""
+        b = self.sim.batteries
+        if b is None or t <= self.battery_s:
+            return
+        flying = list(self.flight.values())
+        ids = np.array([u.client_id for u in flying], dtype=np.int64)
+        busy = np.array([max(0.0, min(t, u.event_s) - max(self.battery_s, u.dispatch_s)) for u in flying])
+        b.advance(t - self.battery_s, ids, np.zeros(len(ids)), busy, np.zeros(len(ids), dtype=bool),
+                  self.sim._on_charger(self.wave, self.battery_s))
+        self.battery_s = t
 
     def _handle(self, u: Update, r: int) -> list[Update] | None:
         """Resolve one event; returns the updates of a server step if one is applied now."""
@@ -221,7 +253,8 @@ class AsyncLoop:
         return {"version": self.version, "now": self.now, "events": list(self.events),
                 "flight": [_update_state(u) for u in self.flight.values()],
                 "buffer": [_update_state(u) for u in self.buffer], "bases": self.bases,
-                "wave": self.wave, "seq": self.seq, "last_step_s": self.last_step_s, "started": self.started}
+                "wave": self.wave, "seq": self.seq, "last_step_s": self.last_step_s, "started": self.started,
+                "battery_s": self.battery_s}
 
     def restore(self, state: dict[str, Any]) -> None:
         """Inverse of :meth:`state`."""
@@ -230,6 +263,7 @@ class AsyncLoop:
         self.buffer = [_update_of(u) for u in state["buffer"]]
         self.bases, self.wave, self.seq = state["bases"], state["wave"], state["seq"]
         self.last_step_s, self.started = state["last_step_s"], state["started"]
+        self.battery_s = state.get("battery_s", self.now)  # absent: a checkpoint from before batteries
         self.resolved, self.dispatched, self.faults = [], [], []
 
     # ------------------------------------------------------------------ rows
@@ -257,6 +291,10 @@ class AsyncLoop:
                    num_deadline=reasons.count("deadline"),
                    in_flight=len(self.flight), buffered=len(self.buffer),
                    staleness_mean=float(tau.mean()), staleness_max=int(tau.max()))
+        if sim.batteries is not None:  # as a round's (rows.energy_summary): drops, the fleet's levels
+            levels = sim.batteries.level[sim.batteries.has] / sim.batteries.capacity[sim.batteries.has]
+            row.update(num_battery=reasons.count("battery"), battery_mean=float(levels.mean()),
+                       battery_min=float(levels.min()))
         self.last_step_s = self.now
         sim.sim_time_s = self.now - cfg.clock.start_s
         diverged = guards.divergence(r, [u.result for u in resolved], nonfinite, sim.server.global_models(),
