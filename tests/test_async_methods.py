@@ -8,6 +8,7 @@ import torch
 from algorithms.asynchronous import ASYNC_METHODS, SYNCHRONOUS_ONLY, client_state
 from algorithms.compressed_fedavg import decode_upload
 from algorithms.fedcspack import aggregate_packs
+from algorithms.params import ALGORITHM_PARAMS
 from algorithms.training import flat_params, flat_state
 from engine.config.schema import load_config
 from engine.errors import ConfigError
@@ -27,9 +28,19 @@ def config(tmp_path, *over):
     return load_config(None, [*BASE, f"output.dir={tmp_path}", *over])
 
 
-def test_the_method_table_has_no_synchronous_only_method_left():
-    assert SYNCHRONOUS_ONLY == {}
+def test_every_method_of_the_table_validates_asynchronously_and_the_others_are_refused(tmp_path):
+    """ASYNC_METHODS is what the config accepts under asynchronous (with each method's defaults);
+    a method outside it is refused naming the reason in SYNCHRONOUS_ONLY."""
     assert {"fedcspack", "ascend"} <= set(ASYNC_METHODS)
+    for name in ALGORITHM_PARAMS:
+        over = [f"algorithm.name={name}", "partition.public_fraction=0.1",
+                "asynchronous={concurrency: 4, buffer_size: 2}"]
+        if name in ASYNC_METHODS:
+            assert config(tmp_path, *over).asynchronous.concurrency == 4
+        else:
+            with pytest.raises(ConfigError, match=f"algorithm.name = '{name}' cannot run asynchronously: "
+                                                  f"{SYNCHRONOUS_ONLY[name][:20]}"):
+                config(tmp_path, *over)
 
 
 def test_stale_pack_aggregation_is_the_documented_formula():
