@@ -665,6 +665,13 @@ class AscendServer(Server):
         self._rows: list[dict[str, Any]] = []
         self._alignment: list[dict[str, Any]] = []
 
+    def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
+        """As the base class's; a checkpoint written before asynchronous ASCEND has no
+        ``rolled_back_updates`` (it had no asynchronous rollbacks): an empty list."""
+        if "rolled_back_updates" not in state["fields"]:
+            state = {**state, "fields": {**state["fields"], "rolled_back_updates": []}}
+        super().restore_checkpoint_state(state)
+
     # ------------------------------------------------------------------ probe quantities
     def ensemble_probe_logits(self) -> torch.Tensor:
         return torch.stack([logits_of(self.models[a], self.probe_x, self.batch) for a in self.arch_order]).mean(0)

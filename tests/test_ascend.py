@@ -243,6 +243,20 @@ def test_clients_teacher_of_an_asynchronous_step_weights_each_update_against_its
     assert not torch.allclose(t, torch.stack(z).mean(0), atol=1e-4)
 
 
+def test_a_checkpoint_from_before_asynchronous_ascend_restores():
+    """Older checkpoints have no rolled_back_updates field: restored as none; other fields stay required."""
+    _, server = make_server()
+    state = server.checkpoint_state()
+    del state["fields"]["rolled_back_updates"]
+    _, fresh = make_server()
+    fresh.rolled_back_updates = [[1, 2]]
+    fresh.restore_checkpoint_state(state)
+    assert fresh.rolled_back_updates == []
+    del state["fields"]["forced_until"]
+    with pytest.raises(ValueError, match="lacks the server fields"):
+        fresh.restore_checkpoint_state(state)
+
+
 # ------------------------------------------------------------------------------ rollback
 def test_loss_spike_rolls_back_once_restores_bit_for_bit_and_forces_topk():
     params, server = make_server(k=0.2, distill_steps=5, gamma=0.2, forced_rounds=3, reward="v2")
