@@ -34,6 +34,7 @@ from algorithms.ascend_time import (
     work_vector,
 )
 from algorithms.ascend_time import unit_costs as profile_costs
+from algorithms.asynchronous import apply_states
 from algorithms.bandits import EpsilonGreedyEMA, Exp3, FixedArm, forced
 from algorithms.base import (
     AlgorithmSpec,
@@ -245,6 +246,14 @@ def policy_values(policy: Any, arms: tuple[str, ...] = ()) -> dict[str, float]:
     return out
 
 
+def rolled_back(round: int, client_id: int, meta: dict[str, Any]) -> bool:
+    """Whether the server discarded this client's upload of ``round``: a synchronous rollback
+    names the round (``rolled_back``), an asynchronous one each discarded update by (client,
+    wave) (``rolled_back_updates``: the other clients of that wave may have been applied)."""
+    return (round in set(meta.get("rolled_back", ()))
+            or [client_id, round] in meta.get("rolled_back_updates", []))
+
+
 class AscendClient(CompressedFedAvgClient):
     """Per-client state (``ctx.state``, plain data): ``residual`` (float32), ``sent`` (this
     round's payload arrays, for ``on_dropped``), ``policy`` (a bandit dataclass), ``T_sum`` /
@@ -322,7 +331,7 @@ class AscendClient(CompressedFedAvgClient):
             st["Tm_sum"], st["Tm_count"] = 0.0, 0  # v3, measured: the running mean of the measured T
         restored = math.nan
         undo = st.get("undo")
-        if undo is not None and undo["round"] in set(meta.get("rolled_back", ())):
+        if undo is not None and rolled_back(undo["round"], ctx.client_id, meta):
             # lazy rollback: this client's last upload was discarded by the server
             if undo["residual"] is None:
                 st.pop("residual", None)
@@ -618,7 +627,7 @@ class AscendServer(Server):
 
     params: AscendParams
     checkpoint_fields = ("teacher_probe", "teacher_distilled", "d_history", "dd_entries", "rolled_back",
-                         "forced_until", "ref_loss", "consecutive_rollbacks")
+                         "forced_until", "ref_loss", "consecutive_rollbacks", "rolled_back_updates")
 
     def __init__(
         self,
@@ -649,11 +658,19 @@ class AscendServer(Server):
         self.d_history: dict[str, dict[int, float]] = {a: {} for a in models}  # v1: D by round
         self.dd_entries: dict[str, dict[int, list]] = {a: {} for a in models}  # v2: client -> [round, ΔD]
         self.rolled_back: list[int] = []
+        self.rolled_back_updates: list[list[int]] = []  # asynchronous: [client, wave] of each discarded update
         self.forced_until = -1
         self.ref_loss: float | None = None
         self.consecutive_rollbacks = 0
         self._rows: list[dict[str, Any]] = []
         self._alignment: list[dict[str, Any]] = []
+
+    def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
+        """As the base class's; a checkpoint written before asynchronous ASCEND has no
+        ``rolled_back_updates`` (it had no asynchronous rollbacks): an empty list."""
+        if "rolled_back_updates" not in state["fields"]:
+            state = {**state, "fields": {**state["fields"], "rolled_back_updates": []}}
+        super().restore_checkpoint_state(state)
 
     # ------------------------------------------------------------------ probe quantities
     def ensemble_probe_logits(self) -> torch.Tensor:
@@ -692,10 +709,11 @@ class AscendServer(Server):
             payload.meta = {
                 "round": round,
                 "rolled_back": list(self.rolled_back),
+                "rolled_back_updates": [list(u) for u in self.rolled_back_updates],
                 "forced": forced_now,
                 "forced_until": self.forced_until,
             }
-            control = len(self.rolled_back) + 2
+            control = len(self.rolled_back) + 2 * len(self.rolled_back_updates) + 2
             if p.reward == "v1":
                 hist = self.d_history[arch]
                 hist[round] = self.probe_kl(arch)
@@ -748,23 +766,27 @@ class AscendServer(Server):
             out.append((d0[r.arch], d1, relative_decrease(d0[r.arch], d1)))
         return out
 
-    def build_teacher(self, results: list[ClientResult], bases: dict[str, torch.Tensor],
-                      deltas: list[torch.Tensor] | None = None) -> torch.Tensor:
-        """Teacher logits on the whole public split."""
+    def build_teacher(self, results: list[ClientResult], bases: dict[str, torch.Tensor] | list[torch.Tensor],
+                      deltas: list[torch.Tensor] | None = None, weights: list[float] | None = None) -> torch.Tensor:
+        """Teacher logits on the whole public split. ``bases``: the parameters each upload's delta
+        applies to, by architecture (a round) or per upload (an asynchronous step: its base
+        version's); ``weights``: per upload (None: equal; asynchronous: the staleness weights)."""
         x, b = self.public_x, self.batch
         if self.params.teacher == "aggregates":
             return torch.stack([logits_of(self.models[a], x, b) for a in self.arch_order]).mean(0)
         if deltas is None:
             deltas = [decode_upload(r.upload).dense() for r in results]
         acc, count, scratch = None, 0, {}
-        for r, delta in zip(results, deltas):  # each client's reconstructed model w_P^t + delta_hat_n
+        for i, (r, delta) in enumerate(zip(results, deltas)):  # each client's reconstructed model w_P^t + delta_hat_n
             if r.arch not in scratch:
                 scratch[r.arch] = copy.deepcopy(self.models[r.arch])
             m = scratch[r.arch]
-            load_flat_params(m, bases[r.arch] + delta)
+            load_flat_params(m, (bases[i] if isinstance(bases, list) else bases[r.arch]) + delta)
             z = logits_of(m, x, b)
+            if weights is not None:
+                z = z * float(weights[i])
             acc = z if acc is None else acc + z
-            count += 1
+            count += 1 if weights is None else float(weights[i])
         return acc / count
 
     def distill(self, arch: str, teacher: torch.Tensor, round: int) -> float:
@@ -794,31 +816,15 @@ class AscendServer(Server):
         model.eval()
         return float(losses.mean())
 
-    def aggregate(self, round: int, results: list[ClientResult]) -> dict[str, Any]:
+    def _distill_and_guard(self, round: int, teacher: torch.Tensor, snapshot: dict[str, torch.Tensor],
+                           previous: tuple[torch.Tensor | None, bool], num_results: int,
+                           out: dict[str, Any]) -> tuple[bool, bool, float]:
+        """Steps 3 and 4 of a server step (round or asynchronous step ``round``): distil every
+        architecture towards ``teacher``, then the rollback guard (a spike restores ``snapshot``
+        and ``previous``, the teacher before the step, and forces Top-K). Returns
+        ``(spike, capped, loss)``; the caller records whose uploads a spike discarded."""
         p = self.params
-        if self.ref_loss is None:
-            self.ref_loss = self.global_probe_loss()  # loss of the initial models
-        out = self._empty_metrics()
-        out["probe_loss_ref"] = self.ref_loss
-        if not results:
-            out["probe_loss"] = self.ref_loss
-            return out
-        snapshot = {a: flat_state(m).clone() for a, m in self.models.items()}
-        prev_teacher, prev_distilled = self.teacher_probe, self.teacher_distilled
-        bases = {r.arch: flat_params(self.models[r.arch]) for r in results if r.arch in self.models}
-        deltas = [decode_upload(r.upload).dense() for r in results]
-
-        # 0. (v2) the alignment term of every upload, against the previous round's teacher
-        align = []
-        if p.reward == "v2":
-            align = self.alignment_terms(results, bases, deltas, prev_teacher if prev_distilled else None)
-
-        # 1. per-architecture aggregation of the reconstructed deltas (sample-count weights)
-        updates = apply_compressed_updates(self.models, results, p.buffers)
-        sq = sum(float(torch.sum(u.double() ** 2)) for u in updates.values())
-
-        # 2. teacher, 3. distillation of every architecture
-        teacher = self.build_teacher(results, bases, deltas)
+        prev_teacher, prev_distilled = previous
         teacher_probe = teacher[self.probe_idx]
         for arch in self.arch_order:
             sfx = self._sfx(arch)
@@ -849,14 +855,44 @@ class AscendServer(Server):
             for a, m in self.models.items():
                 load_flat_state(m, snapshot[a])
             self.teacher_probe, self.teacher_distilled = prev_teacher, prev_distilled
-            self.rolled_back.append(round)
             self.forced_until = round + p.forced_rounds
             reason = "loss not finite" if not math.isfinite(loss) else f"loss > (1+gamma) x reference, gamma={p.gamma}"
-            self._rows.append({**row, "forced_until": self.forced_until, "num_discarded": len(results),
+            self._rows.append({**row, "forced_until": self.forced_until, "num_discarded": num_results,
                                "action": "rolled_back", "reason": reason})
         else:
             self.ref_loss = loss
             self.consecutive_rollbacks = 0
+        return spike, capped, loss
+
+    def aggregate(self, round: int, results: list[ClientResult]) -> dict[str, Any]:
+        p = self.params
+        if self.ref_loss is None:
+            self.ref_loss = self.global_probe_loss()  # loss of the initial models
+        out = self._empty_metrics()
+        out["probe_loss_ref"] = self.ref_loss
+        if not results:
+            out["probe_loss"] = self.ref_loss
+            return out
+        snapshot = {a: flat_state(m).clone() for a, m in self.models.items()}
+        prev_teacher, prev_distilled = self.teacher_probe, self.teacher_distilled
+        bases = {r.arch: flat_params(self.models[r.arch]) for r in results if r.arch in self.models}
+        deltas = [decode_upload(r.upload).dense() for r in results]
+
+        # 0. (v2) the alignment term of every upload, against the previous round's teacher
+        align = []
+        if p.reward == "v2":
+            align = self.alignment_terms(results, bases, deltas, prev_teacher if prev_distilled else None)
+
+        # 1. per-architecture aggregation of the reconstructed deltas (sample-count weights)
+        updates = apply_compressed_updates(self.models, results, p.buffers)
+        sq = sum(float(torch.sum(u.double() ** 2)) for u in updates.values())
+
+        # 2. teacher, 3. distillation of every architecture, 4. rollback guard
+        teacher = self.build_teacher(results, bases, deltas)
+        spike, capped, loss = self._distill_and_guard(round, teacher, snapshot, (prev_teacher, prev_distilled),
+                                                      len(results), out)
+        if spike:
+            self.rolled_back.append(round)
 
         # 5. (v2) publish each upload's ΔD for its client's next broadcast (not for a discarded round)
         if align:
@@ -873,6 +909,36 @@ class AscendServer(Server):
             rollback=int(spike), rollback_capped=int(capped), probe_loss=loss, forced_until=self.forced_until,
             num_aggregated=len(results), update_norm=sq**0.5,
         )
+        return out
+
+    def async_step(self, step: int, updates: list, rule) -> dict[str, Any]:
+        """One asynchronous step (docs/async.md, "ASCEND"): the FedBuff (FedAsync) step of the
+        decoded compressed updates, staleness-weighted (:func:`algorithms.asynchronous.apply_states`,
+        each delta against its base version, applied to the current models); the teacher on the
+        public split (``aggregates``: the stepped models; ``clients``: each update's reconstructed
+        model, its base version plus its delta, weighted by ``s(tau)``); distillation; the rollback
+        guard, which discards the step's updates by (client, wave). Rewards v3/v4 only (v1/v2 need
+        per-round figures: refused by the config)."""
+        if self.params.reward not in FIDELITY_REWARDS:
+            raise ValueError(f"algorithm.reward = {self.params.reward!r} cannot run asynchronously; "
+                             f"allowed: {', '.join(FIDELITY_REWARDS)}")
+        if self.ref_loss is None:
+            self.ref_loss = self.global_probe_loss()  # loss of the initial models
+        out = self._empty_metrics()
+        out["probe_loss_ref"] = self.ref_loss
+        snapshot = {a: flat_state(m).clone() for a, m in self.models.items()}
+        previous = (self.teacher_probe, self.teacher_distilled)
+        before = {a: flat_params(m) for a, m in self.models.items()}
+        apply_states(self.models, updates, rule)
+        sq = sum(float(torch.sum((flat_params(m) - before[a]).double() ** 2)) for a, m in self.models.items())
+        results = [u.result for u in updates]
+        bases = [torch.from_numpy(u.base[: len(before[u.result.arch])]).float() for u in updates]
+        teacher = self.build_teacher(results, bases, weights=[u.weight for u in updates])
+        spike, capped, loss = self._distill_and_guard(step, teacher, snapshot, previous, len(updates), out)
+        if spike:
+            self.rolled_back_updates.extend([int(u.result.client_id), int(u.wave)] for u in updates)
+        out.update(rollback=int(spike), rollback_capped=int(capped), probe_loss=loss, forced_until=self.forced_until,
+                   num_aggregated=len(updates), update_norm=sq**0.5)
         return out
 
     def drain_tables(self) -> dict[str, list[dict[str, Any]]]:

@@ -11,22 +11,77 @@ trained from (its *base*). With ``s(tau)`` the staleness weight and ``m_i`` the 
 * FedBuff (Nguyen et al., 2022): ``w <- w + server_lr * sum_i (m_i / sum m) s(tau_i) (w_i - b_i)``
   over the buffer (not renormalised: stale updates shrink the step);
 * FedAsync (Xie et al., 2019): ``w <- (1 - alpha_i) w + alpha_i w_i``, ``alpha_i = mixing s(tau_i)``.
+
+These two are :func:`apply_states`, the step of a server without its own
+:meth:`algorithms.base.Server.async_step`. A method
+whose server step is more than an average of states has its own ``async_step`` (FedCSPACK: the
+staleness-weighted mask aggregation of packs; ASCEND: the FedBuff step of its compressed deltas,
+then distillation and its rollback guard); each gets one :class:`AsyncUpdate` per update of the
+step and the :class:`StepRule`.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
+
+if TYPE_CHECKING:  # annotations only: config validation imports this module without torch
+    import torch
+
+    from algorithms.base import ClientResult
 
 STALENESS_KINDS = ("constant", "polynomial", "hinge")
 
-# methods whose server step is one function of every upload of a round together
-SYNCHRONOUS_ONLY = {
-    "fedcspack": "its server averages each pack position over the clients that shared it in one round, "
-                 "weighted by their mask weights (mask aggregation is round-synchronous); a buffer of packs "
-                 "cut against different global models has no common reference",
-    "ascend": "its server distils the architectures' models into each other on the public split from one "
-              "round's uploads together, and its bandit rewards close per round (round-synchronous)",
+# methods whose server step is one function of every upload of a round together (none left:
+# FedCSPACK and ASCEND have asynchronous steps, docs/async.md "Methods")
+SYNCHRONOUS_ONLY: dict[str, str] = {}
+ASYNC_METHODS = ("fedavg", "fedprox", "fedavg_compressed", "fedcspack", "ascend")
+# options of an asynchronous method that have no asynchronous meaning: method -> option -> (refused
+# values, why)
+ASYNC_REFUSED_OPTIONS: dict[str, dict[str, tuple[tuple[Any, ...], str]]] = {
+    "ascend": {"reward": (("v1", "v2"), "rewards v1 and v2 close with the server's per-round figures (v1: the "
+                                        "probe KL of each round's broadcast; v2: each round's alignment ΔD), "
+                                        "and an asynchronous server has no rounds")},
 }
-ASYNC_METHODS = ("fedavg", "fedprox", "fedavg_compressed")
+
+
+def async_option_problems(name: str, params: Any) -> list[str]:
+    """The method's options that an asynchronous run refuses (field, value, why, what is allowed)."""
+    out = []
+    for option, (refused, why) in ASYNC_REFUSED_OPTIONS.get(name, {}).items():
+        value = getattr(params, option, None)
+        if value in refused:
+            allowed = [v for v in type(params).model_fields[option].annotation.__args__ if v not in refused]
+            out.append(f"algorithm.{option} = {value!r} cannot run asynchronously: {why}; "
+                       f"allowed with asynchronous: {', '.join(map(str, allowed))}")
+    return out
+
+
+@dataclass(frozen=True)
+class StepRule:
+    """The asynchronous section's server-step settings (engine/config/schema.py ``AsyncConfig``)."""
+
+    mode: str  # fedbuff | fedasync
+    server_lr: float = 1.0  # fedbuff
+    mixing: float = 0.5  # fedasync
+
+    def scale(self, weight: float) -> float:
+        """What multiplies an update's delta: FedBuff ``server_lr s(tau)`` (times its share of
+        the buffer, which the method computes), FedAsync ``alpha = mixing s(tau)``."""
+        return (self.server_lr if self.mode == "fedbuff" else self.mixing) * float(weight)
+
+
+@dataclass
+class AsyncUpdate:
+    """One update of a server step, as the method's ``async_step`` sees it."""
+
+    result: ClientResult
+    base: np.ndarray  # the global flat state (float64, parameters then buffers) of the version it trained from
+    base_version: int
+    staleness: int
+    weight: float  # s(tau)
+    wave: int  # its dispatch wave (the client's ``ctx.round``)
 
 
 def staleness_weight(kind: str, staleness, a: float = 0.5, b: float = 4.0) -> np.ndarray:
@@ -71,3 +126,24 @@ def fedbuff_step(current: np.ndarray, states: np.ndarray, bases: np.ndarray, num
 def fedasync_step(current: np.ndarray, state: np.ndarray, alpha: float) -> np.ndarray:
     """One FedAsync server step: ``(1 - alpha) w + alpha w_i`` (float64, returned as float32)."""
     return ((1.0 - alpha) * np.asarray(current, dtype=np.float64) + alpha * state).astype(np.float32)
+
+
+def apply_states(models: dict[str, torch.nn.Module], updates: list[AsyncUpdate], rule: StepRule) -> None:
+    """The FedBuff or FedAsync step over full states, per architecture (an architecture with no
+    update in the step stays as it was): the step of a server without its own ``async_step``."""
+    from algorithms.training import flat_state, load_flat_state, num_params  # torch: only once a step is taken
+
+    for arch, model in models.items():
+        mine = [u for u in updates if u.result.arch == arch]
+        if not mine:
+            continue
+        current = flat_state(model).cpu().numpy()
+        d = num_params(model)
+        bases = np.stack([u.base for u in mine])
+        states = np.stack([client_state(u.result.upload, u.base, d) for u in mine])
+        if rule.mode == "fedasync":
+            new = fedasync_step(current, states[0], rule.scale(mine[0].weight))
+        else:
+            new = fedbuff_step(current, states, bases, [u.result.num_samples for u in mine],
+                               [u.weight for u in mine], rule.server_lr)
+        load_flat_state(model, new)

@@ -214,6 +214,16 @@ class Server:
         """Fold the uploads that arrived this round into the global state; returns round metrics."""
         raise NotImplementedError
 
+    def async_step(self, step: int, updates: list, rule) -> dict[str, Any] | None:
+        """One asynchronous server step (docs/async.md) over ``updates``
+        (:class:`algorithms.asynchronous.AsyncUpdate`, the FedBuff buffer or FedAsync's one update)
+        under ``rule`` (:class:`algorithms.asynchronous.StepRule`); returns the step's metrics.
+        ``step`` counts server steps (0, 1, ...), as ``round`` counts rounds. None (this default):
+        the server has no step of its own, and the engine takes FedBuff/FedAsync over the
+        clients' full states (:func:`algorithms.asynchronous.apply_states`); a method whose server
+        does more overrides it (FedCSPACK, ASCEND)."""
+        return None
+
     def global_models(self) -> dict[str, torch.nn.Module]:
         return self.models
 

@@ -241,19 +241,25 @@ def aggregate_packs(
     global_flat: torch.Tensor,
     pack_size: int,
     uploads: Sequence[tuple[Any, Any, Any]],
+    scales: Sequence[float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Mask-weighted pack averaging of the clients' deltas.
 
     ``uploads``: one ``(indices, weights, delta_packs)`` per client, with ``k_i`` pack indices,
     ``k_i`` weights ``M_ij`` and a ``(k_i, P)`` array of the delta packs ``D_ij``.
-    Per pack ``M_j = sum_i M_ij``; where ``M_j > 0``: ``W_j += sum_i (M_ij / M_j) D_ij``; other
-    packs are unchanged. Returns ``(new_global_flat (n,), mask_indices (int64, ascending),
-    mask_weights (float32, M_j))``, the global mask being the packs with ``M_j > 0``.
+    Per pack ``M_j = sum_i M_ij``; where ``M_j > 0``: ``W_j += sum_i (M_ij / M_j) c_i D_ij``; other
+    packs are unchanged. ``scales``: ``c_i`` per client (None: 1, the synchronous server; an
+    asynchronous step's staleness weight times ``server_lr``, docs/async.md), outside the
+    normalisation: ``M_j`` and the returned mask weights are the plain ``M_ij`` sums.
+    Returns ``(new_global_flat (n,), mask_indices (int64, ascending), mask_weights (float32,
+    M_j))``, the global mask being the packs with ``M_j > 0``.
     """
+    if scales is not None and len(scales) != len(uploads):
+        raise ValueError(f"scales: {len(scales)} values for {len(uploads)} uploads")
     gf = _as_flat32(global_flat)
     n, p = gf.numel(), int(pack_size)
     j = num_packs(n, p)
-    idx_parts, w_parts, d_parts = [], [], []
+    idx_parts, w_parts, d_parts, c_parts = [], [], [], []
     for i, (idx, w, delta) in enumerate(uploads):  # a loop over clients, to concatenate
         idx = _as_index(idx)
         w = (w.detach().double().reshape(-1) if isinstance(w, torch.Tensor)
@@ -267,12 +273,15 @@ def aggregate_packs(
         idx_parts.append(idx)
         w_parts.append(w)
         d_parts.append(delta)
+        c_parts.append(torch.full((idx.numel(),), 1.0 if scales is None else float(scales[i]), dtype=torch.float64))
     if not idx_parts or sum(t.numel() for t in idx_parts) == 0:
         return gf.clone(), torch.zeros(0, dtype=torch.long), torch.zeros(0)
     idx, w, delta = torch.cat(idx_parts), torch.cat(w_parts), torch.cat(d_parts)
     total = torch.zeros(j, dtype=torch.float64).index_add_(0, idx, w)  # M_j
     at = total[idx]
     coef = torch.where(at > 0, w / at.where(at > 0, torch.ones_like(at)), torch.zeros_like(w))
+    if scales is not None:
+        coef = coef * torch.cat(c_parts)
     update = torch.zeros(j, p).index_add_(0, idx, delta * coef.float().unsqueeze(1))
     new = pad_to_packs(gf, p)
     new += update  # packs with M_j == 0 get +0 exactly
@@ -480,13 +489,40 @@ class FedCSPACKServer(Server):
             if mine:
                 load_flat_params(model, new)
             self.masks[arch] = (idx, w)
-            sfx = f"[{arch}]" if arch else ""
-            metrics[f"global_mask_packs{sfx}"] = int(idx.numel())
-            metrics[f"packs_total{sfx}"] = num_packs(flat.numel(), self.params.pack_size)
-            metrics[f"aggregated_clients{sfx}"] = len(mine)
+            metrics.update(self._step_metrics(arch, flat.numel(), idx, len(mine)))
             if self.params.record_packs:
                 self._record_packs(round, arch, mine, idx, w)
         return metrics
+
+    def async_step(self, step: int, updates: list, rule) -> dict[str, Any]:
+        """One asynchronous step (docs/async.md, "FedCSPACK"): per architecture, every pack
+        position over the step's updates that shared it, ``W_j += sum_i (M_ij / M_j) c_i D_ij``
+        with ``c_i = server_lr s(tau_i)`` (FedBuff) or ``mixing s(tau_i)`` (FedAsync, one update)
+        and ``M_j = sum_i M_ij``, applied to the current global model; each ``D_ij`` is a delta
+        against the version the client downloaded, its packs selected against that version. The
+        global mask becomes the step's packs (``M_j > 0``); an architecture without updates keeps
+        its model and mask."""
+        metrics: dict[str, Any] = {}
+        for arch, model in self.models.items():
+            mine = [u for u in updates if u.result.arch == arch]
+            flat = flat_params(model)
+            if mine:
+                uploads = [(u.result.upload.arrays["idx"], u.result.upload.arrays["w"], u.result.upload.arrays["delta"])
+                           for u in mine]
+                new, idx, w = aggregate_packs(flat, self.params.pack_size, uploads,
+                                              [rule.scale(u.weight) for u in mine])
+                load_flat_params(model, new)
+                self.masks[arch] = (idx, w)
+            idx, w = self.masks[arch]
+            metrics.update(self._step_metrics(arch, flat.numel(), idx, len(mine)))
+            if self.params.record_packs:
+                self._record_packs(step, arch, [u.result for u in mine], idx, w)
+        return metrics
+
+    def _step_metrics(self, arch: str, n: int, mask_idx: torch.Tensor, aggregated: int) -> dict[str, Any]:
+        sfx = f"[{arch}]" if arch else ""
+        return {f"global_mask_packs{sfx}": int(mask_idx.numel()),
+                f"packs_total{sfx}": num_packs(n, self.params.pack_size), f"aggregated_clients{sfx}": aggregated}
 
     def _record_packs(self, round, arch, results, mask_idx, mask_w) -> None:
         """Columnar pack-level rows: who shared which pack with which weight, and the mask."""

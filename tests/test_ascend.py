@@ -221,6 +221,42 @@ def test_clients_teacher_uses_every_reconstructed_model():
     assert torch.allclose(t, torch.stack(want).mean(0), atol=1e-6)
 
 
+def test_clients_teacher_of_an_asynchronous_step_weights_each_update_against_its_own_base():
+    """Asynchronous steps (docs/async.md, ASCEND): per-upload bases (their base versions) and
+    weights s(tau): the teacher is sum_n s_n z_n / sum_n s_n of the models base_n + delta_n."""
+    params, server = make_server(teacher="clients", distill_steps=0, gamma=None, k=1.0)
+    results = run_clients(AscendClient(params), server.broadcast(0), 0, {}, [0, 1, 2])
+    from algorithms.compressed_fedavg import decode_upload  # as the test above
+    from algorithms.training import load_flat_params
+
+    g = torch.Generator().manual_seed(3)
+    bases = [flat_params(server.models[r.arch]) + 0.1 * torch.randn(len(flat_params(server.models[r.arch])),
+                                                                    generator=g) for r in results]
+    weights = [1.0, 0.5, 0.25]
+    t = server.build_teacher(results, bases, weights=weights)
+    z = []
+    for r, b in zip(results, bases):
+        m = tiny(r.arch)
+        load_flat_params(m, b + decode_upload(r.upload).dense())
+        z.append(logits_of(m, server.public_x))
+    assert torch.allclose(t, (z[0] + 0.5 * z[1] + 0.25 * z[2]) / 1.75, atol=1e-6)
+    assert not torch.allclose(t, torch.stack(z).mean(0), atol=1e-4)
+
+
+def test_a_checkpoint_from_before_asynchronous_ascend_restores():
+    """Older checkpoints have no rolled_back_updates field: restored as none; other fields stay required."""
+    _, server = make_server()
+    state = server.checkpoint_state()
+    del state["fields"]["rolled_back_updates"]
+    _, fresh = make_server()
+    fresh.rolled_back_updates = [[1, 2]]
+    fresh.restore_checkpoint_state(state)
+    assert fresh.rolled_back_updates == []
+    del state["fields"]["forced_until"]
+    with pytest.raises(ValueError, match="lacks the server fields"):
+        fresh.restore_checkpoint_state(state)
+
+
 # ------------------------------------------------------------------------------ rollback
 def test_loss_spike_rolls_back_once_restores_bit_for_bit_and_forces_topk():
     params, server = make_server(k=0.2, distill_steps=5, gamma=0.2, forced_rounds=3, reward="v2")

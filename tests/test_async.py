@@ -158,6 +158,54 @@ def test_a_client_going_offline_mid_task_is_lost_at_that_time(tmp_path):
     assert r.rounds["num_offline"].tolist() == [3, 0]
 
 
+def test_a_task_past_the_deadline_is_abandoned_at_it(tmp_path):
+    """clock.deadline_s: an update that would arrive more than D after its dispatch is dropped at
+    dispatch + D (reason deadline, not arrived), its client stops working then (less energy than
+    its whole task), its slot is refilled at that instant, and everyone else is applied."""
+    over = ["rounds=20", *FIXED, "clients.profiles={network: {5mbps: 0.5, 500mbps: 0.5}}",
+            "asynchronous={mode: fedbuff, concurrency: 6, buffer_size: 2}"]
+    ref = run(tmp_path, "ref", *over).clients
+    task = ref["upload_end_s"] - ref["start_s"]
+    slow = ref["net_tier"] == "5mbps"
+    assert task[slow].min() > task[~slow].max()
+    d = float(task[slow].min() + task[~slow].max()) / 2  # between the fast clients' tasks and the slow ones'
+    c = run(tmp_path, "cut", *over, f"clock.deadline_s={d!r}").clients
+    late = c["drop_reason"] == "deadline"
+    assert late.any() and (c.loc[late, "net_tier"] == "5mbps").all()
+    assert (c.loc[~late, "drop_reason"] == "").all() and c.loc[~late, "made_deadline"].all()
+    assert np.allclose(c.loc[late, "resolved_s"], c.loc[late, "start_s"] + d, rtol=0, atol=1e-12)
+    assert not c.loc[late, "arrived"].any() and (c.loc[late, "upload_end_s"] - c.loc[late, "start_s"] > d).all()
+    full = ref.groupby("client_id")["energy_j"].first()  # every task of a client costs the same here
+    assert (c.loc[late, "energy_j"].to_numpy() < full[c.loc[late, "client_id"]].to_numpy()).all()
+    assert set(c.loc[late, "resolved_s"]) & set(c["start_s"])  # the slot is refilled at the deadline
+
+
+SMALL_BATTERIES = ("clients.profiles={network: {4g: 1.0}, battery: {start: 1.0, threshold: 0.2, charging: never}, "
+                   "overrides: {0: {battery_wh: 0.003}, 1: {battery_wh: 0.01}, 2: {battery_wh: 0.02}}}")
+
+
+def test_batteries_below_the_threshold_are_not_dispatched_and_an_empty_one_stops_its_task(tmp_path):
+    """Batteries under asynchronous (charging never): a task's energy leaves the battery at its
+    dispatch, so each client's levels replay from its rows (battery_level_end = battery_level -
+    energy_j / capacity, 0 once emptied, the next dispatch starts there); nobody is dispatched
+    below the threshold; a battery that runs empty mid-task stops it then (reason battery,
+    resolved_s = left_s, less energy than a whole task)."""
+    c = run(tmp_path, "run", "clients.num_clients=6", "rounds=8", *FIXED, SMALL_BATTERIES,
+            "asynchronous={mode: fedbuff, concurrency: 4, buffer_size: 2}").clients
+    cap = {0: 0.003 * 3600, 1: 0.01 * 3600, 2: 0.02 * 3600}
+    mine = c[c["client_id"].isin(list(cap))].sort_values(["client_id", "start_s"])
+    flat = mine["drop_reason"] == "battery"
+    want = np.where(flat, 0.0, np.clip(mine["battery_level"] - mine["energy_j"] / mine["client_id"].map(cap), 0, 1))
+    np.testing.assert_allclose(mine["battery_level_end"], want, rtol=0, atol=1e-12)
+    for _, rows in mine.groupby("client_id"):  # the next dispatch starts where the last one left the battery
+        np.testing.assert_array_equal(rows["battery_level"].to_numpy()[1:], rows["battery_level_end"].to_numpy()[:-1])
+    assert (c["battery_level"].dropna() >= 0.2).all()  # nobody dispatched below the threshold
+    assert flat.any() and (mine.loc[flat, "resolved_s"] == mine.loc[flat, "left_s"]).all()
+    assert (mine.loc[flat, "energy_j"] < c.loc[c["drop_reason"] == "", "energy_j"].min()).all()
+    assert (mine.loc[flat, "left_s"] < mine.loc[flat, "upload_end_s"]).all()
+    assert c.loc[c["client_id"] >= 3, "battery_level"].notna().all()  # the others' big batteries count too
+
+
 def test_same_seed_same_tables_other_seed_differs(tmp_path):
     over = ["rounds=5", "clients.profiles={network: {5mbps: 0.5, 500mbps: 0.5}}",
             "asynchronous={mode: fedbuff, concurrency: 5, buffer_size: 2, max_staleness: 3}"]
@@ -177,9 +225,6 @@ def test_synchronous_runs_have_no_async_columns(tmp_path):
 
 
 @pytest.mark.parametrize("setting, message", [
-    ("algorithm.name=fedcspack", "algorithm.name = 'fedcspack' cannot run asynchronously: .*round-synchronous"),
-    ("algorithm.name=ascend", "algorithm.name = 'ascend' cannot run asynchronously"),
-    ("clock.deadline_s=5", "clock.deadline_s = 5.0 does not apply to asynchronous runs"),
     ("clock.over_selection=1.5", "clock.over_selection = 1.5 does not apply"),
     ("train.lr_decay=0.9", "train.lr_decay = 0.9 is per round"),
     ("asynchronous.concurrency=11", "asynchronous.concurrency = 11: more than the 10 clients"),
@@ -279,14 +324,29 @@ def _online_until(tmp_path) -> str:
             f"file: '{online}', loop: false}}}}, other: {{share: 0.5, down: gilbert_elliott}}}}}}")
 
 
-@pytest.mark.parametrize("variant", ["fedbuff-topk", "fedasync-conditions"])
+ASCEND_SMALL = ("algorithm={name: ascend, distill_steps: 4, distill_batch: 32, public_probe_size: 64, "
+                "probe_batches: 1}", "partition.public_fraction=0.1")
+
+
+@pytest.mark.parametrize("variant", ["fedbuff-topk", "fedasync-conditions", "fedbuff-batteries", "fedcspack-fedbuff",
+                                     pytest.param("ascend-fedbuff", marks=pytest.mark.slow),
+                                     pytest.param("ascend-fedasync", marks=pytest.mark.slow)])
 def test_an_async_run_continues_bit_identically_from_a_checkpoint(tmp_path, variant):
     """Checkpoint after step 3 with updates in flight (and buffered): a fresh Simulation restored
-    from it takes steps 4-9 exactly as the uninterrupted run did."""
-    over = {"fedbuff-topk": ["algorithm={name: fedavg_compressed, compressor: topk, k: 0.1}",
-                             "asynchronous={mode: fedbuff, concurrency: 6, buffer_size: 3, max_staleness: 2}"],
+    from it takes steps 4-9 exactly as the uninterrupted run did. FedCSPACK: the global masks and
+    each client's personal model and shared packs; ASCEND: each client's bandit, residual,
+    pending reward and undo record, the server's teacher, reference loss and rollbacks."""
+    fedbuff = "asynchronous={mode: fedbuff, concurrency: 6, buffer_size: 3, max_staleness: 2}"
+    over = {"fedbuff-topk": ["algorithm={name: fedavg_compressed, compressor: topk, k: 0.1}", fedbuff],
             "fedasync-conditions": [_online_until(tmp_path), "clock.start=00:00",
-                                    "asynchronous={mode: fedasync, concurrency: 4, max_staleness: 4}"]}[variant]
+                                    "asynchronous={mode: fedasync, concurrency: 4, max_staleness: 4}"],
+            "fedbuff-batteries": [_online_until(tmp_path), "clock.start=00:00", "clients.profiles.battery={start: "
+                                  "{low: 0.2, high: 0.6}, threshold: 0.25, charging: online, idle_drain: true}",
+                                  "clients.profiles.overrides={0: {battery_wh: 0.01}, 1: {battery_wh: 0.01}}", fedbuff],
+            "fedcspack-fedbuff": ["algorithm={name: fedcspack, pack_size: 64, record_packs: true}", fedbuff],
+            "ascend-fedbuff": [*ASCEND_SMALL, fedbuff],
+            "ascend-fedasync": [*ASCEND_SMALL, _online_until(tmp_path), "clock.start=00:00",
+                                "asynchronous={mode: fedasync, concurrency: 4, max_staleness: 4}"]}[variant]
     cfg = load_config(None, [*BASE, f"output.dir={tmp_path}", "rounds=10",
                              "clients.profiles={network: {5mbps: 0.5, 500mbps: 0.5}}", *over])
     full = Collect(after=3, directory=tmp_path / "ckpt")
@@ -298,12 +358,27 @@ def test_an_async_run_continues_bit_identically_from_a_checkpoint(tmp_path, vari
     assert resumed.run([tail]) == "finished"
     for left, right in zip(_tables(tail.records), _tables(full.records[4:])):
         pd.testing.assert_frame_equal(left.reset_index(drop=True), right.reset_index(drop=True))
+    for a, b in zip(tail.records, full.records[4:]):  # the methods' own tables (packs, rollbacks)
+        assert a.extra_tables.keys() == b.extra_tables.keys()
+        for name in a.extra_tables:
+            pd.testing.assert_frame_equal(pd.DataFrame(a.extra_tables[name]).drop(columns=["wall_s"], errors="ignore"),
+                                          pd.DataFrame(b.extra_tables[name]).drop(columns=["wall_s"], errors="ignore"))
     reasons = set(_tables(full.records)[1]["drop_reason"])
     assert reasons & {"stale", "offline"}  # drops happened
 
 
-def test_sigkill_of_an_async_hetsim_run_then_resume_equals_an_uninterrupted_run(tmp_path):
-    over = [*BASE, "rounds=60", "checkpoint.every=4", "train.local_epochs=4",
+@pytest.mark.parametrize("method", [
+    "fedavg",
+    pytest.param("fedcspack", marks=pytest.mark.slow),
+    pytest.param("ascend", marks=pytest.mark.slow),
+])
+def test_sigkill_of_an_async_hetsim_run_then_resume_equals_an_uninterrupted_run(tmp_path, method):
+    """kill -9 of a running `hetsim run` once step 9 is on disk, `--resume` from its newest
+    checkpoint (every 4 steps): the tables equal an uninterrupted run's (FedCSPACK: and its packs
+    and global masks; ASCEND: and its rollbacks)."""
+    algo = {"fedavg": [], "fedcspack": ["algorithm={name: fedcspack, pack_size: 64, record_packs: true}"],
+            "ascend": list(ASCEND_SMALL)}[method]
+    over = [*BASE, *algo, "rounds=60", "checkpoint.every=4", "train.local_epochs=4",
             "clients.profiles={network: {5mbps: 0.5, 500mbps: 0.5}}",
             "asynchronous={mode: fedbuff, concurrency: 6, buffer_size: 2, max_staleness: 3}"]
     path = tmp_path / "killed"
@@ -326,7 +401,14 @@ def test_sigkill_of_an_async_hetsim_run_then_resume_equals_an_uninterrupted_run(
     assert main(["run", "--resume", str(path), "-q"]) == 0
     resumed = load_run(path)
     ref = load_run(run_experiment(load_config(None, [*over, f"output.dir={tmp_path}"]), tmp_path / "ref"))
-    for left, right in ((resumed.rounds, ref.rounds), (resumed.clients, ref.clients)):
+    pairs = [(resumed.rounds, ref.rounds), (resumed.clients, ref.clients)]
+    for name in ("packs", "global_mask", "rollbacks"):  # the methods' own tables, where the run has them
+        left, right = resumed.table(name), ref.table(name)
+        assert (left is None) == (right is None)
+        if right is not None:
+            pairs.append((left, right))
+    assert len(pairs) == 2 + 2 * (method == "fedcspack") or method == "ascend"
+    for left, right in pairs:
         pd.testing.assert_frame_equal(left.drop(columns=list(WALL_COLUMNS), errors="ignore"),
                                       right.drop(columns=list(WALL_COLUMNS), errors="ignore"))
     assert resumed.manifest["resumes"][0]["previous_status"] == "running"

@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from algorithms.asynchronous import ASYNC_METHODS, SYNCHRONOUS_ONLY
+from algorithms.asynchronous import ASYNC_METHODS, SYNCHRONOUS_ONLY, async_option_problems
 from algorithms.params import ALGORITHM_PARAMS
 from engine.config.hints import friendly, tier_problems
 from engine.config.names import DATASET_NAMES, MODEL_NAMES
@@ -356,19 +356,16 @@ def async_problems(a: AsyncConfig, sections: dict[str, Any]) -> list[str]:
     if name in SYNCHRONOUS_ONLY:
         out.append(f"algorithm.name = {name!r} cannot run asynchronously: {SYNCHRONOUS_ONLY[name]}; "
                    f"allowed with asynchronous: {', '.join(ASYNC_METHODS)}")
+    out.extend(async_option_problems(name, cfg.algorithm))
     if a.concurrency > cfg.clients.num_clients:
         out.append(f"asynchronous.concurrency = {a.concurrency}: more than the {cfg.clients.num_clients} "
                    "clients (clients.num_clients)")
     clock = cfg.clock
-    for field, value, ok in (("deadline_s", clock.deadline_s, None), ("over_selection", clock.over_selection, 1.0)):
-        if value != ok:
-            out.append(f"clock.{field} = {value!r} does not apply to asynchronous runs (there are no rounds "
-                       f"to cut); allowed: {ok!r}")
+    if clock.over_selection != 1.0:
+        out.append(f"clock.over_selection = {clock.over_selection!r} does not apply to asynchronous runs (there "
+                   "are no rounds to cut); allowed: 1.0")
     if clock.mode == "realtime":
         out.append("clock.mode = 'realtime' is not supported with asynchronous; allowed: virtual, measured")
-    if cfg.clients.profiles.battery is not None:
-        out.append("clients.profiles.battery is not supported with asynchronous (batteries advance per "
-                   "round); the energy ledger still applies per update")
     if cfg.train.lr_decay != 1.0:
         out.append(f"train.lr_decay = {cfg.train.lr_decay!r} is per round, and asynchronous runs have "
                    "none; allowed: 1.0")

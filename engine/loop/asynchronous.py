@@ -13,7 +13,8 @@ All clients dispatched at one instant train on one version in ONE ``executor.run
 *wave*), so a Ray pool trains them together; their ``round`` (the seed of their local RNG) is the
 wave's index, which every executor sees alike. :meth:`AsyncLoop.step` runs events until the next
 server step and returns its :class:`RoundRecord`: ``rounds`` counts server steps. The math of a
-step is :mod:`algorithms.asynchronous`'s; docs/async.md describes the model and the columns.
+step is the method's (``Server.async_step``: :mod:`algorithms.asynchronous`'s FedBuff/FedAsync by
+default); docs/async.md describes the model, each method's rule and the columns.
 """
 from __future__ import annotations
 
@@ -25,15 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.asynchronous import client_state, fedasync_step, fedbuff_step, staleness_weight
+from algorithms.asynchronous import AsyncUpdate, StepRule, apply_states, staleness_weight
 from algorithms.base import ClientResult, Payload
-from algorithms.training import flat_state, load_flat_state, num_params
+from algorithms.training import flat_state
 from engine.loop import guards, rows
 from engine.loop.callbacks import RoundRecord
 from engine.loop.evaluation import global_columns
 from hardware_profiles import clock
 from hardware_profiles.conditions import participation
-from hardware_profiles.energy import ENERGY_COLUMNS, ledger
+from hardware_profiles.energy import ENERGY_COLUMNS, empties_at, ledger
 
 SALT_DISPATCH = 0xA5C7  # the seeded choice of whom to dispatch
 MAX_IDLE_RETRIES = 100_000  # nobody online for this many retries: the fleet can never run
@@ -53,6 +54,7 @@ class Update:
     result: ClientResult
     row: dict[str, Any]  # its clients.parquet row, completed when it is resolved
     nonfinite: bool
+    lost_reason: str = "offline"  # why it is lost (lost): offline, battery (ran empty) or deadline
 
 
 class AsyncLoop:
@@ -68,9 +70,11 @@ class AsyncLoop:
         self.bases: dict[int, dict[str, np.ndarray]] = {}  # version -> global flat state per arch
         self.wave = self.seq = 0
         self.resolved: list[Update] = []  # applied or dropped since the last record
+        self.server_metrics: dict[str, Any] = {}  # the last step's (Server.async_step)
         self.dispatched: list[tuple[int, float]] = []  # (client id, bytes down) since the last record
         self.faults: list[dict] = []
         self.last_step_s = self.now
+        self.battery_s = self.now  # the batteries are advanced up to this time
         self.started = False
 
     # ------------------------------------------------------------------ dispatch
@@ -84,6 +88,9 @@ class AsyncLoop:
         busy[[u.client_id for u in self.flight.values()]] = True
         busy[[u.client_id for u in self.buffer]] = True  # arrived but not applied: not yet free
         idle = np.flatnonzero(~busy)
+        batteries = sim.batteries
+        if batteries is not None:  # below the threshold: not dispatched (it may charge meanwhile)
+            idle = idle[~batteries.too_low(idle)]
         if len(idle) == 0:
             return
         # every attempt draws new coins (a retry must not meet the same ones); wave = its number
@@ -96,10 +103,11 @@ class AsyncLoop:
             return
         ids, leaves = idle[pick], leaves[pick]
         broadcast = sim.server.broadcast(self.version)
-        if self.version not in self.bases:
-            self.bases[self.version] = {arch: np.asarray(p.arrays["state"], dtype=np.float64)
-                                        for arch, p in broadcast.items()}
+        if self.version not in self.bases:  # the state the broadcast stands for (full: parameters, buffers)
+            self.bases[self.version] = {arch: flat_state(m).cpu().numpy().astype(np.float64)
+                                        for arch, m in sim.server.models.items()}
         now = sim.conditions.now(ids, self.now) if sim.conditions is not None and sim.reads_profile else None
+        now = sim.with_last_times(ids, now)
         sim.unbatched.check(sim.executor, ids, f"wave {wave}")
         reply = sim.executor.run_round(wave, ids.tolist(), broadcast, False, now)
         self.faults.extend(reply.faults)
@@ -111,22 +119,39 @@ class AsyncLoop:
         times = clock.client_times(sim.profiles, ids, sent["bytes_down"], sent["bytes_up"], sent["train_flops"],
                                    sent["compress_ops"], measured_compute_s=measured)
         timeline = rows.timeline(sim.conditions, ids, self.now, times, sent, measured)
+        sim.keep_last_times(wave, ids, times)
         arrive = timeline["upload_end_s"]
-        lost = leaves < arrive
-        stopped = np.where(lost, leaves - self.now, np.inf)
-        if sim.conditions is not None:
-            timeline["left_s"] = np.where(lost, leaves, np.nan)
+        # clock.deadline_s: the server abandons a task still running that long after its dispatch
+        cut = self.now + (cfg.clock.deadline_s if cfg.clock.deadline_s is not None else np.inf)
+        empties = np.full(len(ids), np.inf)  # batteries: when it runs empty (on the charger: never)
+        if batteries is not None:
+            charging = sim._on_charger(wave, self.now)
+            empties = self.now + empties_at(sim.profiles, ids, times, batteries.charge_j(ids, charging))
+        # whichever comes first before the arrival; a tie of offline and battery is offline (as a round's)
+        offline = (leaves < np.minimum(arrive, cut)) & (leaves <= empties)
+        flat = ~offline & (empties < np.minimum(arrive, cut))
+        late = ~offline & ~flat & (arrive > cut)
+        lost = offline | flat | late
+        stopped = np.select([offline, flat, late], [leaves - self.now, empties - self.now, cut - self.now],
+                            np.inf)  # the client stops
+        if sim.conditions is not None or batteries is not None:
+            timeline["left_s"] = np.select([offline, flat], [leaves, empties], np.nan)
         energy = ledger(sim.profiles, ids, times, stopped)
         n = len(ids)
         outcome = SimpleNamespace(made_deadline=np.zeros(n, dtype=bool), drop_reason=np.full(n, "", dtype="<U13"))
         client_rows = rows.client_rows(-1, sim.profiles, ids, np.full(n, ""), results, times, sent["bytes_down"],
                                        outcome, timeline, self.now, energy)
+        if batteries is not None:  # a task's energy leaves the battery at its dispatch
+            level_start = batteries.fraction(ids)
+            batteries.advance(0.0, ids, energy["energy_j"], np.zeros(n), flat, np.zeros(len(batteries.level), bool))
+            rows.add_battery_columns(client_rows, level_start, batteries.fraction(ids), charging[ids])
         nonfinite = guards.nonfinite_results(results) & (cfg.train.on_nonfinite != "ignore")
         for i, res in enumerate(results):
             seq, self.seq = self.seq, self.seq + 1
-            event_s = float(leaves[i] if lost[i] else arrive[i])
+            event_s = float(leaves[i] if offline[i] else empties[i] if flat[i] else cut if late[i] else arrive[i])
+            reason = "battery" if flat[i] else "deadline" if late[i] else "offline"
             self.flight[seq] = Update(seq, wave, int(ids[i]), self.version, self.now, event_s, bool(lost[i]), res,
-                                      client_rows[i], bool(nonfinite[i]))
+                                      client_rows[i], bool(nonfinite[i]), reason)
             heapq.heappush(self.events, (event_s, int(ids[i]), seq))
             self.dispatched.append((int(ids[i]), float(sent["bytes_down"][i])))
 
@@ -143,9 +168,10 @@ class AsyncLoop:
                 self._wait_for_clients()
                 continue
             t, _, seq = heapq.heappop(self.events)
+            self._advance_batteries(t)
             self.now = t
             update = self.flight.pop(seq)
-            applied = self._handle(update)
+            applied = self._handle(update, r)
             if not self.events or self.events[0][0] > t:  # every event of this instant is handled
                 self.dispatch()
         return self._record(r, applied, wall0)
@@ -153,6 +179,7 @@ class AsyncLoop:
     def _wait_for_clients(self) -> None:
         """Nobody in flight: retry the dispatch every ``idle_retry_s`` until someone is online."""
         for _ in range(MAX_IDLE_RETRIES):
+            self._advance_batteries(self.now + self.spec.idle_retry_s)
             self.now += self.spec.idle_retry_s
             self.dispatch()
             if self.events:
@@ -160,12 +187,26 @@ class AsyncLoop:
         raise RuntimeError(f"asynchronous: no client could be dispatched for {MAX_IDLE_RETRIES} x "
                            f"idle_retry_s = {MAX_IDLE_RETRIES * self.spec.idle_retry_s:g} s of virtual time")
 
-    def _handle(self, u: Update) -> list[Update] | None:
+    def _advance_batteries(self, t: float) -> None:
+        """Batteries from ``battery_s`` to ``t``: charging (on the charger as at ``battery_s``, with
+        the next wave's coins for ``charging: online``) and idle drain outside the tasks in flight
+        (their energy was taken at dispatch)."""
+        b = self.sim.batteries
+        if b is None or t <= self.battery_s:
+            return
+        flying = list(self.flight.values())
+        ids = np.array([u.client_id for u in flying], dtype=np.int64)
+        busy = np.array([max(0.0, min(t, u.event_s) - max(self.battery_s, u.dispatch_s)) for u in flying])
+        b.advance(t - self.battery_s, ids, np.zeros(len(ids)), busy, np.zeros(len(ids), dtype=bool),
+                  self.sim._on_charger(self.wave, self.battery_s))
+        self.battery_s = t
+
+    def _handle(self, u: Update, r: int) -> list[Update] | None:
         """Resolve one event; returns the updates of a server step if one is applied now."""
         staleness = self.version - u.base
         u.row.update(base_version=u.base, staleness=staleness, dispatch_seq=u.seq, wave=u.wave,
                      resolved_s=self.now, arrived=not u.lost)
-        reason = ("offline" if u.lost else
+        reason = (u.lost_reason if u.lost else
                   "stale" if self.spec.max_staleness is not None and staleness > self.spec.max_staleness else
                   "nonfinite" if u.nonfinite else "")
         if reason:
@@ -174,7 +215,7 @@ class AsyncLoop:
         self.buffer.append(u)
         if self.spec.mode == "fedasync" or len(self.buffer) >= self.spec.buffer_size:
             applied, self.buffer = self.buffer, []
-            self._apply(applied)
+            self._apply(applied, r)
             return applied
         return None
 
@@ -184,25 +225,19 @@ class AsyncLoop:
         if reason != "nonfinite":  # as a synchronous round: a non-finite upload is not put back
             self.sim.executor.notify_dropped(u.wave, [u.client_id])
 
-    def _apply(self, updates: list[Update]) -> None:
-        """One server step over ``updates`` (FedBuff: the buffer; FedAsync: one update)."""
-        spec, models = self.spec, self.sim.server.models
+    def _apply(self, updates: list[Update], r: int) -> None:
+        """Server step ``r`` over ``updates`` (FedBuff: the buffer; FedAsync: one update): the
+        method's ``async_step`` (algorithms/asynchronous.py by default)."""
+        spec = self.spec
         tau = np.array([self.version - u.base for u in updates], dtype=np.float64)
         weight = staleness_weight(spec.staleness.kind, tau, spec.staleness.a, spec.staleness.b)
-        for arch, model in models.items():
-            mine = [i for i, u in enumerate(updates) if u.result.arch == arch]
-            if not mine:
-                continue
-            current = flat_state(model).cpu().numpy()
-            d = num_params(model)
-            bases = np.stack([self.bases[updates[i].base][arch] for i in mine])
-            states = np.stack([client_state(updates[i].result.upload, bases[j], d) for j, i in enumerate(mine)])
-            if spec.mode == "fedasync":
-                new = fedasync_step(current, states[0], spec.mixing * float(weight[mine[0]]))
-            else:
-                new = fedbuff_step(current, states, bases, [updates[i].result.num_samples for i in mine],
-                                   weight[mine], spec.server_lr)
-            load_flat_state(model, new)
+        batch = [AsyncUpdate(u.result, self.bases[u.base][u.result.arch], u.base, int(t), float(w), u.wave)
+                 for u, t, w in zip(updates, tau.tolist(), weight.tolist())]
+        rule = StepRule(spec.mode, spec.server_lr, spec.mixing)
+        metrics = self.sim.server.async_step(r, batch, rule)
+        if metrics is None:  # no step of its own: FedBuff/FedAsync over the full states
+            apply_states(self.sim.server.models, batch, rule)
+        self.server_metrics = metrics or {}
         self.version += 1
         for u, w in zip(updates, weight.tolist()):
             u.row.update(made_deadline=True, drop_reason="", applied_version=self.version, staleness_weight=w)
@@ -218,7 +253,8 @@ class AsyncLoop:
         return {"version": self.version, "now": self.now, "events": list(self.events),
                 "flight": [_update_state(u) for u in self.flight.values()],
                 "buffer": [_update_state(u) for u in self.buffer], "bases": self.bases,
-                "wave": self.wave, "seq": self.seq, "last_step_s": self.last_step_s, "started": self.started}
+                "wave": self.wave, "seq": self.seq, "last_step_s": self.last_step_s, "started": self.started,
+                "battery_s": self.battery_s}
 
     def restore(self, state: dict[str, Any]) -> None:
         """Inverse of :meth:`state`."""
@@ -227,6 +263,7 @@ class AsyncLoop:
         self.buffer = [_update_of(u) for u in state["buffer"]]
         self.bases, self.wave, self.seq = state["bases"], state["wave"], state["seq"]
         self.last_step_s, self.started = state["last_step_s"], state["started"]
+        self.battery_s = state.get("battery_s", self.now)  # absent: a checkpoint from before batteries
         self.resolved, self.dispatched, self.faults = [], [], []
 
     # ------------------------------------------------------------------ rows
@@ -243,7 +280,7 @@ class AsyncLoop:
             round_s=self.now - self.last_step_s, sim_time_s=self.now - cfg.clock.start_s,
             bytes_down=np.array([b for _, b in dispatched], dtype=np.float64), nonfinite=nonfinite,
             personalized=[], global_columns=global_columns(cfg, list(sim.server.global_models()), r),
-            server_metrics={}, start_s=self.last_step_s)
+            server_metrics=self.server_metrics, start_s=self.last_step_s)
         applied_mask = np.array([u.row["made_deadline"] for u in resolved], dtype=bool)
         for name in ENERGY_COLUMNS:
             row[name] = float(sum(u.row[name] for u in resolved))
@@ -251,8 +288,13 @@ class AsyncLoop:
         tau = np.array([u.row["staleness"] for u in applied], dtype=np.float64)
         reasons = [u.row["drop_reason"] for u in resolved]
         row.update(version=self.version, num_stale=reasons.count("stale"), num_offline=reasons.count("offline"),
+                   num_deadline=reasons.count("deadline"),
                    in_flight=len(self.flight), buffered=len(self.buffer),
                    staleness_mean=float(tau.mean()), staleness_max=int(tau.max()))
+        if sim.batteries is not None:  # as a round's (rows.energy_summary): drops, the fleet's levels
+            levels = sim.batteries.level[sim.batteries.has] / sim.batteries.capacity[sim.batteries.has]
+            row.update(num_battery=reasons.count("battery"), battery_mean=float(levels.mean()),
+                       battery_min=float(levels.min()))
         self.last_step_s = self.now
         sim.sim_time_s = self.now - cfg.clock.start_s
         diverged = guards.divergence(r, [u.result for u in resolved], nonfinite, sim.server.global_models(),

@@ -147,6 +147,25 @@ class Simulation:
                 self.executor.close()
         return status
 
+    def with_last_times(self, ids: np.ndarray, now: dict | None) -> dict | None:
+        """``now`` (the executor's per-client extras) with each client's last phase times, for
+        methods that read them (``ctx.last_times``); unchanged when none does."""
+        if self.last_times is None:
+            return now
+        now = now or {}
+        for c in ids.tolist():
+            if c in self.last_times:
+                now.setdefault(c, {})[LAST_TIMES] = self.last_times[c]
+        return now
+
+    def keep_last_times(self, r: int, ids: np.ndarray, times: dict[str, np.ndarray]) -> None:
+        """Remember the phase times of round (asynchronous: wave) ``r`` as the clock reports them
+        (conditions included), for the clients' next participation; a no-op when no method reads them."""
+        if self.last_times is not None:
+            phases = ("download_s", "compute_s", "compress_s", "upload_s")
+            for i, c in enumerate(ids.tolist()):
+                self.last_times[c] = {"round": r, **{k: float(times[k][i]) for k in phases}}
+
     def run_round(self, r: int) -> RoundRecord:
         """One round: select, run the selected clients, time them on the virtual clock, keep
         those that arrive, aggregate; the record holds its rows (global evaluation is the
@@ -164,7 +183,7 @@ class Simulation:
         results = reply.results
         sent = rows.payloads(broadcast, results)
         timing = self.clock.time(start, sent, [res.metrics["wall_fit_s"] for res in results], target)
-        self._keep_last_times(r, runnable, timing.times)
+        self.keep_last_times(r, runnable, timing.times)
         nonfinite = guards.reject_nonfinite(results, timing.outcome, cfg.train.on_nonfinite)
         made = timing.outcome.made_deadline
         arrived = [res for res, ok in zip(results, made) if ok]
@@ -196,19 +215,7 @@ class Simulation:
     def _now(self, runnable, start_s: float) -> dict | None:
         """What the clients may read of their conditions and last phase times this round."""
         now = self.conditions.now(runnable, start_s) if self.conditions is not None and self.reads_profile else None
-        if self.last_times is not None:
-            now = now or {}
-            for c in runnable.tolist():
-                if c in self.last_times:
-                    now.setdefault(c, {})[LAST_TIMES] = self.last_times[c]
-        return now
-
-    def _keep_last_times(self, r: int, runnable, times: dict) -> None:
-        """The phase times as the clock reports them (conditions included), for methods that read them."""
-        if self.last_times is not None:
-            phases = ("download_s", "compute_s", "compress_s", "upload_s")
-            for i, c in enumerate(runnable.tolist()):
-                self.last_times[c] = {"round": r, **{k: float(times[k][i]) for k in phases}}
+        return self.with_last_times(runnable, now)
 
     def _rows(self, start, timing, results, arrived, nonfinite, sent, round_s, server_metrics, evaluating):
         """The round's rounds.parquet row (without wall_s) and clients.parquet rows."""
