@@ -125,7 +125,7 @@ class AsyncLoop:
         cut = self.now + (cfg.clock.deadline_s if cfg.clock.deadline_s is not None else np.inf)
         empties = np.full(len(ids), np.inf)  # batteries: when it runs empty (on the charger: never)
         if batteries is not None:
-            charging = sim._on_charger(wave, self.now)
+            charging = sim.clock.on_charger(wave, self.now)
             empties = self.now + empties_at(sim.profiles, ids, times, batteries.charge_j(ids, charging))
         # whichever comes first before the arrival; a tie of offline and battery is offline (as a round's)
         offline = (leaves < np.minimum(arrive, cut)) & (leaves <= empties)
@@ -198,7 +198,7 @@ class AsyncLoop:
         ids = np.array([u.client_id for u in flying], dtype=np.int64)
         busy = np.array([max(0.0, min(t, u.event_s) - max(self.battery_s, u.dispatch_s)) for u in flying])
         b.advance(t - self.battery_s, ids, np.zeros(len(ids)), busy, np.zeros(len(ids), dtype=bool),
-                  self.sim._on_charger(self.wave, self.battery_s))
+                  self.sim.clock.on_charger(self.wave, self.battery_s))
         self.battery_s = t
 
     def _handle(self, u: Update, r: int) -> list[Update] | None:
