@@ -1,0 +1,165 @@
+"""Where ASCEND's premise can hold: the per-round time of each arm from the virtual clock's model.
+
+ASCEND chooses a compressor per client because the arms' *time* may differ by client and by link
+state (selection cost on slow devices, index bytes on slow uplinks). The v3 study found that time
+term inert at LeNet size. This script asks the clock's own formulas (:mod:`hardware_profiles.clock`,
+the catalog's tiers and per-tier selection costs) where it is not: per device tier x link x model
+size x K/d x local work, the round time of each arm
+
+    T(arm) = download (the dense model, 4·d bytes) + training (samples x FLOPs per sample / GFLOP/s)
+             + selection (clock.select_seconds) + upload (the arm's payload bytes), latencies included
+
+(ASCEND's probe forwards are left out: the same for every arm, and not in the reward's T), the
+selection's share of Top-K's T, and the ratios T(topk)/T(randomk), T(topk)/T(periodick).
+
+    PYTHONPATH=. python studies/ascend_regimes.py              # the condensed table (a second)
+    PYTHONPATH=. python studies/ascend_regimes.py --csv runs/regimes/arm_times.csv   # every row
+
+Payload bytes are the compressors' own (``algorithms/compressors.py``): Top-K 4K values + 4K
+int32 indices, Random-K 4K + an 8-byte seed, Periodic-K 4K + a 4-byte offset (tested against
+the compressors' ``nbytes``; the per-arm seconds are tested against ``clock.client_times``).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import pandas as pd  # noqa: E402
+
+from hardware_profiles import clock  # noqa: E402
+from hardware_profiles.catalog import load_catalog  # noqa: E402
+
+ARMS = ("topk", "randomk", "periodick")
+TIERS = ("phone_low", "rpi4", "phone_mid", "phone_high", "laptop_cpu", "edge_gpu")
+# name: (parameters d, training FLOPs per sample: engine.models.zoo.training_flops_per_sample)
+MODELS = {
+    "lenet5 (62k)": (61_706, 2_263_920),
+    "cifar_cnn (586k)": (586_250, 49_182_720),
+    "resnet18 (11.2M)": (11_173_962, 3_328_997_376),
+}
+# name: (catalog network tier whose latency is used, down Mbps, up Mbps). The last two are the
+# states of a link whose down and up switch between 5 and 500 Mbps independently.
+LINKS = {
+    "5/5": ("5mbps", 5.0, 5.0),
+    "50/50": ("50mbps", 50.0, 50.0),
+    "500/500": ("500mbps", 500.0, 500.0),
+    "down500/up5": ("500mbps", 500.0, 5.0),
+    "down5/up500": ("500mbps", 5.0, 500.0),
+}
+RATIOS = (0.001, 0.01, 0.1)
+LOCAL_SAMPLES = (16, 160, 640)  # 1 and 10 SGD steps of batch 16, one epoch of a 640-sample client
+VALUE_BYTES = 4
+
+
+def payload_bytes(arm: str, k: int) -> int:
+    """Bytes of one upload of ``arm`` at K coordinates (the compressors' ``nbytes``)."""
+    return {"topk": 8 * k, "randomk": VALUE_BYTES * k + 8, "periodick": VALUE_BYTES * k + 4}[arm]
+
+
+def profile_for(tier: str, link: str, catalog=None):
+    """The catalog's profile of ``tier`` on ``link`` (the link's rates in each direction)."""
+    catalog = catalog or load_catalog()
+    net, down, up = LINKS[link]
+    return catalog.profile(tier, net).model_copy(update={"down_mbps": down, "up_mbps": up, "net_tier": link})
+
+
+def arm_phases(arm: str, d: int, flops_per_sample: float, ratio: float, samples: int, profile) -> dict[str, float]:
+    """The clock's phase seconds of one round of ``arm`` (download, train, select, upload, total)."""
+    k = max(1, round(ratio * d))
+    down = float(clock.transfer_seconds(VALUE_BYTES * d, profile.down_mbps, profile.latency_s))
+    train = float(clock.compute_seconds(samples * flops_per_sample, profile.gflops))
+    select = clock.select_seconds(arm, d, k, profile)
+    up = float(clock.transfer_seconds(payload_bytes(arm, k), profile.up_mbps, profile.latency_s))
+    return {"download_s": down, "train_s": train, "select_s": select, "upload_s": up,
+            "total_s": down + train + select + up}
+
+
+def arm_table(tiers=TIERS, models=MODELS, links=LINKS, ratios=RATIOS, local_samples=LOCAL_SAMPLES) -> pd.DataFrame:
+    """One row per (tier, model, link, K/d, local samples): each arm's T and the ratios."""
+    catalog = load_catalog()
+    rows = []
+    for tier in tiers:
+        for link in links:
+            prof = profile_for(tier, link, catalog)
+            for model, (d, fps) in models.items():
+                for ratio in ratios:
+                    for n in local_samples:
+                        ph = {a: arm_phases(a, d, fps, ratio, n, prof) for a in ARMS}
+                        top = ph["topk"]
+                        rows.append({
+                            "tier": tier, "link": link, "model": model, "d": d, "k_ratio": ratio,
+                            "local_samples": n,
+                            **{f"T_{a}": ph[a]["total_s"] for a in ARMS},
+                            "topk_select_share": top["select_s"] / top["total_s"],
+                            "topk_upload_share": top["upload_s"] / top["total_s"],
+                            "download_share": top["download_s"] / top["total_s"],
+                            "topk_over_randomk": top["total_s"] / ph["randomk"]["total_s"],
+                            "topk_over_periodick": top["total_s"] / ph["periodick"]["total_s"],
+                        })
+    return pd.DataFrame(rows)
+
+
+def condensed(table: pd.DataFrame) -> pd.DataFrame:
+    """Per (model, link, K/d, local samples): the largest T(topk)/T(randomk) over the tiers (and
+    which tier), the smallest, and the largest selection share of Top-K's T."""
+    keys = ["model", "link", "k_ratio", "local_samples"]
+    rows = []
+    for key, g in table.groupby(keys, sort=False):
+        hi = g.loc[g["topk_over_randomk"].idxmax()]
+        sel = g.loc[g["topk_select_share"].idxmax()]
+        rows.append(dict(zip(keys, key)) | {
+            "max T_topk/T_randomk": hi["topk_over_randomk"], "on": hi["tier"],
+            "min T_topk/T_randomk": g["topk_over_randomk"].min(),
+            "max select share": sel["topk_select_share"], "sel on": sel["tier"],
+            "T_topk on that tier (s)": hi["T_topk"]})
+    return pd.DataFrame(rows)
+
+
+def write_cifar_like(path: str | Path, *, n_train: int = 2400, n_test: int = 500, amplitude: float = 0.35,
+                     shift: int = 4, seed: int = 0) -> Path:
+    """A CIFAR-10-shaped synthetic task as a Parquet table (``dataset: parquet``, ``shape: [3, 32, 32]``,
+    ``split_column: split``): 10 classes, each a smooth random colour template (3x8x8 Gaussian,
+    upsampled to 32x32), a sample = ``amplitude`` x its class template rolled by up to ``shift``
+    pixels each way + N(0, 1) noise per pixel. Deterministic given ``seed``; written once."""
+    import numpy as np
+
+    path = Path(path)
+    if path.exists():
+        return path
+    rng = np.random.default_rng(seed)
+    templates = rng.standard_normal((10, 3, 8, 8)).repeat(4, axis=2).repeat(4, axis=3)
+    n = n_train + n_test
+    y = rng.integers(0, 10, n)
+    dx, dy = rng.integers(-shift, shift + 1, (2, n))
+    x = rng.standard_normal((n, 3, 32, 32)).astype(np.float32)
+    for i in range(n):
+        x[i] += amplitude * np.roll(templates[y[i]], (dx[i], dy[i]), axis=(1, 2))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame({"x": list(x.reshape(n, -1)), "label": y,
+                  "split": ["train"] * n_train + ["test"] * n_test}).to_parquet(path, index=False)
+    return path
+
+
+def main(argv=None) -> pd.DataFrame:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--csv", help="write every row here")
+    ap.add_argument("--min-ratio", type=float, default=0.0, help="print only rows whose max ratio is at least this")
+    args = ap.parse_args(argv)
+    table = arm_table()
+    if args.csv:
+        Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
+        table.to_csv(args.csv, index=False)
+    short = condensed(table)
+    short = short[short["max T_topk/T_randomk"] >= args.min_ratio]
+    with pd.option_context("display.max_rows", None, "display.width", 200, "display.float_format", "{:.4g}".format):
+        print(short.to_string(index=False))
+    return table
+
+
+if __name__ == "__main__":
+    main()
