@@ -120,7 +120,7 @@ def condensed(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def write_cifar_like(path: str | Path, *, n_train: int = 2400, n_test: int = 500, amplitude: float = 0.35,
+def write_cifar_like(path: str | Path, *, n_train: int = 2400, n_test: int = 500, amplitude: float = 1.0,
                      shift: int = 4, seed: int = 0) -> Path:
     """A CIFAR-10-shaped synthetic task as a Parquet table (``dataset: parquet``, ``shape: [3, 32, 32]``,
     ``split_column: split``): 10 classes, each a smooth random colour template (3x8x8 Gaussian,

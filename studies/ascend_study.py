@@ -141,7 +141,7 @@ V4_CELLS: list[tuple[str, int, tuple[float, ...], list[str], dict[str, Any]]] = 
 REGIME_UPLINK = {"kind": "markov", "states": {"fast": 500.0, "slow": 5.0}, "unit": "mbps",
                  "transition": [[0.8, 0.2], [0.2, 0.8]], "slot_s": 1.0}
 REGIME_DATA = ROOT / "runs" / "regimes" / "cifar_like.parquet"  # written by ascend_regimes.write_cifar_like
-REGIME_PROBES = {"probe_batches": 2, "psi_probe_size": 32, "public_probe_size": 128}  # CPU budget
+REGIME_PROBES = {"probe_batches": 1, "psi_probe_size": 16, "public_probe_size": 64}  # CPU budget, and the clock
 
 
 def plan_v3(args: argparse.Namespace) -> list[tuple[str, Any, str, dict[str, Any]]]:
@@ -516,7 +516,7 @@ def parse_args(argv=None) -> argparse.Namespace:
           "seeds": [0, 1, 2, 3, 4], "rounds": 60, "num_clients": 12, "participation": 1.0, "distill_steps": 20}
     smoke = {**v3, "experiments": ["v3main"], "ratios": [0.01], "bandwidths": [5], "seeds": [0, 1],
              "rounds": 3, "num_clients": 4, "distill_steps": 3}
-    v4 = {**v3, "experiments": ["v4regime"], "bandwidths": [500], "seeds": [0, 1, 2], "rounds": 40,
+    v4 = {**v3, "experiments": ["v4regime"], "bandwidths": [500], "seeds": [0, 1, 2], "rounds": 30,
           "num_clients": 6, "distill_steps": 1}
     if args.smoke:
         args.design = "v3"
