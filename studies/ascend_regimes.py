@@ -145,11 +145,127 @@ def write_cifar_like(path: str | Path, *, n_train: int = 2400, n_test: int = 500
     return path
 
 
+UNIFORM_ARMS = ("topk", "randomk", "periodick")
+
+
+def _clients(run_dir: str) -> pd.DataFrame:
+    from engine.results.tables import load_run  # the analysis of finished cells only: the table needs no engine
+
+    return load_run(run_dir).clients
+
+
+def state_times(summary: pd.DataFrame) -> pd.DataFrame:
+    """H1: per device tier and uplink state (``up_state`` when the upload started), the mean T
+    (``sim_T``: download + training + selection + upload, as the clock charged it, probes excluded)
+    of each uniform arm over its runs, and Top-K's ratio to the others."""
+    parts = []
+    for row in summary[summary["variant"].isin(UNIFORM_ARMS)].itertuples():
+        c = _clients(row.run_dir)
+        parts.append(c[["tier", "up_state", "sim_T"]].assign(variant=row.variant, seed=row.seed))
+    c = pd.concat(parts)
+    t = c.pivot_table(index=["tier", "up_state"], columns="variant", values="sim_T", aggfunc="mean")
+    for other in ("randomk", "periodick"):
+        if other in t and "topk" in t:
+            t[f"topk/{other}"] = t["topk"] / t[other]
+    t["rows"] = c.groupby(["tier", "up_state"]).size() // max(1, c["variant"].nunique())
+    return t.reset_index()
+
+
+def plain_rounds(run_dir: str) -> pd.DataFrame:
+    """Per round: the clock's duration (the slowest arrived client's ``sim_total_s``) and the
+    "plain" one, without ASCEND's probe forwards (``sim_total_s − sim_T_measure``), cumulated;
+    with the round's global accuracy and whether its slowest client's uplink was slow."""
+    from engine.results.tables import load_run  # as in _clients
+
+    run = load_run(run_dir)
+    c = run.clients
+    c = c[c["drop_reason"].fillna("") == ""].assign(plain=lambda x: x["sim_total_s"] - x["sim_T_measure"])
+    g = c.groupby("round")
+    slowest = c.loc[g["sim_total_s"].idxmax()].set_index("round")
+    out = pd.DataFrame({"dur": g["sim_total_s"].max(), "dur_plain": g["plain"].max(),
+                        "straggler_up": slowest["up_state"]})
+    r = run.rounds.set_index("round")
+    out["global_acc"] = r["global_acc"]
+    out["t"], out["t_plain"] = out["dur"].cumsum(), out["dur_plain"].cumsum()
+    out["t_clock"] = r["sim_time_s"]
+    return out.reset_index()
+
+
+def auc_on(t, acc, budget: float) -> float:
+    """Mean accuracy over [0, budget] (a step function, 0.1 before the first round), as
+    ``studies/ascend_study.curve_metrics``."""
+    import numpy as np
+
+    t, acc = np.asarray(t), np.asarray(acc)
+    ok = t <= budget + 1e-9
+    edges = np.concatenate([[0.0], t[ok], [budget]])
+    return float(np.sum(np.diff(edges) * np.concatenate([[0.1], acc[ok]])) / budget)
+
+
+def plain_auc(summary: pd.DataFrame) -> pd.DataFrame:
+    """The uniform arms' AUC on the plain clock (no probe forwards), budget = the shortest plain
+    run of the cell and seed; with the mean round durations of both clocks."""
+    rows = []
+    uni = summary[summary["variant"].isin(UNIFORM_ARMS)]
+    curves = {r.run_dir: plain_rounds(r.run_dir) for r in uni.itertuples()}
+    for (exp, k, seed), cell in uni.groupby(["experiment", "k", "seed"]):
+        budget = min(curves[d]["t_plain"].iloc[-1] for d in cell["run_dir"])
+        for r in cell.itertuples():
+            cur = curves[r.run_dir]
+            rows.append({"experiment": exp, "k": k, "seed": seed, "variant": r.variant,
+                         "auc_plain": auc_on(cur["t_plain"], cur["global_acc"], budget),
+                         "round_s": cur["dur"].mean(), "round_s_plain": cur["dur_plain"].mean(),
+                         "straggler_slow_up": float((cur["straggler_up"] == "slow").mean()),
+                         "clock_check": float((cur["t"] - cur["t_clock"]).abs().max())})
+    return pd.DataFrame(rows)
+
+
+def exploit_by_state(summary: pd.DataFrame) -> pd.DataFrame:
+    """H6: per adaptive run and uplink state, the share of each arm among the policy's exploit
+    choices (the state the upload started in)."""
+    rows = []
+    for row in summary[summary["variant"].str.startswith("ascend")].itertuples():
+        c = _clients(row.run_dir)
+        ex = c[c["arm_reason"] == "exploit"]
+        for state, g in ex.groupby("up_state"):
+            rows.append({"experiment": row.experiment, "k": row.k, "variant": row.variant, "seed": row.seed,
+                         "up_state": state, "n": len(g),
+                         **{f"exploit_{a}": float((g["arm"] == a).mean()) for a in UNIFORM_ARMS}})
+    return pd.DataFrame(rows)
+
+
+def analyse_cells(out: Path) -> pd.DataFrame:
+    """Print (and write as ``regimes_*.csv`` beside it) the v4 design's extra tables: H1's times by
+    uplink state, the uniform arms' paired differences on both clocks, and exploit shares by state."""
+    from studies.ascend_study import paired_differences  # the same bootstrap as the study's tables
+
+    summary = pd.read_parquet(out / "summary.parquet")
+    st = state_times(summary)
+    plain = plain_auc(summary)
+    both = summary.merge(plain, on=["experiment", "k", "seed", "variant"], how="left")
+    uni = both[both["variant"].isin(UNIFORM_ARMS)]
+    gt = pd.concat([paired_differences(uni, "auc", ref="topk"), paired_differences(uni, "auc_plain", ref="topk")])
+    ex = exploit_by_state(summary)
+    tables = {"state_times": st, "plain": plain, "truth_paired": gt, "exploit_by_state": ex}
+    with pd.option_context("display.max_rows", None, "display.width", 220, "display.float_format", "{:.4g}".format):
+        for name, df in tables.items():
+            df.to_csv(out / f"regimes_{name}.csv", index=False)
+            print(f"== {name}\n{df.to_string(index=False)}\n")
+        if len(ex):
+            print(ex.groupby(["k", "variant", "up_state"])[[c for c in ex if c.startswith("exploit_")] + ["n"]]
+                  .mean().to_string())
+    return summary
+
+
 def main(argv=None) -> pd.DataFrame:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--csv", help="write every row here")
     ap.add_argument("--min-ratio", type=float, default=0.0, help="print only rows whose max ratio is at least this")
+    ap.add_argument("--cells", help="instead: analyse the finished regime cells of this ascend_study --design v4 "
+                                    "output folder (its summary.parquet)")
     args = ap.parse_args(argv)
+    if args.cells:
+        return analyse_cells(Path(args.cells))
     table = arm_table()
     if args.csv:
         Path(args.csv).parent.mkdir(parents=True, exist_ok=True)

@@ -42,3 +42,8 @@ def test_the_table_bounds_topk_over_randomk_by_its_payload_ratio():
     slow_up = table[(table["link"] == "down500/up5") & (table["k_ratio"] == 0.1)
                     & (table["local_samples"] == 16) & (table["model"].str.startswith("cifar_cnn"))]
     assert np.all(slow_up["topk_over_randomk"] > 1.4)  # the regime the cells run in
+
+
+def test_auc_on_is_the_mean_of_the_step_curve_over_the_budget():
+    # chance (0.1) until t = 1, then 0.5 until t = 3, then 0.9 until the budget 4; a round after it is cut
+    assert regimes.auc_on([1.0, 3.0, 5.0], [0.5, 0.9, 1.0], 4.0) == pytest.approx((0.1 + 2 * 0.5 + 0.9) / 4)
