@@ -155,15 +155,18 @@ def _clients(run_dir: str) -> pd.DataFrame:
 
 
 def state_times(summary: pd.DataFrame) -> pd.DataFrame:
-    """H1: per device tier and uplink state (``up_state`` when the upload started), the mean T
-    (``sim_T``: download + training + selection + upload, as the clock charged it, probes excluded)
-    of each uniform arm over its runs, and Top-K's ratio to the others."""
+    """H1: per device tier and uplink state (``up_state`` when the upload started), the mean
+    seconds the clock charged a client's round without the probe forwards (``sim_total_s −
+    sim_T_measure``: download + training + selection + upload at the rates during each phase; ASCEND's
+    own ``sim_T`` prices the round-start profile instead) of each uniform arm, and Top-K's ratio to
+    the others."""
     parts = []
     for row in summary[summary["variant"].isin(UNIFORM_ARMS)].itertuples():
         c = _clients(row.run_dir)
-        parts.append(c[["tier", "up_state", "sim_T"]].assign(variant=row.variant, seed=row.seed))
+        parts.append(c[["tier", "up_state"]].assign(T=c["sim_total_s"] - c["sim_T_measure"], variant=row.variant,
+                                                    seed=row.seed))
     c = pd.concat(parts)
-    t = c.pivot_table(index=["tier", "up_state"], columns="variant", values="sim_T", aggfunc="mean")
+    t = c.pivot_table(index=["tier", "up_state"], columns="variant", values="T", aggfunc="mean")
     for other in ("randomk", "periodick"):
         if other in t and "topk" in t:
             t[f"topk/{other}"] = t["topk"] / t[other]
@@ -244,7 +247,9 @@ def analyse_cells(out: Path) -> pd.DataFrame:
     plain = plain_auc(summary)
     both = summary.merge(plain, on=["experiment", "k", "seed", "variant"], how="left")
     uni = both[both["variant"].isin(UNIFORM_ARMS)]
-    gt = pd.concat([paired_differences(uni, "auc", ref="topk"), paired_differences(uni, "auc_plain", ref="topk")])
+    gt = pd.concat([paired_differences(uni, m, ref="topk")
+                    .rename(columns={f"d_{m}": "d_auc_topk_minus"}).assign(clock=c)
+                    for m, c in (("auc", "with probes"), ("auc_plain", "plain"))])
     ex = exploit_by_state(summary)
     tables = {"state_times": st, "plain": plain, "truth_paired": gt, "exploit_by_state": ex}
     with pd.option_context("display.max_rows", None, "display.width", 220, "display.float_format", "{:.4g}".format):
