@@ -223,6 +223,25 @@ def plain_auc(summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def rounds_to(summary: pd.DataFrame, targets=(0.3, 0.5, 0.7)) -> pd.DataFrame:
+    """Per run: the first round (1-based) whose global accuracy reaches each target (NaN: never).
+    Random-K beats Top-K on accuracy against time only if Top-K's rounds are longer by more than
+    the ratio of these counts."""
+    import numpy as np
+
+    from engine.results.tables import load_run  # as in _clients
+
+    rows = []
+    for row in summary.itertuples():
+        acc = load_run(row.run_dir).rounds["global_acc"].to_numpy()
+        rec = {"experiment": row.experiment, "k": row.k, "variant": row.variant, "seed": row.seed}
+        for t in targets:
+            hit = np.nonzero(acc >= t)[0]
+            rec[f"rounds_to_{t:g}"] = float(hit[0] + 1) if len(hit) else float("nan")
+        rows.append(rec)
+    return pd.DataFrame(rows)
+
+
 def exploit_by_state(summary: pd.DataFrame) -> pd.DataFrame:
     """H6: per adaptive run and uplink state, the share of each arm among the policy's exploit
     choices (the state the upload started in)."""
@@ -251,11 +270,15 @@ def analyse_cells(out: Path) -> pd.DataFrame:
                     .rename(columns={f"d_{m}": "d_auc_topk_minus"}).assign(clock=c)
                     for m, c in (("auc", "with probes"), ("auc_plain", "plain"))])
     ex = exploit_by_state(summary)
-    tables = {"state_times": st, "plain": plain, "truth_paired": gt, "exploit_by_state": ex}
+    tables = {"state_times": st, "plain": plain, "truth_paired": gt, "exploit_by_state": ex,
+              "rounds_to": rounds_to(summary)}
     with pd.option_context("display.max_rows", None, "display.width", 220, "display.float_format", "{:.4g}".format):
         for name, df in tables.items():
             df.to_csv(out / f"regimes_{name}.csv", index=False)
             print(f"== {name}\n{df.to_string(index=False)}\n")
+        rt = tables["rounds_to"]
+        print(rt.groupby(["k", "variant"])[[c for c in rt if c.startswith("rounds_to")]].agg(["mean", "count"])
+              .to_string(), "\n")
         if len(ex):
             print(ex.groupby(["k", "variant", "up_state"])[[c for c in ex if c.startswith("exploit_")] + ["n"]]
                   .mean().to_string())
