@@ -598,7 +598,8 @@ def write_markdown(out: Path, args, summary: pd.DataFrame, arms: pd.DataFrame, w
     lines = [
         "# ASCEND study results",
         "",
-        f"dataset `{args.dataset}`, Dirichlet({args.alpha}) unless the experiment says otherwise, "
+        f"dataset `{'cifar_like (parquet, the regime cell)' if args.design == 'v4' else args.dataset}`, "
+        f"Dirichlet({args.alpha}) unless the experiment says otherwise, "
         f"{args.num_clients} clients, participation {args.participation}, {args.rounds} rounds, seeds "
         f"{args.seeds}, distill_steps {args.distill_steps}, lr {args.lr}; {wall:.0f} s wall for this call.",
         "",
