@@ -164,13 +164,13 @@ def state_times(summary: pd.DataFrame) -> pd.DataFrame:
     for row in summary[summary["variant"].isin(UNIFORM_ARMS)].itertuples():
         c = _clients(row.run_dir)
         parts.append(c[["tier", "up_state"]].assign(T=c["sim_total_s"] - c["sim_T_measure"], variant=row.variant,
-                                                    seed=row.seed))
+                                                    seed=row.seed, k=row.k))
     c = pd.concat(parts)
-    t = c.pivot_table(index=["tier", "up_state"], columns="variant", values="T", aggfunc="mean")
+    t = c.pivot_table(index=["k", "tier", "up_state"], columns="variant", values="T", aggfunc="mean")
     for other in ("randomk", "periodick"):
         if other in t and "topk" in t:
             t[f"topk/{other}"] = t["topk"] / t[other]
-    t["rows"] = c.groupby(["tier", "up_state"]).size() // max(1, c["variant"].nunique())
+    t["rows"] = c.groupby(["k", "tier", "up_state"]).size() // max(1, c["variant"].nunique())
     return t.reset_index()
 
 
