@@ -81,7 +81,7 @@ UNIFORM = ("topk", "randomk", "periodick", "qsgd8")
 ARMS4 = ("topk", "randomk", "periodick", "qsgd8")
 POLICY_REASONS = ("explore", "exploit", "sample")  # the policy's own choices (not warm-up / forced)
 EXPERIMENTS = ("main", "alpha", "k", "model", "qsgd8")
-EXPERIMENTS_V3 = ("v3main", "v3alpha0.1", "v3alpha1", "v3steps", "v3markov", "v3slowtopk", "v3slowrpi")
+EXPERIMENTS_V3 = ("v3main", "v3alpha0.1", "v3alpha1", "v3steps", "v3markov", "v3slowtopk", "v3slowrpi", "v4regime")
 JOINT_ARMS = [[a, r] for a in ("topk", "randomk") for r in (0.01, 0.05, 0.25)]  # the spec's example
 BOOTSTRAP = 2000  # resamples of the paired seeds
 TARGETS = (0.7, 0.8, 0.85)  # accuracies whose simulated time-to-reach is reported
@@ -130,11 +130,25 @@ V3_CELLS: list[tuple[str, int, tuple[float, ...], list[str], dict[str, Any]]] = 
 ]
 
 
+# the v4 design: the regime where ASCEND's premise can hold (docs/ascend.md "Study, version 4";
+# chosen from studies/ascend_regimes.py): a CIFAR-10-shaped synthetic task, cifar_cnn (586k) on
+# rpi4 / phone_low, the down link at 500 Mbps and the up link switching 5 <-> 500 Mbps (Markov),
+# 2 local SGD steps, where Top-K's round is 1.4-1.6x Random-K's while the uplink is slow
+V4_CELLS: list[tuple[str, int, tuple[float, ...], list[str], dict[str, Any]]] = [
+    ("v4regime", 500, (0.1, 0.01), ["ascend", "ascend_v4", "topk", "randomk", "periodick"],
+     {"regime": True, "local_steps": 2}),
+]
+REGIME_UPLINK = {"kind": "markov", "states": {"fast": 500.0, "slow": 5.0}, "unit": "mbps",
+                 "transition": [[0.8, 0.2], [0.2, 0.8]], "slot_s": 1.0}
+REGIME_DATA = ROOT / "runs" / "regimes" / "cifar_like.parquet"  # written by ascend_regimes.write_cifar_like
+REGIME_PROBES = {"probe_batches": 1, "psi_probe_size": 16, "public_probe_size": 64}  # CPU budget, and the clock
+
+
 def plan_v3(args: argparse.Namespace) -> list[tuple[str, Any, str, dict[str, Any]]]:
-    """(experiment, K/d, variant, config changes) of the v3 design; every cell on one bandwidth.
+    """(experiment, K/d, variant, config changes) of the v3 (v4) design; every cell on one bandwidth.
     ``--bandwidths`` / ``--ratios`` keep only the cells (and ratios) they name."""
     out: list[tuple[str, Any, str, dict[str, Any]]] = []
-    for exp, bw, ratios, variants, change in V3_CELLS:
+    for exp, bw, ratios, variants, change in (V4_CELLS if args.design == "v4" else V3_CELLS):
         if exp not in args.experiments or bw not in args.bandwidths:
             continue
         for r in ratios:
@@ -179,6 +193,12 @@ def base_config(args: argparse.Namespace, change: dict[str, Any]) -> dict[str, A
         cfg["clients"]["profiles"]["catalog"] = {"devices": {
             name: {f: getattr(tiers[name], f) * change["slow_topk"] for f in fields}
             for name in change.get("slow_tiers", cfg["clients"]["profiles"]["devices"])}}
+    if change.get("regime"):  # cifar_cnn on slow tiers, a CIFAR-shaped task, the uplink switching
+        cfg["dataset"] = {"name": "parquet", "params": {"path": str(REGIME_DATA), "shape": [3, 32, 32],
+                                                        "split_column": "split"}}
+        cfg["model"] = {"name": "cifar_cnn"}
+        cfg["clients"]["profiles"]["devices"] = {"rpi4": 0.5, "phone_low": 0.5}
+        cfg["clients"]["profiles"]["conditions"] = {"sets": {"uplink": {"up": REGIME_UPLINK}}}
     if change.get("model") == "three":  # same device and link for all; only the model differs
         n = cfg["clients"]["num_clients"]
         arch = ["lenet5_half", "lenet5", "cifar_cnn"]
@@ -190,7 +210,9 @@ def base_config(args: argparse.Namespace, change: dict[str, Any]) -> dict[str, A
 def variant_algorithm(variant: str, k: int | float, args: argparse.Namespace) -> dict[str, Any]:
     # the v2 design reproduces the v2 study: its variants say reward v2 (the default is now v3)
     algo: dict[str, Any] = {"name": "ascend", "k": k, "distill_steps": args.distill_steps,
-                            "reward": "v3" if args.design == "v3" else "v2"}
+                            "reward": "v2" if args.design == "v2" else "v3"}
+    if args.design == "v4":
+        algo.update(REGIME_PROBES)
     if variant == "ascend":
         algo["policy"] = "egreedy"
     elif variant == "ascend_v1":
@@ -467,7 +489,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", default="runs/ascend_claims", help="output folder")
     ap.add_argument("--dataset", default="mnist5k", choices=["mnist5k", "fashion_mnist"])
     ap.add_argument("--quick", action="store_true", help="a setting sized for 2 shared cores")
-    ap.add_argument("--design", choices=("v2", "v3"), default="v2", help="v3: the spec's version-3 study design")
+    ap.add_argument("--design", choices=("v2", "v3", "v4"), default="v2",
+                    help="v3: the spec's version-3 study design; v4: the regime cells (V4_CELLS)")
     ap.add_argument("--smoke", action="store_true", help="v3 design, tiny: checks the pipeline in ~1 minute")
     ap.add_argument("--experiments", nargs="+", choices=list(EXPERIMENTS) + list(EXPERIMENTS_V3))
     ap.add_argument("--ks", type=int, nargs="+", help="K values of the main experiment (coordinate counts)")
@@ -493,9 +516,12 @@ def parse_args(argv=None) -> argparse.Namespace:
           "seeds": [0, 1, 2, 3, 4], "rounds": 60, "num_clients": 12, "participation": 1.0, "distill_steps": 20}
     smoke = {**v3, "experiments": ["v3main"], "ratios": [0.01], "bandwidths": [5], "seeds": [0, 1],
              "rounds": 3, "num_clients": 4, "distill_steps": 3}
+    v4 = {**v3, "experiments": ["v4regime"], "bandwidths": [500], "seeds": [0, 1, 2], "rounds": 30,
+          "num_clients": 6, "distill_steps": 1}
     if args.smoke:
         args.design = "v3"
-    chosen = smoke if args.smoke else v3 if args.design == "v3" else quick if args.quick else full
+    chosen = (smoke if args.smoke else v3 if args.design == "v3" else v4 if args.design == "v4"
+              else quick if args.quick else full)
     chosen.setdefault("experiments", list(EXPERIMENTS))
     for key, val in chosen.items():
         if getattr(args, key, None) is None:
@@ -508,7 +534,11 @@ def main(argv=None) -> Path:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     jobs = []
-    cells = plan_v3(args) if args.design == "v3" else plan(args)
+    cells = plan_v3(args) if args.design in ("v3", "v4") else plan(args)
+    if args.design == "v4":  # the regime cells' synthetic data, written once (deterministic)
+        from studies.ascend_regimes import write_cifar_like  # only the v4 design needs it
+
+        write_cifar_like(REGIME_DATA)
     if args.smoke:  # the pipeline on a few variants only
         cells = [c for c in cells if c[2] in ("ascend", "topk", "randomk")]
     for seed in args.seeds:  # every experiment's first seed first: partial results are usable
@@ -540,10 +570,12 @@ def main(argv=None) -> Path:
     summary.to_parquet(out / "summary.parquet", index=False)
     arms.to_parquet(out / "arms.parquet", index=False)
     extra = {}
-    if args.design == "v3":
+    if args.design in ("v3", "v4"):
         extra = {"paired": paired_differences(summary), "truth": ground_truth(summary, arms),
                  "paired_final": paired_differences(summary, "final_acc"),
                  "paired_at_budget": paired_differences(summary, "acc_at_budget")}
+        if args.design == "v4":  # reward v4 as the reference too
+            extra["paired_v4"] = paired_differences(summary, ref="ascend_v4")
         for name, df in extra.items():
             df.to_parquet(out / f"{name}.parquet", index=False)
     write_markdown(out, args, summary, arms, time.perf_counter() - t0, **extra)
@@ -553,7 +585,8 @@ def main(argv=None) -> Path:
 
 def write_markdown(out: Path, args, summary: pd.DataFrame, arms: pd.DataFrame, wall: float,
                    paired: pd.DataFrame | None = None, truth: pd.DataFrame | None = None,
-                   paired_final: pd.DataFrame | None = None, paired_at_budget: pd.DataFrame | None = None) -> None:
+                   paired_final: pd.DataFrame | None = None, paired_at_budget: pd.DataFrame | None = None,
+                   paired_v4: pd.DataFrame | None = None) -> None:
     keys = ["experiment", "k", "variant"]
     acc_cols = ["final_acc", "auc", "acc_at_budget"] + [f"t_to_{t:g}" for t in TARGETS]
     other = ["diverged", "rounds_run", "final_acc_lenet5_half", "final_acc_lenet5", "final_acc_cifar_cnn",
@@ -565,7 +598,8 @@ def write_markdown(out: Path, args, summary: pd.DataFrame, arms: pd.DataFrame, w
     lines = [
         "# ASCEND study results",
         "",
-        f"dataset `{args.dataset}`, Dirichlet({args.alpha}) unless the experiment says otherwise, "
+        f"dataset `{'cifar_like (parquet, the regime cell)' if args.design == 'v4' else args.dataset}`, "
+        f"Dirichlet({args.alpha}) unless the experiment says otherwise, "
         f"{args.num_clients} clients, participation {args.participation}, {args.rounds} rounds, seeds "
         f"{args.seeds}, distill_steps {args.distill_steps}, lr {args.lr}; {wall:.0f} s wall for this call.",
         "",
@@ -619,6 +653,9 @@ def write_markdown(out: Path, args, summary: pd.DataFrame, arms: pd.DataFrame, w
         lines += ["## Paired differences of AUC, ASCEND minus the other (v3)", "",
                   f"Same seeds; mean and percentile-bootstrap 95 % interval ({BOOTSTRAP} resamples of the "
                   "seeds); `holds`: the interval is above 0, `fails`: below 0.", "", markdown(paired, ".4f"), ""]
+    if paired_v4 is not None and len(paired_v4):
+        lines += ["## Paired differences of AUC, ASCEND with reward v4 minus the other (v4 design)", "",
+                  markdown(paired_v4, ".4f"), ""]
     for title, table in (("final accuracy (after all rounds)", paired_final),
                          ("accuracy at the common simulated-time budget", paired_at_budget)):
         if table is not None and len(table):

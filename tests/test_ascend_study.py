@@ -127,3 +127,21 @@ def test_the_budget_of_a_cell_ignores_runs_that_diverged():
                             "sim_time_s": [30.0, 12.0, 25.0, 5.0, 8.0],
                             "diverged": [False, True, False, True, True]})
     assert study.cell_budgets(summary).tolist() == [25.0, 25.0, 25.0, 5.0, 5.0]
+
+
+def test_v4_design_plans_the_regime_cell_and_its_config_validates():
+    from engine.config.schema import load_config
+
+    args = study.parse_args(["--design", "v4"])
+    cells = study.plan_v3(args)
+    assert {c[0] for c in cells} == {"v4regime-500mbps"} and {c[1] for c in cells} == {0.1, 0.01}
+    assert [c[2] for c in cells if c[1] == 0.1] == ["ascend", "ascend_v4", "topk", "randomk", "periodick"]
+    cfg = study.base_config(args, cells[0][3])
+    assert cfg["model"] == {"name": "cifar_cnn"}
+    assert cfg["clients"]["profiles"]["devices"] == {"rpi4": 0.5, "phone_low": 0.5}
+    assert cfg["clients"]["profiles"]["conditions"]["sets"]["uplink"]["up"]["states"] == {"fast": 500.0, "slow": 5.0}
+    assert cfg["train"]["local_steps"] == 2 and "local_epochs" not in cfg["train"]
+    algo = study.variant_algorithm("ascend_v4", 0.1, args)
+    assert algo["reward"] == "v4" and algo["probe_batches"] == 1 and algo["psi_probe_size"] == 16
+    assert study.variant_algorithm("topk", 0.1, args)["reward"] == "v3"
+    load_config({**cfg, "algorithm": algo})  # the schema accepts it (the data file is read only at run time)
