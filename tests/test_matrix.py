@@ -127,11 +127,20 @@ def test_a_cell_meant_to_work_runs(cell, table, tmp_path):
     assert run.manifest["num_clients"] == CLIENTS
 
 
-@pytest.mark.parametrize("cell", REFUSED, ids=[_id(c) for c in REFUSED])
+@pytest.mark.parametrize("cell", REFUSED or [None], ids=[_id(c) for c in REFUSED] or ["none-refused"])
 def test_a_cell_not_meant_to_work_is_refused_at_validation(cell, table, tmp_path):
     from engine.config.schema import load_config
     from engine.errors import ConfigError
 
+    if cell is None:  # every cell runs: the refusals left are options of a method, not cells
+        from algorithms.asynchronous import SYNCHRONOUS_ONLY
+
+        assert not SYNCHRONOUS_ONLY
+        base = overrides(("ascend", "inprocess", "async", "memory", "off"), *table)
+        with pytest.raises(ConfigError) as err:
+            load_config(None, [*base, "algorithm.reward=v1"])
+        assert "algorithm.reward" in str(err.value) and "'v1'" in str(err.value), str(err.value)
+        return
     with pytest.raises(ConfigError) as err:
         load_config(None, overrides(cell, *table))
     for part in refusal(*cell):
