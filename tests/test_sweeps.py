@@ -500,7 +500,7 @@ def test_named_dimension_and_column_names(tmp_path):
         ({"space": {"clients.profiles": {"named": {}}}}, r"named = \{\}: must be a non-empty mapping"),
         ({"space": {"clients.profiles": {"named": {"a b": {}}}}}, r"name 'a b' must be a string of letters"),
         ({"space": {"clients.profiles": {"named": {"x": {"availability": 2.0}}}}},
-         r"value \{'availability': 2\.0\} is rejected by the experiment config"),
+         r"named\.x: rejected by the experiment config: .*availability=2\.0 is not allowed"),
         ({"columns": {"train.momentum": "m"}}, r"columns\.train\.momentum: not a key of space"),
         ({"columns": {"train.lr": "round"}}, r"columns\.train\.lr = 'round': clashes with another column"),
     ]:
