@@ -39,12 +39,8 @@ ALL_RUN = ["clients.participation=1.0", "clock.over_selection=1.0",
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    from engine.ray.cluster import init_ray
-
-    ray = init_ray(num_cpus=2)
-    yield ray
-    ray.shutdown()
+def local_ray(ray_session):
+    return ray_session  # the suite's shared 2-CPU Ray (tests/conftest.py)
 
 
 @pytest.fixture(autouse=True)
