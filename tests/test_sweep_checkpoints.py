@@ -133,11 +133,10 @@ def test_pbt_example_runs_and_its_exploit_steps_are_in_the_results(tmp_path, loc
     from sweeps import load_sweep, run_sweep
 
     example = yaml.safe_load((EXAMPLES / "pbt_lr_eps.yaml").read_text())
-    # paced rounds (the realtime clock, 0.2 s each): with a warm disk cache a round takes a few ms,
-    # and a trial could report past a synch step while PBT was pausing it (seen in full runs)
+    # rounds of a few ms: a paused attempt that went on closing the run folder while the trial ran
+    # again (sweeps.runner.ClosesItsRunFolder) was seen here; paced rounds used to hide it
     small = {**BASE, "rounds": 6, "algorithm": {"name": "ascend", "k": 0.05, "distill_steps": 5},
-             "partition": {"public_fraction": 0.1},
-             "clock": {"mode": "realtime", "max_sleep_s": 0.2, "time_scale": 1e6}}
+             "partition": {"public_fraction": 0.1}}
     spec = {**example, "base": small, "overrides": [], "num_samples": 1,
             "space": {"train.lr": {"grid": [0.003, 0.3]}, "algorithm.epsilon": example["space"]["algorithm.epsilon"]},
             "scheduler": {**example["scheduler"], "perturbation_interval": 2, "resample_probability": 0.0,
@@ -169,6 +168,52 @@ def test_pbt_example_runs_and_its_exploit_steps_are_in_the_results(tmp_path, loc
     # rebuilt from the run folders alone: the same exploit steps
     refreshed = load_sweep(tmp_path / "sw", refresh=True)
     assert refreshed.trials.set_index("trial_id")["exploits"].to_dict() == t["exploits"].to_dict()
+
+
+def test_a_stopped_trial_closes_its_run_folder_before_its_process_ends_or_runs_another_trial(
+        monkeypatch, tmp_path):
+    """Tune wakes a stopped trial's function (SystemExit in tune.report) and does not wait for it
+    to close its run folder: cleanup returns at once, reset_config gives it 2 s. The mixin waits."""
+    import threading
+    import time
+
+    from ray import tune
+    from ray.tune.trainable.function_trainable import FunctionTrainable, wrap_function
+
+    from sweeps import runner
+
+    trial_class = wrap_function(tune.with_parameters(runner.trial_or_reuse, sweep={}))
+    mro = trial_class.__mro__
+    assert mro.index(runner.ClosesItsRunFolder) < mro.index(FunctionTrainable)
+
+    class TuneLike:  # what FunctionTrainable does with the function's thread
+        def __init__(self):
+            self.wake = threading.Event()
+
+        def cleanup(self):
+            self.wake.set()
+
+        def reset_config(self, new_config):
+            self.wake.set()
+            self.thread.join(timeout=0.05)  # Tune's TUNE_FUNCTION_THREAD_TIMEOUT_S, scaled down
+            return not self.thread.is_alive()
+
+    class Trial(runner.ClosesItsRunFolder, TuneLike):
+        pass
+
+    def closing_slowly(params, sweep):  # blocked in tune.report, then closes its run folder
+        trial.wake.wait()
+        time.sleep(0.3)
+        (tmp_path / params["name"]).write_text("closed")
+
+    monkeypatch.setattr(runner, "_trial_or_reuse", closing_slowly)
+    for name, end in (("cleanup", lambda t: t.cleanup()), ("reset", lambda t: t.reset_config({}))):
+        trial = Trial()
+        trial.thread = threading.Thread(target=runner.trial_or_reuse, args=({"name": name}, {}), daemon=True)
+        trial.thread.start()
+        assert end(trial) in (None, True)
+        assert (tmp_path / name).read_text() == "closed", f"{name} returned before the run folder was closed"
+        trial.thread.join()
 
 
 def test_reporter_attaches_only_checkpoints_written_in_this_run(monkeypatch, tmp_path):
