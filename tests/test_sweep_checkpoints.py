@@ -133,8 +133,8 @@ def test_pbt_example_runs_and_its_exploit_steps_are_in_the_results(tmp_path, loc
     from sweeps import load_sweep, run_sweep
 
     example = yaml.safe_load((EXAMPLES / "pbt_lr_eps.yaml").read_text())
-    # rounds of a few ms: a paused attempt that went on closing the run folder while the trial ran
-    # again (sweeps.runner.ClosesItsRunFolder) was seen here; paced rounds used to hide it
+    # rounds of a few ms (no pacing): a paused attempt must have closed its run folder before the
+    # trial runs again (sweeps.runner.ClosesItsRunFolder, no actor reuse under PBT)
     small = {**BASE, "rounds": 6, "algorithm": {"name": "ascend", "k": 0.05, "distill_steps": 5},
              "partition": {"public_fraction": 0.1}}
     spec = {**example, "base": small, "overrides": [], "num_samples": 1,
