@@ -1,6 +1,7 @@
 """Trial checkpoints in Ray Tune: a trial whose worker is killed (SIGKILL) continues from its last
 checkpoint, an interrupted sweep's running trial too, and Population Based Training's exploit
 steps (another trial's checkpoint, new hyperparameters) are in the results."""
+import json
 import os
 import signal
 from pathlib import Path
@@ -148,6 +149,9 @@ def test_pbt_example_runs_and_its_exploit_steps_are_in_the_results(tmp_path, loc
     r = sweep.rounds
     for _, rows in r.groupby("trial_id"):
         assert rows["round"].tolist() == list(range(6)), "every round once"
+    for trial_id in t.index:  # each attempt closed the run folder (trial.json says how it ended) before the next
+        history = json.loads((tmp_path / "sw" / "runs" / trial_id / "trial.json").read_text())["history"]
+        assert [h.get("status") for h in history] == ["stopped"] * (len(history) - 1) + ["finished"], history
     exploited = r[r["restored_from"] != ""]
     assert len(exploited) and set(exploited["restored_from"]) <= set(t.index)
     for trial_id, rows in exploited.groupby("trial_id"):
