@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Iterable
@@ -88,11 +89,43 @@ def _trainable(resolved: ResolvedSweep):
     return tune.with_resources(bound, trial_resources(resolved))
 
 
+_function_over = threading.Event()
+_function_over.set()  # no trial function runs in this process (a trial's actor)
+TEARDOWN_TIMEOUT_S = 300.0  # closing a run folder: compacting its parts, mirroring it to storage
+
+
+class ClosesItsRunFolder:
+    """Tune mixin of the trial trainable: its process ends, or runs another trial, only once the
+    trial function has closed its run folder. When Tune stops a trial (scheduler stop or PAUSE,
+    end of sweep), the function wakes in ``tune.report`` with ``SystemExit`` and closes its run
+    folder (parts, manifest, ``trial.json``, mirror). Tune's ``cleanup`` does not wait (the process
+    ends with the thread wherever it is); ``reset_config`` waits 2 s, then fails the next trial."""
+
+    def cleanup(self):
+        super().cleanup()  # wakes the function (SystemExit in tune.report) and returns
+        _function_over.wait(TEARDOWN_TIMEOUT_S)
+
+    def reset_config(self, new_config):
+        if super().reset_config(new_config):  # the function ended within Tune's 2 s
+            return True
+        return _function_over.wait(TEARDOWN_TIMEOUT_S) and super().reset_config(new_config)
+
+
 def trial_or_reuse(params: dict[str, Any], sweep: dict[str, Any]) -> None:
     """The sweep's Tune trainable: :func:`sweeps.trainable.hetsim_trial`, unless this trial's
     run folder already holds its finished run. Tune saves its experiment state only every few
     seconds, so a sweep killed soon after a trial ended restores that trial as unfinished; its
     rounds are then reported to Tune again from the run folder instead of being recomputed."""
+    _function_over.clear()
+    try:
+        _trial_or_reuse(params, sweep)
+    finally:
+        _function_over.set()
+
+trial_or_reuse.__mixins__ = (ClosesItsRunFolder,)  # Tune's hook for a function trainable's class
+
+
+def _trial_or_reuse(params: dict[str, Any], sweep: dict[str, Any]) -> None:
     # torch: as in _trainable
     from sweeps.trainable import TrialFolder, TuneReporter, hetsim_trial
 
@@ -174,7 +207,9 @@ def _new_tuner(resolved: ResolvedSweep, store: Storage):
             num_samples=tune_num_samples(resolved),
             scheduler=_scheduler(resolved),
             search_alg=search_alg(resolved),  # sweeps.searchers: grid/random, Optuna, repeats
-            reuse_actors=True,
+            # not under PBT: a resumed trial would run beside its paused attempt, kept blocked in
+            # tune.report by a cached actor until reused, when it closes the same run folder
+            reuse_actors=spec.scheduler.name != "pbt",
             trial_dirname_creator=trial_dirname,
         ),
         run_config=tune.RunConfig(

@@ -100,7 +100,7 @@ def test_cli_exit_status_3_and_the_message(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.ray
-def test_a_sweep_records_diverged_trials_with_missing_metrics(tmp_path):
+def test_a_sweep_records_diverged_trials_with_missing_metrics(tmp_path, ray_session):
     from sweeps import run_sweep
 
     spec = {

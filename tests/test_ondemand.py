@@ -138,7 +138,7 @@ def _tables(run):
 
 
 @pytest.mark.ray
-def test_lazy_synthetic_runs_end_to_end_with_identical_tables_on_both_executors(tmp_path):
+def test_lazy_synthetic_runs_end_to_end_with_identical_tables_on_both_executors(tmp_path, ray_session):
     common = ["clients.num_clients=120", "clients.participation=0.1", "rounds=3", "partition.public_fraction=0.0"]
     local = load_run(run_experiment(lazy_cfg(*common), tmp_path / "a"))
     ray = load_run(run_experiment(lazy_cfg(*common, "executor.kind=ray", "executor.num_actors=2"), tmp_path / "b"))
@@ -243,7 +243,7 @@ def test_on_disk_tables_refuse_what_they_cannot_read_naming_the_field(tmp_path):
 
 
 @pytest.mark.parametrize("executor", ["inprocess", pytest.param("ray", marks=pytest.mark.ray)])
-def test_leaf_converted_to_parquet_runs_on_disk_end_to_end_on_both_executors(tmp_path, executor):
+def test_leaf_converted_to_parquet_runs_on_disk_end_to_end_on_both_executors(tmp_path, executor, ray_session):
     write_leaf(tmp_path / "leaf")
     table = leaf_to_parquet(tmp_path / "leaf", str(tmp_path / "leaf.parquet"))
     params = (f"dataset.params={{path: {table}, client_column: client, split_column: split, features: features, "
@@ -299,7 +299,7 @@ def test_client_states_spill_least_recently_used_beyond_the_budget_and_come_back
 
 
 @pytest.mark.parametrize("executor", ["inprocess", pytest.param("ray", marks=pytest.mark.ray)])
-def test_a_tight_state_budget_changes_nothing_in_the_results(tmp_path, executor):
+def test_a_tight_state_budget_changes_nothing_in_the_results(tmp_path, executor, ray_session):
     """Error-feedback residuals (one model-sized vector per client) spilled at a 64 KB budget:
     the same tables as without a budget."""
     common = ["clients.num_clients=40", "clients.participation=0.25", "rounds=4", "algorithm.name=fedavg_compressed",

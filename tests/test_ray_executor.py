@@ -27,12 +27,8 @@ PACED = ["clock.mode=realtime", "clock.max_sleep_s=0.1", "clock.time_scale=10000
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    from engine.ray.cluster import init_ray
-
-    ray = init_ray(num_cpus=2)
-    yield ray
-    ray.shutdown()
+def local_ray(ray_session):
+    return ray_session  # the suite's shared 2-CPU Ray (tests/conftest.py)
 
 
 def test_plan_pool_sizes_from_cpus_and_refuses_unplaceable_requests():

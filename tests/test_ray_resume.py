@@ -39,12 +39,8 @@ ALL_RUN = ["clients.participation=1.0", "clock.over_selection=1.0",
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    from engine.ray.cluster import init_ray
-
-    ray = init_ray(num_cpus=2)
-    yield ray
-    ray.shutdown()
+def local_ray(ray_session):
+    return ray_session  # the suite's shared 2-CPU Ray (tests/conftest.py)
 
 
 @pytest.fixture(autouse=True)
@@ -281,9 +277,23 @@ def test_driver_actor_death_is_reported_with_the_resume_command(tmp_path, local_
 
 
 # ------------------------------------------------------------------------------ shards across nodes
-def test_shards_shipped_in_chunks_and_restored_on_another_executor_size(tmp_path, local_ray, monkeypatch):
+@pytest.fixture
+def two_torch_threads():
+    """This process at 2 torch threads (a fresh process on 2 cores; other tests leave 1)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_shards_shipped_in_chunks_and_restored_on_another_executor_size(tmp_path, local_ray, monkeypatch,
+                                                                        two_torch_threads):
     """Actors on another node ship their shard in chunks; a checkpoint of 2 actors restores into
-    one actor, and into the in-process executor, with the same results."""
+    one actor, and into the in-process executor, with the same results. The round loop runs in
+    this process, at 2 torch threads: its numbers must not depend on them (with ASCEND's gamma 0
+    a rollback hung on them, and the test failed when nothing before it had left 1 thread)."""
     import engine.ray.executor as rx
 
     monkeypatch.setattr(rx, "CHUNK_BYTES", 4096)  # many chunks per shard

@@ -347,12 +347,8 @@ def test_compare_cli_errors(tmp_path, capsys):
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    from engine.ray.cluster import init_ray
-
-    ray = init_ray(num_cpus=2)
-    yield ray
-    ray.shutdown()
+def local_ray(ray_session):
+    return ray_session  # the suite's shared 2-CPU Ray (tests/conftest.py)
 
 
 SWEEP_BASE = {

@@ -1,6 +1,7 @@
 """Trial checkpoints in Ray Tune: a trial whose worker is killed (SIGKILL) continues from its last
 checkpoint, an interrupted sweep's running trial too, and Population Based Training's exploit
 steps (another trial's checkpoint, new hyperparameters) are in the results."""
+import json
 import os
 import signal
 from pathlib import Path
@@ -20,12 +21,8 @@ BASE = {**SWEEP_BASE, "rounds": 6, "algorithm": {"name": "fedavg"}}
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    from engine.ray.cluster import init_ray
-
-    ray = init_ray(num_cpus=2)
-    yield ray
-    ray.shutdown()
+def local_ray(ray_session):
+    return ray_session  # the suite's shared 2-CPU Ray (tests/conftest.py)
 
 
 def assert_same_rounds(mine: pd.DataFrame, direct: pd.DataFrame) -> None:
@@ -137,11 +134,10 @@ def test_pbt_example_runs_and_its_exploit_steps_are_in_the_results(tmp_path, loc
     from sweeps import load_sweep, run_sweep
 
     example = yaml.safe_load((EXAMPLES / "pbt_lr_eps.yaml").read_text())
-    # paced rounds (the realtime clock, 0.2 s each): with a warm disk cache a round takes a few ms,
-    # and a trial could report past a synch step while PBT was pausing it (seen in full runs)
+    # rounds of a few ms (no pacing): a paused attempt must have closed its run folder before the
+    # trial runs again (sweeps.runner.ClosesItsRunFolder, no actor reuse under PBT)
     small = {**BASE, "rounds": 6, "algorithm": {"name": "ascend", "k": 0.05, "distill_steps": 5},
-             "partition": {"public_fraction": 0.1},
-             "clock": {"mode": "realtime", "max_sleep_s": 0.2, "time_scale": 1e6}}
+             "partition": {"public_fraction": 0.1}}
     spec = {**example, "base": small, "overrides": [], "num_samples": 1,
             "space": {"train.lr": {"grid": [0.003, 0.3]}, "algorithm.epsilon": example["space"]["algorithm.epsilon"]},
             "scheduler": {**example["scheduler"], "perturbation_interval": 2, "resample_probability": 0.0,
@@ -153,6 +149,9 @@ def test_pbt_example_runs_and_its_exploit_steps_are_in_the_results(tmp_path, loc
     r = sweep.rounds
     for _, rows in r.groupby("trial_id"):
         assert rows["round"].tolist() == list(range(6)), "every round once"
+    for trial_id in t.index:  # each attempt closed the run folder (trial.json says how it ended) before the next
+        history = json.loads((tmp_path / "sw" / "runs" / trial_id / "trial.json").read_text())["history"]
+        assert [h.get("status") for h in history] == ["stopped"] * (len(history) - 1) + ["finished"], history
     exploited = r[r["restored_from"] != ""]
     assert len(exploited) and set(exploited["restored_from"]) <= set(t.index)
     for trial_id, rows in exploited.groupby("trial_id"):
@@ -173,6 +172,52 @@ def test_pbt_example_runs_and_its_exploit_steps_are_in_the_results(tmp_path, loc
     # rebuilt from the run folders alone: the same exploit steps
     refreshed = load_sweep(tmp_path / "sw", refresh=True)
     assert refreshed.trials.set_index("trial_id")["exploits"].to_dict() == t["exploits"].to_dict()
+
+
+def test_a_stopped_trial_closes_its_run_folder_before_its_process_ends_or_runs_another_trial(
+        monkeypatch, tmp_path):
+    """Tune wakes a stopped trial's function (SystemExit in tune.report) and does not wait for it
+    to close its run folder: cleanup returns at once, reset_config gives it 2 s. The mixin waits."""
+    import threading
+    import time
+
+    from ray import tune
+    from ray.tune.trainable.function_trainable import FunctionTrainable, wrap_function
+
+    from sweeps import runner
+
+    trial_class = wrap_function(tune.with_parameters(runner.trial_or_reuse, sweep={}))
+    mro = trial_class.__mro__
+    assert mro.index(runner.ClosesItsRunFolder) < mro.index(FunctionTrainable)
+
+    class TuneLike:  # what FunctionTrainable does with the function's thread
+        def __init__(self):
+            self.wake = threading.Event()
+
+        def cleanup(self):
+            self.wake.set()
+
+        def reset_config(self, new_config):
+            self.wake.set()
+            self.thread.join(timeout=0.05)  # Tune's TUNE_FUNCTION_THREAD_TIMEOUT_S, scaled down
+            return not self.thread.is_alive()
+
+    class Trial(runner.ClosesItsRunFolder, TuneLike):
+        pass
+
+    def closing_slowly(params, sweep):  # blocked in tune.report, then closes its run folder
+        trial.wake.wait()
+        time.sleep(0.3)
+        (tmp_path / params["name"]).write_text("closed")
+
+    monkeypatch.setattr(runner, "_trial_or_reuse", closing_slowly)
+    for name, end in (("cleanup", lambda t: t.cleanup()), ("reset", lambda t: t.reset_config({}))):
+        trial = Trial()
+        trial.thread = threading.Thread(target=runner.trial_or_reuse, args=({"name": name}, {}), daemon=True)
+        trial.thread.start()
+        assert end(trial) in (None, True)
+        assert (tmp_path / name).read_text() == "closed", f"{name} returned before the run folder was closed"
+        trial.thread.join()
 
 
 def test_reporter_attaches_only_checkpoints_written_in_this_run(monkeypatch, tmp_path):

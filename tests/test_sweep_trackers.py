@@ -97,12 +97,8 @@ def test_a_missing_tracker_package_names_it_and_the_install_command(tracker, mod
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    from engine.ray.cluster import init_ray
-
-    ray = init_ray(num_cpus=2)
-    yield ray
-    ray.shutdown()
+def local_ray(ray_session):
+    return ray_session  # the suite's shared 2-CPU Ray (tests/conftest.py)
 
 
 def numeric_columns(rounds: pd.DataFrame, params: list[str]) -> list[str]:

@@ -202,12 +202,8 @@ def test_tables_are_rebuilt_from_run_folders_with_errors_and_mixed_value_types(t
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    from engine.ray.cluster import init_ray
-
-    ray = init_ray(num_cpus=2)
-    yield ray
-    ray.shutdown()
+def local_ray(ray_session):
+    return ray_session  # the suite's shared 2-CPU Ray (tests/conftest.py)
 
 
 def direct_rounds(tmp_path, params, name):

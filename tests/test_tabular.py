@@ -84,7 +84,7 @@ def _tables(run):
 
 
 @pytest.mark.parametrize("executor", ["inprocess", "ray"])
-def test_leaf_and_its_parquet_run_end_to_end_with_identical_tables(tmp_path, executor):
+def test_leaf_and_its_parquet_run_end_to_end_with_identical_tables(tmp_path, executor, ray_session):
     write_leaf(tmp_path / "leaf")
     table = leaf_to_parquet(tmp_path / "leaf", str(tmp_path / "leaf.parquet"))
     common = ["partition.scheme=natural", "clients.num_clients=6", "clients.participation=1.0", "rounds=3",

@@ -82,6 +82,7 @@ class RayExecutor(Executor):
         self._round = -1
         self._planned_clients = 0
         self._launched_at: float | None = None
+        self._caller_threads: int | None = None  # this process's torch threads before start()
 
     def launch(self, num_clients: int | None = None) -> None:
         """Create the client actors (without data) and return at once; idempotent.
@@ -139,6 +140,7 @@ class RayExecutor(Executor):
         if self.actors and setup.data.num_clients != self._planned_clients:
             self.close()  # sized for another number of clients (data passed in by hand)
         self.launch(setup.data.num_clients)
+        self._pin_loop_threads()
         # kept for the executor's lifetime: replacement actors are built from the same setup
         self._setup_ref = ray.put(setup)
         self._wait_ready([a.setup.remote(self._setup_ref) for a in self.actors])
@@ -341,6 +343,17 @@ class RayExecutor(Executor):
         out, self._faults = self._faults, []
         return out
 
+    def _pin_loop_threads(self) -> None:
+        """The round loop's own torch work (aggregation, server steps, evaluation) runs in this
+        process: with the threads the in-process executor gives it (``threads_per_actor`` or 1),
+        not with whatever this process had, so that both executors give the same numbers (with 2
+        threads here an ASCEND run rolled back in another round)."""
+        import torch  # deferred: see the note above the class (the data is loaded by now)
+
+        if self._caller_threads is None:
+            self._caller_threads = torch.get_num_threads()
+        torch.set_num_threads(self.cfg.executor.threads_per_actor or 1)
+
     def close(self) -> None:
         for a in self.actors:
             try:
@@ -348,6 +361,11 @@ class RayExecutor(Executor):
             except Exception:  # noqa: BLE001 - gone already, or Ray is: nothing left to release
                 pass
         self.actors = []
+        if self._caller_threads is not None:  # this process's threads, as start() found them
+            import torch  # deferred: see the note above the class
+
+            torch.set_num_threads(self._caller_threads)
+            self._caller_threads = None
 
     def describe(self) -> dict:
         ex = self.cfg.executor
