@@ -81,7 +81,7 @@ UNIFORM = ("topk", "randomk", "periodick", "qsgd8")
 ARMS4 = ("topk", "randomk", "periodick", "qsgd8")
 POLICY_REASONS = ("explore", "exploit", "sample")  # the policy's own choices (not warm-up / forced)
 EXPERIMENTS = ("main", "alpha", "k", "model", "qsgd8")
-EXPERIMENTS_V3 = ("v3main", "v3alpha0.1", "v3alpha1", "v3steps", "v3markov", "v3slowtopk", "v3slowrpi", "v4regime")
+EXPERIMENTS_V3 = ("v3main", "v3alpha0.1", "v3alpha1", "v3steps", "v3markov", "v3slowtopk", "v3slowrpi", "v4regime", "v4corner")
 JOINT_ARMS = [[a, r] for a in ("topk", "randomk") for r in (0.01, 0.05, 0.25)]  # the spec's example
 BOOTSTRAP = 2000  # resamples of the paired seeds
 TARGETS = (0.7, 0.8, 0.85)  # accuracies whose simulated time-to-reach is reported
@@ -137,6 +137,10 @@ V3_CELLS: list[tuple[str, int, tuple[float, ...], list[str], dict[str, Any]]] = 
 V4_CELLS: list[tuple[str, int, tuple[float, ...], list[str], dict[str, Any]]] = [
     ("v4regime", 500, (0.1, 0.01), ["ascend", "ascend_v4", "topk", "randomk", "periodick"],
      {"regime": True, "local_steps": 2}),
+    # the corner of step 1's table where Top-K's round is longest against Random-K's (1.89x on a slow
+    # uplink): fast devices, one local step, K/d 0.1; the two arms that decide the ground truth
+    ("v4corner", 500, (0.1,), ["topk", "randomk", "ascend_v4"],
+     {"regime": True, "local_steps": 1, "devices": {"edge_gpu": 1.0}}),
 ]
 REGIME_UPLINK = {"kind": "markov", "states": {"fast": 500.0, "slow": 5.0}, "unit": "mbps",
                  "transition": [[0.8, 0.2], [0.2, 0.8]], "slot_s": 1.0}
@@ -199,6 +203,8 @@ def base_config(args: argparse.Namespace, change: dict[str, Any]) -> dict[str, A
         cfg["model"] = {"name": "cifar_cnn"}
         cfg["clients"]["profiles"]["devices"] = {"rpi4": 0.5, "phone_low": 0.5}
         cfg["clients"]["profiles"]["conditions"] = {"sets": {"uplink": {"up": REGIME_UPLINK}}}
+        if "devices" in change:
+            cfg["clients"]["profiles"]["devices"] = change["devices"]
     if change.get("model") == "three":  # same device and link for all; only the model differs
         n = cfg["clients"]["num_clients"]
         arch = ["lenet5_half", "lenet5", "cifar_cnn"]

@@ -143,5 +143,12 @@ def test_v4_design_plans_the_regime_cell_and_its_config_validates():
     assert cfg["train"]["local_steps"] == 2 and "local_epochs" not in cfg["train"]
     algo = study.variant_algorithm("ascend_v4", 0.1, args)
     assert algo["reward"] == "v4" and algo["probe_batches"] == 1 and algo["psi_probe_size"] == 16
+
+    corner = study.plan_v3(study.parse_args(["--design", "v4", "--experiments", "v4corner"]))
+    assert [(c[1], c[2]) for c in corner] == [(0.1, "topk"), (0.1, "randomk"), (0.1, "ascend_v4")]
+    corner_cfg = study.base_config(args, corner[0][3])
+    assert corner_cfg["clients"]["profiles"]["devices"] == {"edge_gpu": 1.0}
+    assert corner_cfg["train"]["local_steps"] == 1
+    load_config(corner_cfg)
     assert study.variant_algorithm("topk", 0.1, args)["reward"] == "v3"
     load_config({**cfg, "algorithm": algo})  # the schema accepts it (the data file is read only at run time)
