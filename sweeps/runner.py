@@ -9,10 +9,8 @@ missed, see :func:`trial_or_reuse`), unfinished ones continue from their last ch
 round 0 without one), errored ones are kept as errors unless ``retry_errored`` (then they
 continue the same way, keeping their trial id).
 
-Whether a trial fits the cluster and where results are stored: :mod:`sweeps.cluster`. What the
-sweep prints (quiet by default: no Tune tables, one progress bar) and Tune's callback hooks:
-:mod:`sweeps.callbacks`.
-"""
+Whether a trial fits the cluster and where results are stored: :mod:`sweeps.cluster`. What the sweep
+prints (quiet by default: no Tune tables, one progress bar) and Tune's hooks: :mod:`sweeps.callbacks`."""
 from __future__ import annotations
 
 import itertools

@@ -32,7 +32,7 @@ def test_the_estimate_is_the_generators_rows_and_its_measured_peak():
 def test_a_million_eager_clients_are_refused_naming_lazy(monkeypatch, capsys):
     monkeypatch.setattr(memory, "available_memory", lambda: 16 * GiB)
     called = []
-    monkeypatch.setattr("engine.run.validate.build_data", lambda cfg: called.append(cfg))
+    monkeypatch.setattr("engine.loop.parts.build_data", lambda cfg: called.append(cfg))
     assert main(["validate", *sum((["--set", s] for s in MILLION), [])]) == 2
     err = capsys.readouterr().err
     assert "clients.num_clients = 1000000 with dataset 'synthetic' (eager): generating its " in err

@@ -98,7 +98,7 @@ import hetsim.cli as cli
 from engine import RunCallback
 mnt, mode, k = sys.argv[1], sys.argv[2], int(sys.argv[3])
 class Fault(RunCallback):
-    def __init__(self, total):
+    def __init__(self, total, unit="round"):
         pass
     def on_round_end(self, run, rec):
         if rec.round != k:

@@ -118,7 +118,7 @@ def test_the_command_exits_with_its_code_and_a_complete_run_folder(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "hetsim", *args], capture_output=True, text=True, env=env,
                           cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "status                           finished" in proc.stdout and f"results: {out}" in proc.stdout
+    assert "status                    finished" in proc.stdout and f"results: {out}" in proc.stdout
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "finished"
     assert (out / "rounds.parquet").exists() and not (out / "_parts").exists()
