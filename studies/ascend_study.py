@@ -81,7 +81,8 @@ UNIFORM = ("topk", "randomk", "periodick", "qsgd8")
 ARMS4 = ("topk", "randomk", "periodick", "qsgd8")
 POLICY_REASONS = ("explore", "exploit", "sample")  # the policy's own choices (not warm-up / forced)
 EXPERIMENTS = ("main", "alpha", "k", "model", "qsgd8")
-EXPERIMENTS_V3 = ("v3main", "v3alpha0.1", "v3alpha1", "v3steps", "v3markov", "v3slowtopk", "v3slowrpi", "v4regime", "v4corner")
+EXPERIMENTS_V3 = ("v3main", "v3alpha0.1", "v3alpha1", "v3steps", "v3markov", "v3slowtopk", "v3slowrpi", "v4regime",
+                  "v4corner")
 JOINT_ARMS = [[a, r] for a in ("topk", "randomk") for r in (0.01, 0.05, 0.25)]  # the spec's example
 BOOTSTRAP = 2000  # resamples of the paired seeds
 TARGETS = (0.7, 0.8, 0.85)  # accuracies whose simulated time-to-reach is reported
