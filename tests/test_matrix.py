@@ -171,6 +171,59 @@ def test_a_ray_cell_runs_on_warm_actors_and_equals_the_in_process_cell(cell, tab
     warm_ray["processes"] = processes
 
 
+@pytest.mark.ray
+def test_a_ray_run_asking_for_other_actors_stops_the_warm_ones(table, warm_ray, tmp_path):
+    import ray
+
+    from engine.config.schema import load_config
+    from engine.ray import driver
+
+    cell = ("fedavg", "ray", "sync", "memory", "off")
+    run_cell(cell, table, tmp_path)  # on the Ray cells' warm actors (on new ones when run alone)
+    warm = driver._warm[1]
+    assert driver._warm_driver_for(load_config(None, overrides(cell, *table)), take=False) is warm
+    other = load_config(None, [*overrides(cell, *table), "executor.num_actors=2"])
+    assert driver._warm_driver_for(other) is None and driver._warm is None
+    with pytest.raises(ray.exceptions.RayActorError):  # stopped, with its client actor
+        ray.get(warm.poll.remote())
+
+
+class _Pool:
+    """What the driver actor asks of a Ray executor to hand its actors on (keep_actors, close, parked)."""
+
+    def __init__(self):
+        self.keep_actors, self.parked = False, []
+
+    def close(self):
+        self.parked = ["actor"] if self.keep_actors else []
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["ended", "failed"])
+def test_the_driver_actor_keeps_its_actors_warm_only_after_a_run_that_ended(fails, table, monkeypatch):
+    from engine.config.schema import load_config
+    from engine.ray.driver import DriverActor
+
+    monkeypatch.setattr("engine.ray.driver.ray.get_gpu_ids", lambda: [])  # a plain object here, not an actor
+    monkeypatch.setattr("engine.ray.driver.set_ray_gpu_ids", lambda ids: None)
+    cfg = load_config(None, overrides(("fedavg", "ray", "sync", "memory", "off"), *table))
+    loop = DriverActor()
+    loop._executor = pool = _Pool()
+
+    def body(cfg, path, callbacks, command, executor, resume, warnings):
+        assert executor is pool and pool.keep_actors
+        if fails:
+            raise RuntimeError("client 1 failed in round 0")
+        return path
+
+    if fails:
+        with pytest.raises(RuntimeError, match="client 1"):
+            loop.run(body, cfg, "run", [])
+    else:
+        assert loop.run(body, cfg, "run", []) == "run"
+    assert pool.parked == ([] if fails else ["actor"]) and (loop._warm is pool) == (not fails)
+    assert not pool.keep_actors  # once handed on or failed, closing the pool stops its actors
+
+
 @pytest.mark.parametrize("cell", REFUSED or [None], ids=[_id(c) for c in REFUSED] or ["none-refused"])
 def test_a_cell_not_meant_to_work_is_refused_at_validation(cell, table, tmp_path):
     from engine.config.schema import load_config
