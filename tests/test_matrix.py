@@ -136,15 +136,11 @@ def inprocess_runs(table, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def warm_ray(ray_session):
+def warm_ray(ray_session) -> dict:
     """The shared Ray; every Ray cell runs with ``executor.keep_warm``, so one driver actor and
-    one client actor (torch and the methods imported once) serve them all. What the fixture holds:
-    the processes of the last Ray cell that passed."""
-    from engine.ray.driver import release_warm_actors
-
-    last: dict = {}
-    yield last
-    release_warm_actors()  # the next module's shared Ray starts with all its CPUs free
+    one client actor (torch and the methods imported once) serve them all, until the module ends
+    (tests/conftest.py). What the fixture holds: the processes of the last Ray cell that passed."""
+    return {}
 
 
 @pytest.mark.parametrize("cell", RUN, ids=_id)
