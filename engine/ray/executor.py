@@ -54,10 +54,11 @@ CHUNK_BYTES = 64 << 20  # checkpoint shards travel between nodes in pieces of th
 
 
 def pool_key(cfg: ExperimentConfig) -> tuple:
-    """What decides a run's client-actor pool: runs with equal keys can share warm actors."""
+    """What decides a run's client-actor pool, and the per-process CUDA settings its actors make
+    once (engine.clients.device.prepare_device): runs with equal keys can share warm actors."""
     ex = cfg.executor
     return (cfg.ray.address, cfg.clients.num_clients, ex.num_actors, ex.clients_per_actor, ex.cpus_per_actor,
-            ex.threads_per_actor, ex.gpus_per_actor)
+            ex.threads_per_actor, ex.gpus_per_actor, ex.device, ex.cuda_deterministic)
 
 
 def _plain_error(err: BaseException):
@@ -380,8 +381,7 @@ class RayExecutor(Executor):
         new = RayExecutor(cfg)
         new.actors, self.parked = self.parked, []
         new.num_actors, new._planned_clients, new._pool_key = len(new.actors), self._planned_clients, self._pool_key
-        new._actor_cls, new._options = self._actor_cls, self._options
-        new._threads = cfg.executor.threads_per_actor or max(1, int(cfg.executor.cpus_per_actor))
+        new._actor_cls, new._options, new._threads = self._actor_cls, self._options, self._threads
         for actor in new.actors:  # before setup(): an actor runs one caller's calls in order
             actor.reset.remote(cfg, new._threads)
         new._launched_at = time.monotonic()
