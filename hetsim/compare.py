@@ -241,9 +241,13 @@ def _trial_label(row: pd.Series, columns: list[str]) -> str:
 
 
 def with_mode(label: str, run) -> str:
-    """``label`` of an asynchronous run with its mode: ``fast (fedbuff, async)``."""
+    """``label`` of an asynchronous run with its mode: ``fast (fedbuff, async)``; ``(async)`` alone
+    where the label starts with the mode already (a run folder's default name, ``fedbuff-mnist5k-...``)."""
     method = method_cell(run.config or {})
-    return f"{label} ({method})" if method.endswith(", async") else label
+    if not method.endswith(", async"):
+        return label
+    named = label.rsplit(": ", 1)[-1].startswith(method.removesuffix(", async"))
+    return f"{label} (async)" if named else f"{label} ({method})"
 
 
 def load_entries(paths: list[str | Path]) -> list[Entry]:

@@ -58,6 +58,8 @@ def test_method_cell_says_async_and_the_mode():
 def test_compare_labels_async_runs_and_footnotes_every_empty_cell(folders):
     entries = load_entries([folders["whatif"], folders["sync"]])
     assert [e.label for e in entries] == ["wi: fast (fedbuff, async)", "wi: slow (fedbuff, async)", "sync"]
+    named = run_experiment(load_config(BASE), folders["sync"].parent / "fedbuff-digits", command=["test"])
+    assert load_entries([named])[0].label == "fedbuff-digits (async)"  # its name gives the mode already
     table, _ = compare_table(entries, target=0.99)
     shown, footnotes = shown_table(table)
     energy_reason = "1 of 2 rounds include a client whose tier has no power model, so their energy is unknown"
