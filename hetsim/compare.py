@@ -22,12 +22,13 @@ import yaml
 
 import sweeps
 from engine import UserError
-from engine.results import TERMINAL_WIDTH, fold_table, load_run, wrap
+from engine.results import TERMINAL_WIDTH, fold_table, load_run, method_cell, wrap
 from hetsim import plots
 from hetsim.common import human_bytes, is_sweep_folder
 from hetsim.page import Page
 from hetsim.report_energy import energy_to_target
 from hetsim.report_participation import participation_summary, run_warnings
+from hetsim.summary import NA, why_no_accuracy, why_no_energy
 
 COMPARE_FIGURES = (
     "table-compare",
@@ -162,17 +163,51 @@ def compare_table(entries: list[Entry], metric: str = "global_acc",
         if metric not in ("global_acc", "pers_acc"):
             row[f"final_{metric}"] = final_value(e.run.rounds, metric)
             row[f"best_{metric}"] = best_value(e.run.rounds, metric)
-        e_to = energy_to_target(e.run.rounds, metric, target) if np.isfinite(target) else math.nan
+        energy_known = why_no_energy(e.run.rounds) is None  # the run summary's rule: no partial sums
+        e_to = energy_to_target(e.run.rounds, metric, target) if np.isfinite(target) and energy_known else math.nan
         row.update({"time_to_target_s": t_s, "rounds_to_target": t_rounds, "energy_to_target_j": e_to,
                     "sim_time_s": s["sim_time_s"], "bytes_up": s["bytes_up"], "bytes_down": s["bytes_down"],
-                    "energy_j": _total(e.run.rounds, "energy_j")})
+                    "energy_j": _total(e.run.rounds, "energy_j") if energy_known else math.nan})
         f = participation_summary(e.run).fairness
         row.update({"aggregated_once": f["share_aggregated_once"], "gini_aggregations": f["gini_aggregations"]})
         rows.append(row)
     table = pd.DataFrame(rows)
     # kept with the table (copies keep attrs): the text table and the page print them
     table.attrs["notes"] = target_notes(entries, table, metric, target, given)
+    table.attrs["missing"] = missing_reasons(entries, table)
     return table, target
+
+
+NOT_REACHED = ("time_to_target_s", "rounds_to_target")  # "not reached": target_notes say why
+
+
+def missing_reasons(entries: list[Entry], table: pd.DataFrame) -> dict[tuple[int, str], str]:
+    """Why each empty cell of the table is empty, as the run summaries say it: (row, column) ->
+    reason. A target not reached is not here (its cells say so and :func:`target_notes` why)."""
+    out: dict[tuple[int, str], str] = {}
+    for i, e in enumerate(entries):
+        r, cfg = e.run.rounds, e.run.config or {}
+        for col in table.columns:
+            v = table.at[i, col]
+            if col in NOT_REACHED or not isinstance(v, (float, np.floating)) or np.isfinite(v):
+                continue
+            if col == "energy_to_target_j" and not np.isfinite(table.at[i, "time_to_target_s"]):
+                continue  # not reached
+            out[(i, col)] = _why_missing(col, r, cfg)
+    return out
+
+
+def _why_missing(col: str, r: pd.DataFrame, cfg: dict) -> str:
+    if col in ("energy_j", "energy_to_target_j"):
+        return why_no_energy(r) or "no energy recorded"
+    if col in ("aggregated_once", "gini_aggregations"):
+        return "no client rows: no client was selected"
+    if col == "sim_time_s":
+        return "no round finished"
+    values = col.removeprefix("final_").removeprefix("best_")
+    if values == "global_acc" or values.startswith("pers_"):
+        return why_no_accuracy(r, cfg, values)
+    return f"rounds.parquet has no {values} column" if values not in r else f"no round recorded {values}"
 
 
 def check_metric(entries: list[Entry], metric: str) -> None:
@@ -205,6 +240,16 @@ def _trial_label(row: pd.Series, columns: list[str]) -> str:
     return ", ".join(f"{c}={row[c]}" for c in columns)
 
 
+def with_mode(label: str, run) -> str:
+    """``label`` of an asynchronous run with its mode: ``fast (fedbuff, async)``; ``(async)`` alone
+    where the label starts with the mode already (a run folder's default name, ``fedbuff-mnist5k-...``)."""
+    method = method_cell(run.config or {})
+    if not method.endswith(", async"):
+        return label
+    named = label.rsplit(": ", 1)[-1].startswith(method.removesuffix(", async"))
+    return f"{label} (async)" if named else f"{label} ({method})"
+
+
 def load_entries(paths: list[str | Path]) -> list[Entry]:
     """Run folders as they are; sweep folders expanded into their trials that ran."""
     entries: list[Entry] = []
@@ -217,9 +262,11 @@ def load_entries(paths: list[str | Path]) -> list[Entry]:
                 label = _trial_label(row, cols) if cols else str(row["trial_id"])
                 if len(paths) > 1:
                     label = f"{p.name}: {label}"
-                entries.append(Entry(label, s.run(row["trial_id"])))
+                run = s.run(row["trial_id"])
+                entries.append(Entry(with_mode(label, run), run))
         elif (p / "manifest.json").is_file():
-            entries.append(Entry(p.name, load_run(p)))
+            run = load_run(p)
+            entries.append(Entry(with_mode(p.name, run), run))
         else:
             raise FileNotFoundError(
                 f"{p} is neither a run folder (no manifest.json) nor a sweep folder (no sweep.yaml)")
@@ -330,13 +377,24 @@ def formats(table: pd.DataFrame) -> dict[str, Any]:
     return out
 
 
+def shown_table(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """The table as its cells read (every value formatted) and its footnotes: an empty cell reads
+    ``n/a [k]``, footnote k saying why (one footnote per reason)."""
+    shown = table.copy().astype(object)
+    for col, fn in formats(table).items():
+        shown[col] = [fn(v) for v in table[col]]
+    reasons = table.attrs.get("missing", {})
+    numbers = {why: k for k, why in enumerate(dict.fromkeys(reasons.values()), start=1)}
+    for (i, col), why in reasons.items():
+        shown.at[i, col] = f"{NA} [{numbers[why]}]"
+    return shown, [f"[{k}] {NA}: {why}" for why, k in numbers.items()]
+
+
 def text_table(table: pd.DataFrame, metric: str, target: float, width: int | None = TERMINAL_WIDTH) -> str:
     """The compare table as text: columns folded into blocks at most ``width`` characters wide,
     each repeating the run's name (None: one block, ``--wide``), and the notes wrapped."""
-    shown = table.copy()
-    for col, fn in formats(table).items():
-        shown[col] = [fn(v) for v in table[col]]
-    lines = []
+    shown, footnotes = shown_table(table)
+    lines = [*footnotes]
     if np.isfinite(target):
         lines.append(f"time_to_target_s / rounds_to_target / energy_to_target_j: simulated seconds / "
                      f"rounds / the fleet's joules until {metric} >= {target:g}")
@@ -354,11 +412,12 @@ def compare_page(entries: list[Entry], metric: str = "global_acc", target: float
     summaries = {e.label: participation_summary(e.run) for e in entries}
     page.warnings([f"{e.label}: {w}" for e in entries for w in run_warnings(e.run, summaries[e.label])])
     page.section("Side by side")
-    page.table("table-compare", table, formats(table),
+    shown, footnotes = shown_table(table)
+    page.table("table-compare", shown, text_columns={"run", "status"},
                caption=(f"time_to_target_s, energy_to_target_j: simulated seconds and the fleet's "
                         f"energy until {metric} ≥ {target:g}"
                         if np.isfinite(target) else ""))
-    for note in table.attrs.get("notes", []):
+    for note in [*footnotes, *table.attrs.get("notes", [])]:
         page.text(note)
     page.section("What differs")
     diff = config_diff(entries)

@@ -109,11 +109,13 @@ class Page:
         self.parts.append(f'<p class="omitted" data-figure="{fig_id}">{html.escape(why)}</p>')
 
     def table(self, table_id: str, df, formats: dict[str, Any] | None = None,
-              caption: str = "") -> None:
-        """A DataFrame as an HTML table; ``formats``: column -> callable(value) -> str."""
+              caption: str = "", text_columns: set[str] | None = None) -> None:
+        """A DataFrame as an HTML table; ``formats``: column -> callable(value) -> str;
+        ``text_columns``: the left-aligned ones (default: those of text dtype)."""
         formats = formats or {}
         cols = list(df.columns)
-        text_cols = {c for c in cols if df[c].dtype == object or str(df[c].dtype).startswith(("str", "string"))}
+        text_cols = text_columns if text_columns is not None else {
+            c for c in cols if df[c].dtype == object or str(df[c].dtype).startswith(("str", "string"))}
         # long snake_case headers may break after an underscore: wide tables fit the page
         head = "".join(f'<th class="{"text" if c in text_cols else ""}">'
                        f'{html.escape(str(c)).replace("_", "_<wbr>")}</th>' for c in cols)

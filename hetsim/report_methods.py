@@ -33,7 +33,7 @@ def _arms(run) -> list[str]:
     c = run.clients
     known = list((run.config.get("algorithm") or {}).get("arms") or [])
     seen = [a for a in c["arm"].dropna().astype(str).unique() if a] if "arm" in c else []
-    qs = [col[2:] for col in c.columns if col.startswith("q_")]
+    qs = [col[2:] for col in c.columns if col.startswith("q_") and c[col].notna().any()]  # an empty q_: not an arm
     out = []
     for a in [*known, *sorted(seen), *qs]:
         if a not in out:

@@ -15,7 +15,7 @@ import sweeps
 from hetsim import plots
 from hetsim.common import human_bytes
 from hetsim.page import Page
-from sweeps.results import objective_column
+from sweeps.results import name_columns, objective_column
 
 SWEEP_FIGURES = (
     "table-sweep-best",
@@ -61,7 +61,7 @@ def sweep_page(path: Path) -> Page:
     if ok.empty:
         page.omit("table-sweep-best", f"table-sweep-best: no trial has a value of {metric} yet")
     else:
-        cols = ["trial_id", *[c for c in s.param_columns.values() if c in t], "status", "rounds_done",
+        cols = ["trial_id", *name_columns(s), "status", "rounds_done",
                 f"final_{metric}", best_col, "total_sim_time_s", "total_bytes_up"]
         best = s.best(TOP_TRIALS, level="trials")
         best = best[best[best_col].notna()][[c for c in cols if c in best]]

@@ -71,11 +71,12 @@ def accuracy_text(rounds: pd.DataFrame, cfg: dict, col: str) -> tuple[str, str]:
     values = _num(rounds, col).dropna()
     if len(values):
         return _pct(float(values.iloc[-1])), _pct(float(values.max()))
-    why = f"{NA} ({_why_no_accuracy(rounds, cfg, col)})"
+    why = f"{NA} ({why_no_accuracy(rounds, cfg, col)})"
     return why, why
 
 
-def _why_no_accuracy(rounds: pd.DataFrame, cfg: dict, col: str) -> str:
+def why_no_accuracy(rounds: pd.DataFrame, cfg: dict, col: str) -> str:
+    """Why a run has no value of ``col`` (``global_acc``, or ``pers_acc`` and its variants)."""
     ev = _evaluation(cfg)
     if col == "global_acc":
         if ev.get("global_model") is False:
@@ -111,14 +112,11 @@ def personalized_text(rounds: pd.DataFrame, cfg: dict) -> str:
 def energy_rows(run) -> list[tuple[str, str]]:
     """Fleet energy and energy per client from the ledger (J), and battery drops."""
     r, c = run.rounds, run.clients
-    if "energy_j" not in r:
-        return [("energy", f"{NA} (run written before the energy ledger: no energy columns)")]
-    energy = _num(r, "energy_j")
-    total = float(energy.sum())
-    if energy.isna().any():  # a sum over the known rounds would pass for the whole run's
-        rows = [("energy", f"{NA} ({int(energy.isna().sum())} of {len(energy)} rounds include a client whose "
-                           "tier has no power model, so their energy is unknown; docs/energy.md)")]
+    why = why_no_energy(r)
+    if why:
+        rows = [("energy", f"{NA} ({why})")]
     else:
+        total = float(_num(r, "energy_j").sum())
         wasted = float(_num(r, "energy_wasted_j").sum())
         share = f", {100 * wasted / total:.1f} % on updates not aggregated" if total > 0 else ""
         rows = [("energy (fleet total)", f"{joules(total)}{share}")]
@@ -129,6 +127,18 @@ def energy_rows(run) -> list[tuple[str, str]]:
                          f"(client {int(per.idxmax())}), {len(per)} clients ran"))
     rows.append(("battery drops", battery_text(run)))
     return rows
+
+
+def why_no_energy(rounds: pd.DataFrame) -> str | None:
+    """Why a run's fleet energy cannot be given; None when it can. A sum over the known rounds
+    would pass for the whole run's, so one unknown round makes the total unknown."""
+    if "energy_j" not in rounds:
+        return "run written before the energy ledger: no energy columns"
+    unknown = int(_num(rounds, "energy_j").isna().sum())
+    if unknown:
+        return (f"{unknown} of {len(rounds)} rounds include a client whose tier has no power model, "
+                "so their energy is unknown; docs/energy.md")
+    return None
 
 
 def battery_text(run) -> str:

@@ -9,6 +9,7 @@ accuracy, the final and best accuracy, the simulated time used, the updates appl
 energy and the wall time.
 
     .venv/bin/python studies/async_methods_vs_sync.py --out runs/async_methods --seeds 0
+    .venv/bin/python studies/async_methods_vs_sync.py --smoke     # seconds: the pipeline only
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import argparse
 import time
 
 import pandas as pd
-from async_vs_sync import BASE, time_to  # its sibling: run as a script, studies/ is on the path
+from async_vs_sync import BASE, smoke, time_to  # its sibling: run as a script, studies/ is on the path
 
 import engine
 
@@ -31,12 +32,14 @@ def main() -> None:
     ap.add_argument("--out", default="runs/async_methods")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--target", type=float, default=0.85)
+    ap.add_argument("--smoke", action="store_true", help="seed 0, 4 clients, 2 rounds: checks the pipeline")
     args = ap.parse_args()
     rows = []
-    for seed in args.seeds:
+    for seed in args.seeds[:1] if args.smoke else args.seeds:
         for method, algo in ALGORITHMS.items():
             for mode, over in MODES.items():
                 t0 = time.perf_counter()
+                over = smoke(over) if args.smoke else over
                 run = engine.simulate(None, {**BASE, **algo, **over, "seed": seed, "output.dir": args.out,
                                              "output.name": f"{method}-{mode}-s{seed}"})
                 r = run.rounds.dropna(subset=["global_acc"])

@@ -12,6 +12,7 @@ accuracy, the simulated time used, the updates applied and the share of them tha
 stragglers (phone_low or 5 Mbps; 55 % of the clients in seed 0's draw); writes the figure of seed 0.
 
     .venv/bin/python studies/async_vs_sync.py --out runs/async_vs_sync --png docs/img/async_vs_sync.png
+    .venv/bin/python studies/async_vs_sync.py --smoke --png smoke.png     # seconds: the pipeline only
 """
 from __future__ import annotations
 
@@ -33,6 +34,16 @@ METHODS = {
                  "asynchronous": {"mode": "fedasync", "concurrency": 10, "mixing": 0.3,
                                   "staleness": {"kind": "polynomial", "a": 0.5}}},
 }
+# --smoke: the pipeline in seconds (4 clients, 2 rounds or server steps, 2 clients in flight)
+SMOKE = {"clients.num_clients": 4, "rounds": 2, "evaluation.eval_every": 1}
+
+
+def smoke(over: dict) -> dict:
+    """``over`` (one method's overrides) shrunk to the smoke setting."""
+    mode = over.get("asynchronous", {}).get("mode")
+    in_flight = {"asynchronous.concurrency": 2} if mode else {}
+    buffer = {"asynchronous.buffer_size": 2} if mode == "fedbuff" else {}
+    return {**over, **SMOKE, **in_flight, **buffer}
 
 
 def time_to(rounds: pd.DataFrame, target: float) -> float:
@@ -52,10 +63,13 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--target", type=float, default=0.85)
     ap.add_argument("--png", default=None, help="write the figure of the first seed here")
+    ap.add_argument("--smoke", action="store_true", help="seed 0, 4 clients, 2 rounds: checks the pipeline")
     args = ap.parse_args()
+    seeds = [args.seeds[0]] if args.smoke else args.seeds
     rows, curves, staleness = [], {}, None
-    for seed in args.seeds:
+    for seed in seeds:
         for name, over in METHODS.items():
+            over = smoke(over) if args.smoke else over
             run = engine.simulate(None, {**BASE, **over, "seed": seed, "output.dir": args.out,
                                          "output.name": f"{name.split()[0]}-s{seed}"})
             r = run.rounds.dropna(subset=["global_acc"])
@@ -63,7 +77,7 @@ def main() -> None:
                          "final_acc": r["global_acc"].iloc[-1], "best_acc": r["global_acc"].max(),
                          "sim_s": run.rounds["sim_time_s"].iloc[-1], "updates": int(run.rounds["num_arrived"].sum()),
                          "straggler_share": straggler_share(run.clients)})
-            if seed == args.seeds[0]:
+            if seed == seeds[0]:
                 curves[name] = r[["sim_time_s", "global_acc"]]
                 if name == "fedbuff":
                     staleness = run.clients.loc[run.clients["made_deadline"], "staleness"]
@@ -82,7 +96,7 @@ def main() -> None:
         for name, c in curves.items():
             ax.plot(c["sim_time_s"], c["global_acc"], label=name)
         ax.axhline(args.target, color="grey", lw=0.8, ls=":")
-        ax.set(xlabel="simulated time (s)", ylabel="global accuracy", title=f"seed {args.seeds[0]}")
+        ax.set(xlabel="simulated time (s)", ylabel="global accuracy", title=f"seed {seeds[0]}")
         ax.legend()
         hx.hist(staleness, bins=np.arange(staleness.max() + 2) - 0.5)
         hx.set(xlabel="staleness of applied updates (versions)", ylabel="updates", title="FedBuff")

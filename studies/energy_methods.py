@@ -2,6 +2,7 @@
 battery-powered fleet: the joules each spends to reach a target accuracy, and which tier pays.
 
     .venv/bin/python studies/energy_methods.py [--rounds 20] [--target 0.6] [--fleet lte_wifi|wifi]
+    .venv/bin/python studies/energy_methods.py --smoke      # 2 rounds of 8 clients, no reports: seconds
 
 The three runs share the seed, the data (MNIST 5k, Dirichlet(0.5), 10 % public split so that
 ASCEND can distil) and the fleet: phones, laptops and Raspberry Pis on LTE (4g) or Wi-Fi, the
@@ -48,17 +49,21 @@ def main() -> None:
     p.add_argument("--target", type=float, default=0.6, help="personalized accuracy to reach")
     p.add_argument("--fleet", choices=("lte_wifi", "wifi"), default="lte_wifi")
     p.add_argument("--out", default=None, help="default: runs/energy_methods_<fleet>")
+    p.add_argument("--smoke", action="store_true",
+                   help="2 rounds of 8 clients, no per-run reports (`hetsim report` draws them): seconds")
     args = p.parse_args()
+    rounds, clients = (2, {"clients.num_clients": 8}) if args.smoke else (args.rounds, {})
     out = Path(args.out or f"runs/energy_methods_{args.fleet}")
     fleet = {**FLEET, "network": {"4g": 0.5, "wifi": 0.5} if args.fleet == "lte_wifi" else {"wifi": 0.5, "50mbps": 0.5}}
     runs = {}
     for name, overrides in METHODS.items():
         path = out / name
         if not (path / "manifest.json").exists():
-            engine.simulate(None, {**BASE, "clients.profiles": fleet, **overrides, "rounds": args.rounds,
+            engine.simulate(None, {**BASE, **clients, "clients.profiles": fleet, **overrides, "rounds": rounds,
                                    "output.dir": str(out), "output.name": name})
         runs[name] = load_run(path)
-        build_report(path)
+        if not args.smoke:
+            build_report(path)
 
     metric = "pers_acc"
     rows = []
@@ -100,7 +105,8 @@ def main() -> None:
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.savefig(out / "energy_methods.png", dpi=110)
-    print(f"\nfigure: {out / 'energy_methods.png'}; reports: {out}/<method>/report.html")
+    reports = "" if args.smoke else f"; reports: {out}/<method>/report.html"
+    print(f"\nfigure: {out / 'energy_methods.png'}{reports}")
 
 
 if __name__ == "__main__":

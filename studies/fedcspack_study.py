@@ -5,6 +5,7 @@ pack-size sweep, in the reference setting of the paper's code.
     .venv/bin/python studies/fedcspack_study.py --dataset fashion_mnist --rounds 50
     .venv/bin/python studies/fedcspack_study.py --quick --parts main --seeds 0,1,2
     .venv/bin/python studies/fedcspack_study.py --dataset fashion_mnist --parts main,cap --seeds 0,1,2
+    .venv/bin/python studies/fedcspack_study.py --smoke            # seconds: the pipeline only
 
 Setting (specs/fedcspack.md): Dirichlet(0.3), 20 clients, participation 0.3, 3 local epochs,
 batch 16, lr 0.05, pack size 1024, reference CNN. Personalized accuracy is each selected
@@ -55,6 +56,8 @@ METHODS = {
 ABLATION = {w: ["algorithm.name=fedcspack", "algorithm.pack_size=1024", f"algorithm.weighting={w}"]
             for w in ("cs", "kd", "cskd")}
 PACK_SIZES = (256, 512, 1024, 2048, 4096)
+# --smoke: mnist5k, the main part, 2 rounds of 4 clients (2 a round, one epoch), seed 0, in this process
+SMOKE = ["clients.num_clients=4", "clients.participation=0.5", "train.local_epochs=1"]
 # the paper's Top-K cap (the reference code shares every candidate): 5% of the packs
 CAP = {"k=0.05": ["algorithm.name=fedcspack", "algorithm.pack_size=1024", "algorithm.k=0.05"]}
 
@@ -95,9 +98,14 @@ def main() -> None:
     p.add_argument("--runner", choices=["sweep", "loop"], default="sweep",
                    help="sweep: one hetsim sweep, warm trial processes (default); loop: one run after another here")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (--runner sweep)")
+    p.add_argument("--smoke", action="store_true", help="2 rounds of 4 clients, main part, seed 0, --runner loop: "
+                                                         "checks the pipeline in seconds")
     args = p.parse_args()
     if args.quick:
         args.dataset, args.rounds = "mnist5k", min(args.rounds, 20)
+    if args.smoke:
+        args.dataset, args.rounds, args.parts, args.seeds, args.runner = "mnist5k", 2, "main", "0", "loop"
+        args.overrides = [*SMOKE, *args.overrides]
     out = Path(args.out)
     seeds = [int(v) for v in args.seeds.split(",")]
     base = [*REFERENCE, f"dataset.name={args.dataset}", f"rounds={args.rounds}",

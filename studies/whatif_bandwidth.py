@@ -5,6 +5,7 @@ per round, time-to-accuracy and accuracy for both, and writes ``compare.html`` i
 
     .venv/bin/python studies/whatif_bandwidth.py [--rounds 20] [--out whatif_out/whatif_bandwidth] [--set KEY=VALUE ...]
     hetsim whatif studies/whatif_bandwidth.yaml          # the same, from the command line
+    .venv/bin/python studies/whatif_bandwidth.py --smoke  # 2 rounds of 4 clients: the pipeline only
 
 Only the network profile differs between the two runs: the data, the selection, the training
 and therefore the accuracies are identical; what changes is the simulated time.
@@ -21,20 +22,23 @@ from hetsim.whatif import report_whatif
 from sweeps import whatif
 
 SPEC = Path(__file__).with_suffix(".yaml")
+SMOKE = ["rounds=2", "clients.num_clients=4"]  # --smoke: the pipeline in seconds once Ray is up
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=None, help="default: the YAML's (20)")
     p.add_argument("--out", default=None, help="results folder (default: whatif_out/whatif_bandwidth)")
     p.add_argument("--target", type=float, default=None,
                    help="accuracy for time-to-accuracy (default: the YAML's, 0.8)")
     p.add_argument("--set", dest="overrides", action="append", default=[])
-    args = p.parse_args()
+    p.add_argument("--smoke", action="store_true", help="2 rounds of 4 clients (--rounds and --set still apply)")
+    args = p.parse_args(argv)
 
     spec, fleets, spec_dir = whatif.load_whatif_file(SPEC)
     target = args.target if args.target is not None else spec.target
-    overrides = [*spec.overrides, *([f"rounds={args.rounds}"] if args.rounds else []), *args.overrides]
+    overrides = [*spec.overrides, *(SMOKE if args.smoke else []), *([f"rounds={args.rounds}"] if args.rounds else []),
+                 *args.overrides]
     sweep = whatif.run_whatif(whatif.base_experiment(spec.base, spec_dir), fleets, name=spec.name,
                               overrides=overrides, storage=args.out or spec.storage,
                               max_concurrent_trials=spec.max_concurrent_trials)

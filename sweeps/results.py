@@ -35,7 +35,7 @@ import pandas as pd
 from engine import ConfigError, UserError, load_config
 from engine.config.schema import apply_overrides
 from engine.config.yamlio import parse_yaml
-from engine.results import ROUND_COLUMNS, RunFolderError, Storage, load_run, open_storage, read_table
+from engine.results import ROUND_COLUMNS, RunFolderError, Storage, load_run, method_cell, open_storage, read_table
 from engine.results.text import TERMINAL_WIDTH, fold_table, wrap
 from sweeps.search import TRIAL_INDEX
 from sweeps.spec import expand_params, trial_seed
@@ -237,6 +237,7 @@ def summarize_trial(
     run = storage.child(RUNS_DIR, state.trial_id)
     info = _read_json(run, "trial.json")
     manifest = _read_json(run, "manifest.json")
+    config: dict[str, Any] = {}
     if run.exists("config.yaml"):
         config = parse_yaml(run.read_text("config.yaml"), f"{run}/config.yaml") or {}
         rounds_total = int(config.get("rounds", rounds_total))
@@ -253,7 +254,8 @@ def summarize_trial(
     elif status == "diverged":
         error = info.get("error") or manifest.get("error") or "diverged"
     metric, mode = spec.get("metric", "global_acc"), spec.get("mode", "max")
-    row: dict[str, Any] = {"trial_id": state.trial_id, "status": status, "rounds_done": n}
+    row: dict[str, Any] = {"trial_id": state.trial_id, "status": status, "rounds_done": n,
+                           "method": method_cell(config) if config else ""}
     metrics = list(SUMMARY_METRICS)
     extra = [metric] + sorted(c for c in rounds.columns if c.startswith("global_acc_"))
     metrics += [m for m in extra if m not in metrics]
@@ -502,6 +504,15 @@ def load_sweep(path: str | Path | Storage, refresh: bool = False,
                  num_trials=sweep.get("num_trials"), storage=store, configs=configs)
 
 
+def name_columns(sweep: Sweep) -> list[str]:
+    """What names a trial in a table besides its id: its hyperparameter columns, and ``method``
+    (``fedbuff, async``) when a trial runs asynchronously, which no hyperparameter need say."""
+    t = sweep.trials
+    params = [c for c in sweep.param_columns.values() if c in t]
+    asynchronous = "method" in t and t["method"].astype(str).str.endswith(", async").any()
+    return [*params, "method"] if asynchronous else params
+
+
 def summary_table(sweep: Sweep, top: int = 10, width: int | None = TERMINAL_WIDTH) -> str:
     """Trials by status, then the best ``top`` trials by ``best_<metric>``; the table folded into
     blocks of columns at most ``width`` characters wide (None: one block, ``--wide``)."""
@@ -514,7 +525,7 @@ def summary_table(sweep: Sweep, top: int = 10, width: int | None = TERMINAL_WIDT
                                   if s in counts)
     metric = sweep.metric
     rank = sweep.rank_column
-    cols = ["trial_id", *sweep.param_columns.values(), "status", "rounds_done",
+    cols = ["trial_id", *name_columns(sweep), "status", "rounds_done",
             f"final_{metric}", f"best_{metric}", rank, "total_sim_time_s", "total_bytes_up", "total_energy_j"]
     if sweep.repeats > 1:  # configurations: means over the seeds and their 95 % intervals
         cols = ["config_id", *sweep.param_columns.values(), "n", f"{rank}_mean", f"{rank}_ci_low",

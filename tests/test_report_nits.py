@@ -6,6 +6,7 @@ import re
 from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from engine.config.schema import load_config
@@ -150,3 +151,15 @@ def test_an_asynchronous_run_report_counts_server_steps(run):
         fig = page.figs["fig-time-device-tier"]
         assert fig.get_suptitle().startswith(f"Simulated time per {word} by device tier")
         assert fig.axes[0].get_xlabel() == word
+
+
+def test_the_ascend_legend_names_only_arms_the_run_has():
+    from hetsim.report_methods import _arms
+
+    nan = float("nan")
+    clients = pd.DataFrame({"arm": ["topk", "randomk", None], "q_topk": [0.1, 0.2, nan],
+                            "q_randomk": [0.3, nan, nan], "q_qsgd8": [nan, nan, nan]})
+    run = SimpleNamespace(clients=clients, config={"algorithm": {"name": "ascend"}})
+    assert _arms(run) == ["randomk", "topk"]  # an all-empty q_qsgd8 column is not an arm
+    run.config["algorithm"]["arms"] = ["topk", "randomk", "periodick"]
+    assert _arms(run) == ["topk", "randomk", "periodick"]

@@ -16,6 +16,7 @@ _EXPORTS = {
     "redact": "engine.config.schema",
     "HEARTBEAT_S": "engine.results.manifest",
     "SCHEMA_VERSION": "engine.results.manifest",
+    "method_cell": "engine.results.manifest",
     "method_label": "engine.results.manifest",
     "read_manifest": "engine.results.manifest",
     "run_status": "engine.results.manifest",

@@ -38,6 +38,15 @@ def method_label(algorithm: str, asynchronous_mode: str | None = None) -> str:
     return asynchronous_mode if algorithm == "fedavg" else f"{asynchronous_mode}-{algorithm}"
 
 
+def method_cell(config: dict[str, Any]) -> str:
+    """A run's method in a table of runs or trials, from its config: ``fedprox`` for synchronous
+    rounds, ``fedbuff, async`` (``fedbuff-fedprox, async``) for an asynchronous run."""
+    algorithm = (config.get("algorithm") or {}).get("name") or "?"
+    asynchronous = config.get("asynchronous")
+    mode = asynchronous.get("mode") if isinstance(asynchronous, dict) else None
+    return f"{method_label(algorithm, mode)}, async" if mode else algorithm
+
+
 _locks: dict[str, threading.Lock] = {}  # one per manifest path: writers in one process take turns
 _locks_guard = threading.Lock()
 
