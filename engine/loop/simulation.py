@@ -50,6 +50,7 @@ class Simulation:
         n = self.data.num_clients
         self.batteries = parts.fresh_batteries()  # its charge changes as the run goes
         self.arch_names, self.client_arch = parts.arch_names, parts.client_arch
+        self.initial_models = parts.models  # never changed: an in-process client host copies them
         self.models = parts.take_models()  # the server's to change
         spec = ALGORITHMS[cfg.algorithm.name]
         public_x, public_y = self.data.public_arrays() if self.data.num_public else (None, None)
@@ -91,6 +92,7 @@ class Simulation:
             profiles=self.profiles,
             arch_names=self.arch_names,
             client_arch=self.client_arch,
+            initial_models=self.initial_models,
         )
 
     @property
