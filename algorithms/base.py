@@ -15,7 +15,7 @@ bytes the simulation claims are the bytes it moves.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -116,6 +116,9 @@ class AlgorithmParams(BaseModel):
     """Base of every method's hyperparameters (validated, unknown keys rejected)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    # every client uploads the whole model (FedAvg, FedProx): the validation's lower bound of a
+    # round then counts its upload; False: the upload may be as small as nothing
+    uploads_whole_model: ClassVar[bool] = False
 
     def check(self, model: ModelSize) -> list[str]:
         """Problems of these options against the model, one indented line each (``hetsim validate``

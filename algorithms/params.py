@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any, Literal, Optional, Union
+from typing import Any, ClassVar, Literal, Optional, Union
 
 import numpy as np
 from pydantic import Field, StrictFloat, StrictInt, field_validator, model_validator
@@ -99,10 +99,12 @@ def k_allowed(what: str, *, allow_all: bool = False, one_is_ambiguous: bool = Fa
 # ------------------------------------------------------------------------------ FedAvg, FedProx
 class FedAvgParams(AlgorithmParams):
     name: Literal["fedavg"] = "fedavg"
+    uploads_whole_model: ClassVar[bool] = True
 
 
 class FedProxParams(AlgorithmParams):
     name: Literal["fedprox"] = "fedprox"
+    uploads_whole_model: ClassVar[bool] = True
     mu: float = Field(0.01, ge=0, description="proximal coefficient")
 
 

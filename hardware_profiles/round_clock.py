@@ -1,5 +1,5 @@
 """A round on the virtual clock, as a loop drives it: :class:`RoundClock` owns the fleet's time
-(``sim_time_s``), its conditions and its batteries, and answers the loop's three questions.
+(``sim_time_s``), its conditions and its batteries, and answers the loops' questions.
 
 1. :meth:`RoundClock.begin`: who of the selected clients can work when the round starts
    (availability, dropout, battery too low, who is on the charger);
@@ -8,9 +8,11 @@
 3. :meth:`RoundClock.advance`: how long the server waited, and the fleet after it (the clock
    moves on, the batteries drain or charge).
 
-The synchronous loop (:meth:`engine.loop.simulation.Simulation.run_round`) uses it; the
-asynchronous loop (:mod:`engine.loop.asynchronous`) can adopt it: :meth:`begin` and :meth:`time`
-take any set of clients and a start time (``start_s``), and :meth:`advance` any waited seconds.
+The synchronous loop (:meth:`engine.loop.simulation.Simulation.run_round`) asks these three. The
+asynchronous loop (:mod:`engine.loop.asynchronous`) asks :meth:`begin` for each wave of
+dispatched clients (:meth:`RoundStart.only` keeps those it picks), :meth:`time_tasks` for their
+tasks, each resolved on its own (no round to wait for), :meth:`spend` for their energy and
+:meth:`elapse` for the fleet between its events; it keeps its own absolute time (``now``).
 The rules themselves stay in :mod:`hardware_profiles.clock`, :mod:`~hardware_profiles.conditions`
 and :mod:`~hardware_profiles.energy`; nothing here draws a random number of its own.
 """
@@ -52,6 +54,13 @@ class RoundStart:
         """Why each selected client did not run (meaningless where it ran)."""
         return np.where(~self.available, "unavailable", np.where(self.low, "battery", "dropout"))
 
+    def only(self, picked: np.ndarray) -> "RoundStart":
+        """The start of the selected clients at positions ``picked`` (the asynchronous loop's
+        dispatched ones)."""
+        level = self.level_start[picked] if self.level_start is not None else None
+        return RoundStart(self.round, self.start_s, self.selected[picked], self.available[picked],
+                          self.dropped[picked], self.low[picked], self.leaves[picked], self.charging, level)
+
 
 @dataclass
 class RoundTiming:
@@ -64,12 +73,28 @@ class RoundTiming:
     energy: dict[str, np.ndarray]  # the ledger up to ``stopped``
 
 
+@dataclass
+class TaskTiming:
+    """Asynchronous tasks on the clock (arrays aligned with ``start.runnable``)."""
+
+    times: dict[str, np.ndarray]
+    timeline: dict[str, np.ndarray]
+    lost_reason: np.ndarray  # "" (its upload arrives), "offline", "battery" or "deadline"
+    event_s: np.ndarray  # virtual time the server hears of it: the arrival, or the loss
+    stopped: np.ndarray  # seconds after the dispatch at which it stopped (inf: it did not)
+    energy: dict[str, np.ndarray]  # the ledger up to ``stopped``
+
+
 class RoundClock:
     def __init__(self, profiles, policy: RoundPolicy, seed: int, conditions: FleetConditions | None = None,
                  batteries: FleetBatteries | None = None):
         self.profiles, self.policy, self.seed = profiles, policy, seed
         self.conditions, self.batteries = conditions, batteries
         self.sim_time_s = 0.0  # virtual seconds since clock.start (checkpointed by the loop's owner)
+
+    def too_low(self, ids: np.ndarray) -> np.ndarray:
+        """Where a client's battery is below the participation threshold (none without batteries)."""
+        return self.batteries.too_low(ids) if self.batteries else np.zeros(len(ids), dtype=bool)
 
     def begin(self, r: int, selected: np.ndarray, start_s: float | None = None) -> RoundStart:
         """Round ``r``'s start for ``selected`` (default start: now on the clock)."""
@@ -123,6 +148,49 @@ class RoundClock:
                                    np.minimum(timing.times["total_s"], timing.stopped),
                                    timing.outcome.drop_reason == "battery", start.charging)
         return round_s
+
+    # ------------------------------------------------------------------ asynchronous tasks
+    def time_tasks(self, start: RoundStart, sent: dict[str, np.ndarray], host_fit_s) -> TaskTiming:
+        """Tasks dispatched at ``start.start_s`` (``start``'s runnable clients), each resolved on
+        its own: its upload arrives at its timeline's ``upload_end_s`` unless it is lost first,
+        offline (its availability), battery (it runs empty; on the charger: never) or deadline
+        (the server abandons a task ``clock.deadline_s`` after its dispatch); a tie of offline
+        and battery is offline, as a round's. ``sent``, ``host_fit_s``: as :meth:`time`'s."""
+        policy, ids, now = self.policy, start.runnable, start.start_s
+        measured = policy.measured_compute_s(host_fit_s) if policy.mode == "measured" else None
+        times = client_times(self.profiles, ids, sent["bytes_down"], sent["bytes_up"], sent["train_flops"],
+                             sent["compress_ops"], measured_compute_s=measured)
+        timeline = phase_timeline(self.conditions, ids, now, times, sent, measured)
+        arrive, leaves = timeline["upload_end_s"], start.leaves[start.run_mask]
+        cut = now + (policy.deadline_s if policy.deadline_s is not None else np.inf)
+        b = self.batteries
+        empties = now + empties_at(self.profiles, ids, times, b.charge_j(ids, start.charging)) if b else \
+            np.full(len(ids), np.inf)
+        offline = (leaves < np.minimum(arrive, cut)) & (leaves <= empties)
+        flat = ~offline & (empties < np.minimum(arrive, cut))
+        late = ~offline & ~flat & (arrive > cut)
+        stopped = np.select([offline, flat, late], [leaves - now, empties - now, cut - now], np.inf)
+        if self.conditions is not None or b:
+            timeline["left_s"] = np.select([offline, flat], [leaves, empties], np.nan)
+        reason = np.select([offline, flat, late], ["offline", "battery", "deadline"], "")
+        event_s = np.select([offline, flat, late], [leaves, empties, cut], arrive)
+        return TaskTiming(times, timeline, reason, event_s, stopped, ledger(self.profiles, ids, times, stopped))
+
+    def spend(self, start: RoundStart, timing: TaskTiming) -> None:
+        """Asynchronous tasks' energy leaves the batteries at their dispatch (one that runs empty: at 0)."""
+        if self.batteries:
+            ids = start.runnable
+            self.batteries.advance(0.0, ids, timing.energy["energy_j"], np.zeros(len(ids)),
+                                   timing.lost_reason == "battery", np.zeros(len(self.batteries.level), bool))
+
+    def elapse(self, seconds: float, r: int, at_s: float, busy: np.ndarray, busy_s: np.ndarray) -> None:
+        """The batteries over ``seconds`` from virtual time ``at_s`` on, between asynchronous
+        events: charging (on the charger as at ``at_s``, with round (wave) ``r``'s coins for
+        ``charging: online``) and idle drain outside the tasks in flight (``busy``, each busy for
+        ``busy_s`` of them; their energy left at dispatch: :meth:`spend`)."""
+        if self.batteries:
+            self.batteries.advance(seconds, busy, np.zeros(len(busy)), busy_s, np.zeros(len(busy), dtype=bool),
+                                   self.on_charger(r, at_s))
 
 
 def phase_timeline(conditions: FleetConditions | None, runnable, start_s: float, times: dict, sent: dict,

@@ -1,13 +1,17 @@
 """A config is built once per run (validation and run share the parts), and a warm process reuses
 the data of earlier runs without changing a result (issues 34, 38)."""
 import collections
+import pickle
 
 import pandas as pd
 import pytest
+import torch
 
 import engine
 import engine.loop.parts as parts
 import engine.models.arch as arch
+from engine.clients.host import ClientHost
+from engine.loop.simulation import Simulation
 from engine.results import WALL_COLUMNS
 
 # two architectures: client 0 trains a small LeNet, the others the MLP
@@ -17,20 +21,25 @@ TINY = {"dataset.name": "mnist5k", "model.name": "mlp", "model.per_client": {0: 
 
 @pytest.fixture
 def counted(monkeypatch):
-    """Counts of the data builds and model builds of this process, from a cold start."""
+    """Counts of the data, profile and model builds of this process, from a cold start."""
     parts.forget()
-    counts = {"data": 0, "models": collections.Counter()}
-    build_data, build_model = parts.build_data, arch.build_model
+    counts = {"data": 0, "profiles": 0, "models": collections.Counter()}
+    build_data, assign_profiles, build_model = parts.build_data, parts.assign_profiles, arch.build_model
 
     def data(cfg):
         counts["data"] += 1
         return build_data(cfg)
+
+    def profiles(*args, **kwargs):
+        counts["profiles"] += 1
+        return assign_profiles(*args, **kwargs)
 
     def model(name, *args, **kwargs):
         counts["models"][name] += 1
         return build_model(name, *args, **kwargs)
 
     monkeypatch.setattr(parts, "build_data", data)
+    monkeypatch.setattr(parts, "assign_profiles", profiles)
     monkeypatch.setattr(arch, "build_model", model)
     yield counts
     parts.forget()
@@ -45,47 +54,67 @@ def _results(run):
 def test_a_run_builds_its_config_once_then_a_warm_run_builds_nothing_and_gives_equal_tables(counted, tmp_path):
     cold = engine.simulate({"output": {"dir": str(tmp_path)}}, TINY, run_dir=tmp_path / "cold")
     assert cold.manifest["status"] == "finished"
-    # one data build for the validation and the run; each architecture's model built for the
-    # validation (whose server check takes it), for the run's server and for the client host
-    # (which builds its own: under Ray it is another process)
-    assert counted["data"] == 1
-    assert counted["models"] == {"lenet5_half": 3, "mlp": 3}
+    # in-process: one build of each for the validation (and its server check), the run's server
+    # and the client host (both copy the built models)
+    assert counted == {"data": 1, "profiles": 1, "models": {"lenet5_half": 1, "mlp": 1}}
 
     warm = engine.simulate({"output": {"dir": str(tmp_path)}}, TINY, run_dir=tmp_path / "warm")
-    assert counted["data"] == 1  # the data is not built again
-    assert counted["models"] == {"lenet5_half": 6, "mlp": 6}  # models: from the seed (cheaper than a copy)
+    assert counted == {"data": 1, "profiles": 1, "models": {"lenet5_half": 1, "mlp": 1}}  # nothing again
     for a, b in zip(_results(cold), _results(warm)):
         pd.testing.assert_frame_equal(a, b)
 
-    # another trial of a sweep (a learning rate): same data and initial models, other results
+    # as a sweep's warm trial worker: another trial (a learning rate) takes the same data and
+    # initial models, builds its fleet (milliseconds), and gives other results
     other = engine.simulate({"output": {"dir": str(tmp_path)}}, {**TINY, "train.lr": 0.5}, run_dir=tmp_path / "lr")
-    assert counted["data"] == 1
+    assert counted == {"data": 1, "profiles": 2, "models": {"lenet5_half": 1, "mlp": 1}}
     assert not _results(other)[0]["global_loss"].equals(_results(cold)[0]["global_loss"])
 
-    # another seed: other data and other models, built once each
+    # another seed: other data, fleet and models, built once each
     engine.simulate({"output": {"dir": str(tmp_path)}}, {**TINY, "seed": 1}, run_dir=tmp_path / "seed")
-    assert counted["data"] == 2
+    assert counted == {"data": 2, "profiles": 3, "models": {"lenet5_half": 2, "mlp": 2}}
 
 
 def test_a_warm_run_equals_a_cold_one_after_another_config_ran_between(counted, tmp_path):
     first = engine.simulate({"output": {"dir": str(tmp_path)}}, TINY, run_dir=tmp_path / "a")
     engine.simulate({"output": {"dir": str(tmp_path)}}, {**TINY, "train.lr": 0.5}, run_dir=tmp_path / "b")
     again = engine.simulate({"output": {"dir": str(tmp_path)}}, TINY, run_dir=tmp_path / "c")
-    assert counted["data"] == 1
+    assert counted["data"] == 1 and counted["models"] == {"lenet5_half": 1, "mlp": 1}
     for a, b in zip(_results(first), _results(again)):
         pd.testing.assert_frame_equal(a, b)
 
 
-def test_parts_hand_out_copies_of_what_a_run_changes():
+def test_parts_hand_out_copies_of_what_a_run_changes(counted):
     cfg = engine.load_config({}, {**TINY, "clients.profiles": {"devices": {"phone_mid": 1.0}, "battery": {}}})
     built = parts.build_parts(cfg)
     assert parts.build_parts(cfg) is built  # kept for the run that follows its validation
     a, b = built.take_models(), built.take_models()
-    assert a is built.models  # the first taker gets the built ones, the next the same weights anew
+    assert counted["models"] == {"lenet5_half": 1, "mlp": 1}  # copies, not builds
     for arch_name in built.arch_names:
-        for wa, wb in zip(a[arch_name].parameters(), b[arch_name].parameters()):
-            assert wa is not wb and bool((wa == wb).all())
+        for wa, wb, w0 in zip(a[arch_name].parameters(), b[arch_name].parameters(),
+                              built.models[arch_name].parameters()):
+            assert wa is not wb and wa is not w0 and bool((wa == wb).all()) and bool((wa == w0).all())
+    with torch.no_grad():
+        next(a["mlp"].parameters()).add_(1.0)  # a run's server changes its own
+    assert bool((next(built.models["mlp"].parameters()) == next(b["mlp"].parameters())).all())
     batteries = built.fresh_batteries()
     batteries.level[:] = 0.0
     assert built.batteries.level.min() > 0
-    parts.forget()
+
+
+def test_a_client_host_in_the_drivers_process_copies_the_initial_models_and_one_elsewhere_builds_its_own(counted):
+    cfg = engine.load_config({}, TINY)
+    sim = Simulation(cfg)
+    setup = sim.host_setup()
+    host = ClientHost(setup)
+    assert counted["models"] == {"lenet5_half": 1, "mlp": 1}
+    for arch_name, model in host.workspace.items():
+        assert model is not sim.initial_models[arch_name] and model is not sim.models[arch_name]
+        for w, w0 in zip(model.state_dict().values(), sim.initial_models[arch_name].state_dict().values()):
+            assert torch.equal(w, w0)
+    shipped = pickle.loads(pickle.dumps(setup))  # as to a Ray client actor: another process
+    assert shipped.initial_models is None and setup.initial_models is not None
+    elsewhere = ClientHost(shipped)
+    assert counted["models"] == {"lenet5_half": 2, "mlp": 2}  # it builds its own: the same weights
+    for arch_name, model in elsewhere.workspace.items():
+        for w, w0 in zip(model.state_dict().values(), host.workspace[arch_name].state_dict().values()):
+            assert torch.equal(w, w0)

@@ -4,7 +4,10 @@ A :class:`ClientHost` is a plain Python object. The in-process executor holds on
 executor wraps one in each client actor. Virtual clients are cheap: an id, an index range of
 the shared dataset, a hardware profile and a small persistent ``state`` dict. Models are not
 kept per client: the host owns one *workspace* model per architecture and resets it before each
-client, so memory grows with the clients' own state only, not with their number.
+client, so memory grows with the clients' own state only, not with their number. The workspace
+is a copy of the driver's initial models where the host shares the driver's process (the
+in-process executor: each architecture is built once per run, :mod:`engine.loop.parts`); a Ray
+client actor is another process and builds its own from the seed (once per actor).
 
 Every random draw a client makes comes from a generator seeded by (seed, round, client id), so
 the results do not depend on which host runs a client or in which order.
@@ -27,7 +30,7 @@ from engine.clients.shards import load_shards, save_shards
 from engine.clients.states import ClientStates
 from engine.config.schema import ExperimentConfig
 from engine.data.partition import FederatedData
-from engine.models.arch import arch_flops, build_arch_model
+from engine.models.arch import arch_flops, build_arch_model, copy_models
 
 LAST_TIMES = "last_times"  # the key of ``now[cid]`` that carries ctx.last_times (the rest: profile fields)
 
@@ -41,6 +44,14 @@ class HostSetup:
     profiles: Any  # hardware_profiles.ProfileTable
     arch_names: list[str]  # architecture name per code; "" when all clients share one model
     client_arch: np.ndarray  # int code per client (into arch_names)
+    # the driver's initial model per architecture (never changed), for a host in its process to
+    # copy; they stay in it (see __getstate__)
+    initial_models: dict[str, torch.nn.Module] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a host in another process (a Ray client actor) builds its models from the seed: the
+        # same weights, and nothing large travels through the object store
+        return {**self.__dict__, "initial_models": None}
 
 
 class ClientFailure(RuntimeError):
@@ -118,8 +129,12 @@ class ClientHost:
         # reset before each client is one copy per tensor (load_state_dict: 5x the time)
         self.pristine: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
         self.flops_per_sample: dict[str, float] = {}
-        for arch in set(setup.arch_names[c] for c in np.unique(setup.client_arch)):
-            model = build_arch_model(cfg, arch, data.input_shape, data.num_classes).to(self.device)
+        # in the driver's process a copy of its initial models; in another, built from the seed
+        archs = sorted(set(setup.arch_names[c] for c in np.unique(setup.client_arch)))
+        initial = (copy_models({a: setup.initial_models[a] for a in archs}) if setup.initial_models is not None
+                   else {a: build_arch_model(cfg, a, data.input_shape, data.num_classes) for a in archs})
+        for arch, model in initial.items():
+            model = model.to(self.device)
             self.workspace[arch] = model
             state = list(model.state_dict().values())
             self.pristine[arch] = (state, [t.clone() for t in state])

@@ -7,7 +7,10 @@ synchronous round's), or it is lost at the exact time its availability process t
 (``left_s``). Events are handled in the order (time, client id, dispatch sequence); after every
 event of one instant the server refills the free slots, so clients freed at the same instant see
 the same version. Who is dispatched: a seeded draw among the idle clients that are online and pass
-their dropout coin (per (seed, wave, client), as a round's participation).
+their dropout coin (per (seed, wave, client), as a round's participation). The clock is the
+synchronous loop's :class:`~hardware_profiles.round_clock.RoundClock`: who can start
+(``begin``), each task's phases and loss (``time_tasks``), its energy (``spend``) and the
+batteries between events (``elapse``); the loop keeps the events and its absolute time ``now``.
 
 All clients dispatched at one instant train on one version in ONE ``executor.run_round`` call (a
 *wave*), so a Ray pool trains them together; their ``round`` (the seed of their local RNG) is the
@@ -32,9 +35,7 @@ from algorithms.training import flat_state
 from engine.loop import guards, rows
 from engine.loop.callbacks import RoundRecord
 from engine.loop.evaluation import global_columns
-from hardware_profiles import clock
-from hardware_profiles.conditions import participation
-from hardware_profiles.energy import ENERGY_COLUMNS, empties_at, ledger
+from hardware_profiles.energy import ENERGY_COLUMNS
 
 SALT_DISPATCH = 0xA5C7  # the seeded choice of whom to dispatch
 MAX_IDLE_RETRIES = 100_000  # nobody online for this many retries: the fleet can never run
@@ -88,71 +89,44 @@ class AsyncLoop:
         busy[[u.client_id for u in self.flight.values()]] = True
         busy[[u.client_id for u in self.buffer]] = True  # arrived but not applied: not yet free
         idle = np.flatnonzero(~busy)
-        batteries = sim.batteries
-        if batteries is not None:  # below the threshold: not dispatched (it may charge meanwhile)
-            idle = idle[~batteries.too_low(idle)]
+        clock = sim.clock
+        idle = idle[~clock.too_low(idle)]  # below the threshold: not dispatched (it may charge meanwhile)
         if len(idle) == 0:
             return
         # every attempt draws new coins (a retry must not meet the same ones); wave = its number
         wave, self.wave = self.wave, self.wave + 1
-        available, dropped, leaves = participation(sim.conditions, sim.profiles, idle, cfg.seed, wave,
-                                                   cfg.clock, self.now)
+        begin = clock.begin(wave, idle, start_s=self.now)
         rng = np.random.default_rng([cfg.seed, wave, SALT_DISPATCH])
-        pick = np.sort(rng.permutation(np.flatnonzero(available & ~dropped))[:free])
+        pick = np.sort(rng.permutation(np.flatnonzero(begin.run_mask))[:free])
         if len(pick) == 0:
             return
-        ids, leaves = idle[pick], leaves[pick]
+        start = begin.only(pick)
+        ids = start.runnable
         broadcast = sim.server.broadcast(self.version)
         if self.version not in self.bases:  # the state the broadcast stands for (full: parameters, buffers)
             self.bases[self.version] = {arch: flat_state(m).cpu().numpy().astype(np.float64)
                                         for arch, m in sim.server.models.items()}
-        now = sim.conditions.now(ids, self.now) if sim.conditions is not None and sim.reads_profile else None
-        now = sim.with_last_times(ids, now)
         sim.unbatched.check(sim.executor, ids, f"wave {wave}")
-        reply = sim.executor.run_round(wave, ids.tolist(), broadcast, False, now)
+        reply = sim.executor.run_round(wave, ids.tolist(), broadcast, False, sim.clients_now(ids, self.now))
         self.faults.extend(reply.faults)
         results = reply.results
         sent = rows.payloads(broadcast, results)
-        measured = None
-        if cfg.clock.mode == "measured":
-            measured = cfg.clock.measured_compute_s([res.metrics["wall_fit_s"] for res in results])
-        times = clock.client_times(sim.profiles, ids, sent["bytes_down"], sent["bytes_up"], sent["train_flops"],
-                                   sent["compress_ops"], measured_compute_s=measured)
-        timeline = rows.timeline(sim.conditions, ids, self.now, times, sent, measured)
-        sim.keep_last_times(wave, ids, times)
-        arrive = timeline["upload_end_s"]
-        # clock.deadline_s: the server abandons a task still running that long after its dispatch
-        cut = self.now + (cfg.clock.deadline_s if cfg.clock.deadline_s is not None else np.inf)
-        empties = np.full(len(ids), np.inf)  # batteries: when it runs empty (on the charger: never)
-        if batteries is not None:
-            charging = sim.clock.on_charger(wave, self.now)
-            empties = self.now + empties_at(sim.profiles, ids, times, batteries.charge_j(ids, charging))
-        # whichever comes first before the arrival; a tie of offline and battery is offline (as a round's)
-        offline = (leaves < np.minimum(arrive, cut)) & (leaves <= empties)
-        flat = ~offline & (empties < np.minimum(arrive, cut))
-        late = ~offline & ~flat & (arrive > cut)
-        lost = offline | flat | late
-        stopped = np.select([offline, flat, late], [leaves - self.now, empties - self.now, cut - self.now],
-                            np.inf)  # the client stops
-        if sim.conditions is not None or batteries is not None:
-            timeline["left_s"] = np.select([offline, flat], [leaves, empties], np.nan)
-        energy = ledger(sim.profiles, ids, times, stopped)
+        timing = clock.time_tasks(start, sent, [res.metrics["wall_fit_s"] for res in results])
+        sim.keep_last_times(wave, ids, timing.times)
         n = len(ids)
         outcome = SimpleNamespace(made_deadline=np.zeros(n, dtype=bool), drop_reason=np.full(n, "", dtype="<U13"))
-        client_rows = rows.client_rows(-1, sim.profiles, ids, np.full(n, ""), results, times, sent["bytes_down"],
-                                       outcome, timeline, self.now, energy)
-        if batteries is not None:  # a task's energy leaves the battery at its dispatch
-            level_start = batteries.fraction(ids)
-            batteries.advance(0.0, ids, energy["energy_j"], np.zeros(n), flat, np.zeros(len(batteries.level), bool))
-            rows.add_battery_columns(client_rows, level_start, batteries.fraction(ids), charging[ids])
+        client_rows = rows.client_rows(-1, sim.profiles, ids, np.full(n, ""), results, timing.times,
+                                       sent["bytes_down"], outcome, timing.timeline, self.now, timing.energy)
+        clock.spend(start, timing)  # a task's energy leaves the battery at its dispatch
+        if sim.batteries is not None:
+            rows.add_battery_columns(client_rows, start.level_start, sim.batteries.fraction(ids), start.charging[ids])
         nonfinite = guards.nonfinite_results(results) & (cfg.train.on_nonfinite != "ignore")
         for i, res in enumerate(results):
             seq, self.seq = self.seq, self.seq + 1
-            event_s = float(leaves[i] if offline[i] else empties[i] if flat[i] else cut if late[i] else arrive[i])
-            reason = "battery" if flat[i] else "deadline" if late[i] else "offline"
-            self.flight[seq] = Update(seq, wave, int(ids[i]), self.version, self.now, event_s, bool(lost[i]), res,
-                                      client_rows[i], bool(nonfinite[i]), reason)
-            heapq.heappush(self.events, (event_s, int(ids[i]), seq))
+            reason = str(timing.lost_reason[i])
+            self.flight[seq] = Update(seq, wave, int(ids[i]), self.version, self.now, float(timing.event_s[i]),
+                                      bool(reason), res, client_rows[i], bool(nonfinite[i]), reason or "offline")
+            heapq.heappush(self.events, (float(timing.event_s[i]), int(ids[i]), seq))
             self.dispatched.append((int(ids[i]), float(sent["bytes_down"][i])))
 
     # ------------------------------------------------------------------ events
@@ -191,14 +165,12 @@ class AsyncLoop:
         """Batteries from ``battery_s`` to ``t``: charging (on the charger as at ``battery_s``, with
         the next wave's coins for ``charging: online``) and idle drain outside the tasks in flight
         (their energy was taken at dispatch)."""
-        b = self.sim.batteries
-        if b is None or t <= self.battery_s:
+        if self.sim.batteries is None or t <= self.battery_s:
             return
         flying = list(self.flight.values())
         ids = np.array([u.client_id for u in flying], dtype=np.int64)
         busy = np.array([max(0.0, min(t, u.event_s) - max(self.battery_s, u.dispatch_s)) for u in flying])
-        b.advance(t - self.battery_s, ids, np.zeros(len(ids)), busy, np.zeros(len(ids), dtype=bool),
-                  self.sim.clock.on_charger(self.wave, self.battery_s))
+        self.sim.clock.elapse(t - self.battery_s, self.wave, self.battery_s, ids, busy)
         self.battery_s = t
 
     def _handle(self, u: Update, r: int) -> list[Update] | None:

@@ -5,34 +5,40 @@ architecture.
 :func:`build_parts` is the one builder. The validation (:mod:`engine.run.validate`) calls it with
 a ``guard`` that turns each stage's errors into config problems; the run's :class:`Simulation`
 calls it again and gets the same :class:`Parts` back (the last config built is kept), so a config
-is built once per run. Warm processes that run several trials (a sweep's reused trial workers,
-``hetsim whatif``, a notebook) keep more: the federated data per (dataset, partition, clients,
-seed), within :data:`DATA_BUDGET_BYTES`. Nothing here changes a result: the data is read only,
-and every :class:`Simulation` has its own of what a run changes: the models (the first taker
-gets the built ones, later ones build them again from the seed, the same weights) and the
-batteries' charge (a copy). Models are built again rather than copied because a copy costs more:
-``copy.deepcopy`` of LeNet-5 takes 7 ms of CPU, building it 2 ms (measured in a loop of each).
+is built once per run. Each architecture's model is built once too: the built one is never
+changed, and whoever changes one (the run's server, the in-process client host's workspace)
+takes a copy (:func:`~engine.models.arch.copy_models`: less CPU than a build). A client host in
+another process (a Ray client actor) builds its own from the seed, the same weights: once per
+process.
+
+Warm processes that run several trials (a sweep's reused trial workers, ``hetsim whatif``, a
+notebook) keep more: the federated data per (dataset, partition, clients, seed), within
+:data:`DATA_BUDGET_BYTES`, and the initial models per (architecture, input, classes, seed),
+within :data:`MODEL_BUDGET_BYTES`; the profiles, conditions and batteries are built per config
+(milliseconds). Nothing here changes a result: what is kept is read only, and every
+:class:`Simulation` has its own of what a run changes (the models, the batteries' charge).
 """
 from __future__ import annotations
 
 import contextlib
 import copy
 import json
-import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, ContextManager
 
 import numpy as np
 
 from engine.config.schema import ExperimentConfig
 from engine.data.build import build_data
-from engine.models.arch import assign_architectures, build_arch_model
+from engine.models.arch import arch_spec, assign_architectures, build_arch_model, copy_models
+from engine.models.zoo import MODELS
 from hardware_profiles.conditions import FleetConditions
 from hardware_profiles.energy import FleetBatteries
 from hardware_profiles.sampler import assign_profiles
 
 DATA_BUDGET_BYTES = 1 << 30  # federated data kept for later runs of this process (the newest always)
+MODEL_BUDGET_BYTES = 256 << 20  # initial models kept for later runs of this process (the newest always)
 
 # guard(stage) or guard("model", arch, data) -> a context that may turn the stage's errors into
 # config problems; stages: "data", "profiles", "conditions", "batteries", "architectures", "model"
@@ -50,19 +56,12 @@ class Parts:
     batteries: FleetBatteries | None
     arch_names: list[str]  # architecture name per code; "" when all clients share one model
     client_arch: np.ndarray  # int code per client (into arch_names)
-    models: dict[str, Any]  # the initial model of each architecture
+    models: dict[str, Any]  # the initial model of each architecture, never changed (copy_models)
     cfg: ExperimentConfig
-    _taken: list[bool] = field(default_factory=lambda: [False], repr=False, compare=False)
 
     def take_models(self) -> dict[str, Any]:
-        """The initial models, the caller's to change: the built ones to the first caller,
-        the same built again to the others."""
-        with _TAKE:  # two runs of one config in two threads must not share the built models
-            first, self._taken[0] = not self._taken[0], True
-        if first:
-            return self.models
-        data = self.data
-        return {arch: build_arch_model(self.cfg, arch, data.input_shape, data.num_classes) for arch in self.models}
+        """The initial models, the caller's to change (a copy: cheaper than a build)."""
+        return copy_models(self.models)
 
     def fresh_batteries(self) -> FleetBatteries | None:
         return copy.deepcopy(self.batteries)
@@ -72,9 +71,9 @@ def _no_guard(stage: str, arch: str = "", data=None) -> ContextManager[Any]:
     return contextlib.nullcontext()
 
 
-_TAKE = threading.Lock()
 _last: tuple[str, Parts] | None = None  # the last config built in this process, and its parts
 _data: OrderedDict[str, Any] = OrderedDict()  # data key -> federated data, oldest first
+_models: OrderedDict[tuple, Any] = OrderedDict()  # model key -> initial model, oldest first
 
 
 def build_parts(cfg: ExperimentConfig, guard: Guard | None = None, data=None) -> Parts:
@@ -108,7 +107,7 @@ def build_parts(cfg: ExperimentConfig, guard: Guard | None = None, data=None) ->
     models = {}
     for arch in arch_names:
         with guard("model", arch, data):
-            models[arch] = build_arch_model(cfg, arch, data.input_shape, data.num_classes)
+            models[arch] = _shared_model(cfg, arch, data)
     parts = Parts(data, profiles, conditions, batteries, arch_names, client_arch, models, cfg)
     if keep and len(models) == len(arch_names):
         _last = (key, parts)
@@ -121,21 +120,42 @@ def data_key(cfg: ExperimentConfig) -> str:
                        cfg.clients.num_clients, cfg.seed], sort_keys=True, default=str)
 
 
+def model_key(cfg: ExperimentConfig, arch: str, input_shape, num_classes: int) -> tuple:
+    """What an initial model depends on: its builder and params, the data's shape and classes, the seed."""
+    name, params = arch_spec(cfg, arch)
+    return (name, MODELS.get(name), json.dumps(params, sort_keys=True, default=str), tuple(input_shape),
+            int(num_classes), cfg.seed)
+
+
 def _shared_data(cfg: ExperimentConfig):
-    key = data_key(cfg)
-    if key in _data:
-        _data.move_to_end(key)
-        return _data[key]
-    data = build_data(cfg)
-    _data[key] = data
-    while len(_data) > 1 and sum(_nbytes(d) for d in _data.values()) > DATA_BUDGET_BYTES:
-        _data.popitem(last=False)
-    return data
+    return _kept(_data, data_key(cfg), lambda: build_data(cfg), DATA_BUDGET_BYTES, _data_nbytes)
 
 
-def _nbytes(data) -> int:
+def _shared_model(cfg: ExperimentConfig, arch: str, data):
+    key = model_key(cfg, arch, data.input_shape, data.num_classes)
+    return _kept(_models, key, lambda: build_arch_model(cfg, arch, data.input_shape, data.num_classes),
+                 MODEL_BUDGET_BYTES, _model_nbytes)
+
+
+def _kept(store: OrderedDict, key, build: Callable[[], Any], budget: int, nbytes: Callable[[Any], int]):
+    """``store[key]``, built if absent; the oldest entries go while the store is over ``budget``
+    bytes (the newest stays)."""
+    if key in store:
+        store.move_to_end(key)
+        return store[key]
+    value = store[key] = build()
+    while len(store) > 1 and sum(nbytes(v) for v in store.values()) > budget:
+        store.popitem(last=False)
+    return value
+
+
+def _data_nbytes(data) -> int:
     x = getattr(data, "x", None)
     return int(x.nbytes) if isinstance(x, np.ndarray) else 0
+
+
+def _model_nbytes(model) -> int:
+    return sum(t.nbytes for t in model.state_dict().values())
 
 
 def forget() -> None:
@@ -143,3 +163,4 @@ def forget() -> None:
     global _last
     _last = None
     _data.clear()
+    _models.clear()

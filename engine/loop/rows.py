@@ -12,7 +12,6 @@ import numpy as np
 
 from algorithms.base import Broadcast, ClientResult
 from hardware_profiles.energy import ENERGY_COLUMNS
-from hardware_profiles.round_clock import phase_timeline
 
 PERSONALIZED_COLUMNS = ("pers_acc", "pers_acc_weighted", "pers_acc_worst", "pers_acc_std", "pers_loss")
 
@@ -25,11 +24,6 @@ def payloads(broadcast: Broadcast, results: list[ClientResult]) -> dict[str, np.
         "train_flops": np.array([res.train_flops for res in results], dtype=np.float64),
         "compress_ops": np.array([res.compress_ops for res in results], dtype=np.float64),
     }
-
-
-def timeline(conditions, runnable, start_s: float, times: dict, sent: dict, measured) -> dict[str, np.ndarray]:
-    """:func:`hardware_profiles.round_clock.phase_timeline` (the round clock's; the asynchronous loop's name)."""
-    return phase_timeline(conditions, runnable, start_s, times, sent, measured)
 
 
 TIMELINE_COLUMNS = ("download_end_s", "train_end_s", "compress_end_s", "upload_end_s")

@@ -50,6 +50,7 @@ class Simulation:
         n = self.data.num_clients
         self.batteries = parts.fresh_batteries()  # its charge changes as the run goes
         self.arch_names, self.client_arch = parts.arch_names, parts.client_arch
+        self.initial_models = parts.models  # never changed: an in-process client host copies them
         self.models = parts.take_models()  # the server's to change
         spec = ALGORITHMS[cfg.algorithm.name]
         public_x, public_y = self.data.public_arrays() if self.data.num_public else (None, None)
@@ -91,6 +92,7 @@ class Simulation:
             profiles=self.profiles,
             arch_names=self.arch_names,
             client_arch=self.client_arch,
+            initial_models=self.initial_models,
         )
 
     @property
@@ -179,7 +181,8 @@ class Simulation:
         runnable, evaluating = start.runnable, is_evaluation_round(cfg, r)
         broadcast = self.server.broadcast(r)
         self.unbatched.check(self.executor, runnable, f"round {r}")
-        reply = self.executor.run_round(r, runnable.tolist(), broadcast, evaluating, self._now(runnable, start.start_s))
+        now = self.clients_now(runnable, start.start_s)
+        reply = self.executor.run_round(r, runnable.tolist(), broadcast, evaluating, now)
         results = reply.results
         sent = rows.payloads(broadcast, results)
         timing = self.clock.time(start, sent, [res.metrics["wall_fit_s"] for res in results], target)
@@ -212,8 +215,9 @@ class Simulation:
     def sim_time_s(self, value: float) -> None:
         self.clock.sim_time_s = value
 
-    def _now(self, runnable, start_s: float) -> dict | None:
-        """What the clients may read of their conditions and last phase times this round."""
+    def clients_now(self, runnable, start_s: float) -> dict | None:
+        """What the clients may read of their conditions and last phase times when they start
+        at ``start_s`` (a round, or an asynchronous wave)."""
         now = self.conditions.now(runnable, start_s) if self.conditions is not None and self.reads_profile else None
         return self.with_last_times(runnable, now)
 

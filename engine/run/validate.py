@@ -349,7 +349,7 @@ def _fleet_problems(cfg, data, profiles, arch_names, client_arch, flops, warning
     params = np.asarray([sizes[a] for a in arch_names], dtype=np.float64)[client_arch]
     if not _links_vary(cfg):
         bits = 8.0 * FLOAT32_BYTES * params
-        up_bits = bits if cfg.algorithm.name in FULL_MODEL_UPLOADS else 0.0
+        up_bits = bits if cfg.algorithm.uploads_whole_model else 0.0
         fastest = fastest + bits / (profiles.down_mbps * 1e6) + up_bits / (profiles.up_mbps * 1e6)
     if policy.mode != "measured":
         per_sample = np.asarray([flops[a] for a in arch_names])[client_arch]
@@ -385,7 +385,6 @@ def _fleet_problems(cfg, data, profiles, arch_names, client_arch, flops, warning
 
 
 FLOAT32_BYTES = 4
-FULL_MODEL_UPLOADS = ("fedavg", "fedprox")  # methods whose upload is the whole model
 
 
 def _links_vary(cfg: ExperimentConfig) -> bool:
