@@ -56,6 +56,7 @@ from algorithms.compressors import COMPRESSORS
 from algorithms.fedavg import state_payload
 from algorithms.params import DEFAULT_ARMS, AscendParams, parse_arm  # noqa: F401 (DEFAULT_ARMS re-exported)
 from algorithms.training import (
+    Adam,
     flat_params,
     flat_state,
     load_flat_params,
@@ -802,14 +803,14 @@ class AscendServer(Server):
         idx = torch.randint(n, (p.distill_steps, min(p.distill_batch, n)),
                             generator=torch.Generator().manual_seed(seed))
         t_logp = F.log_softmax(teacher / p.temperature, dim=1)
-        opt = torch.optim.Adam(model.parameters(), lr=p.distill_lr)
+        opt = Adam(model.parameters(), lr=p.distill_lr)
         model.train()
         losses = torch.empty(p.distill_steps)
         for step in range(p.distill_steps):
             bi = idx[step]
             s_logp = F.log_softmax(model(self.public_x[bi]) / p.temperature, dim=1)
             loss = F.kl_div(s_logp, t_logp[bi], log_target=True, reduction="batchmean")
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad()
             loss.backward()
             opt.step()
             losses[step] = loss.detach()

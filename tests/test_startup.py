@@ -153,6 +153,52 @@ def test_sgd_is_torch_optim_sgd_bit_for_bit(momentum, weight_decay):
         assert torch.equal(a, b)
 
 
+def test_adam_is_torch_optim_adam_bit_for_bit():
+    # ASCEND's distillation optimizer: a fresh one per round, a few steps on a KL loss
+    import torch
+    import torch.nn.functional as F
+
+    from algorithms.training import Adam
+    from engine.models.zoo import build_model
+
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
+    models, opts = [], []
+    for cls in (torch.optim.Adam, Adam):
+        torch.manual_seed(1)
+        model = build_model("cnn", (1, 28, 28), 10)
+        models.append(model)
+        opts.append(cls(model.parameters(), lr=3e-3))
+    frozen = next(iter(models[0].parameters())).numel()
+    for step in range(12):
+        batch = slice(16 * (step % 4), 16 * (step % 4 + 1))
+        for model, opt in zip(models, opts):
+            opt.zero_grad()
+            F.cross_entropy(model(x[batch]), y[batch]).backward()
+            if step < 3:  # a parameter without a gradient is skipped and its step count waits
+                next(iter(model.parameters())).grad = None
+            opt.step()
+    assert frozen > 0
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        assert torch.equal(a, b)
+
+
+def test_an_ascend_run_imports_no_dynamo():
+    # torch.optim's first optimizer imports torch._dynamo (1.5-3 s of CPU per process): ASCEND's
+    # server distils with algorithms.training.Adam instead
+    code = """
+from engine import load_config
+from engine.loop.simulation import Simulation
+sim = Simulation(load_config(None, ["algorithm.name=ascend", "algorithm.distill_steps=2", "dataset.name=digits",
+                                    "partition.public_fraction=0.1", "model.name=mlp", "clients.num_clients=4",
+                                    "rounds=1", "clients.profiles={}"]))
+rows = []
+sim.run(callbacks=[lambda record: rows.append(record.row)])
+assert rows[0]["server_distill_loss"] > 0, rows  # the server distilled (two Adam steps)
+"""
+    assert "torch._dynamo" not in imported_after(code)
+
+
 def test_flop_counts_without_dynamo_equal_the_counts_with_it():
     code = """
 import json, sys
