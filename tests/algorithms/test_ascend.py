@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from helpers import REPO
 
 from algorithms import ALGORITHMS
 from algorithms.ascend import (
@@ -712,14 +713,13 @@ def test_two_epsilons_of_the_example_sweep_give_different_arm_sequences(tmp_path
     """The example sweep's trials (sweeps/examples/ascend_eps_gamma.yaml), on a small stand-in
     data set and model: with its epsilon 0.05 and 0.5, the same seed and the same warm-up, the
     clients' own choices after the warm-up differ."""
-    from pathlib import Path
 
     from engine.config.schema import load_config
     from engine.results.tables import load_run
     from engine.run.api import run_experiment
     from sweeps import resolve
 
-    sweep = resolve(Path(__file__).parents[1] / "sweeps" / "examples" / "ascend_eps_gamma.yaml")
+    sweep = resolve(REPO / "sweeps" / "examples" / "ascend_eps_gamma.yaml")
     assert sweep.spec.space["algorithm.epsilon"]["grid"] == [None, 0.05, 0.5]
     arms = {}
     for eps in (0.05, 0.5):

@@ -5,7 +5,8 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from test_ascend_v3 import RPI4, ctx_for, server_for
+from helpers.ascend import RPI4, ctx_for, server_for
+from helpers.checkpoint import Collect, assert_same_tables, cfg_of, frames, simulation
 
 from algorithms.ascend import AscendClient, AscendParams, reward_v3, reward_v4
 from algorithms.ascend_time import measured_costs, measured_seconds, round_seconds, unit_costs, work_vector
@@ -121,10 +122,8 @@ MARKOV = "clients.profiles.conditions={sets: {fading: {down: gilbert_elliott, up
 
 
 def test_v4_measured_continues_bit_identically_from_a_checkpoint(tmp_path):
-    """tests/test_checkpoint.py's every-method test, for reward v4 with the measured time model
+    """tests/engine/test_checkpoint.py's every-method test, for reward v4 with the measured time model
     on Gilbert-Elliott links (the engine's per-client phase times are checkpointed too)."""
-    from test_checkpoint import Collect, assert_same_tables, cfg_of, frames, simulation
-
     from engine.checkpoint.snapshot import restore_checkpoint
 
     cfg = cfg_of("algorithm={name: ascend, k: 0.1, warmup: 1, distill_steps: 3, reward: v4, "

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from helpers import REPO
 from pydantic import ValidationError
 
 import algorithms.fedcspack as fcs
@@ -592,9 +593,8 @@ def test_engine_run_writes_fedcspack_traces_and_pack_tables(tmp_path):
 
 def _study_module():
     import importlib.util
-    from pathlib import Path
 
-    path = Path(__file__).parents[1] / "studies" / "fedcspack_study.py"
+    path = REPO / "studies" / "fedcspack_study.py"
     spec = importlib.util.spec_from_file_location("fedcspack_study", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("algorithms", "engine", "hardware_profiles")
 CHECK = """
 import numpy as np, torch
@@ -62,7 +62,7 @@ def install(tmp_path):
         pytest.skip("running as root without mount namespaces: cannot make a folder read-only")
     pkg, home, tmp = tmp_path / "site", tmp_path / "home", tmp_path / "tmp"
     for name in PACKAGES:
-        shutil.copytree(ROOT / name, pkg / name, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(REPO / name, pkg / name, ignore=shutil.ignore_patterns("__pycache__"))
     home.mkdir()
     tmp.mkdir()
     env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(pkg), "TMPDIR": str(tmp),

@@ -5,11 +5,11 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import REPO
 
 from algorithms.asynchronous import fedbuff_step, staleness_weight
 from algorithms.training import flat_state
@@ -23,7 +23,6 @@ from engine.run.api import run_experiment
 
 BASE = ["dataset.name=digits", "model.name=mlp", "clients.num_clients=10", "checkpoint.every=0",
         "partition.scheme=iid"]
-REPO = Path(__file__).resolve().parents[1]
 FIXED = ["clock.apply_availability=false", "clock.apply_dropout=false"]  # every client runs, no coins
 
 

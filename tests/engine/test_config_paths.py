@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import REPO
 
 from engine.config.schema import load_config
 from engine.errors import ConfigError
@@ -16,7 +17,6 @@ from hetsim.cli import main
 from sweeps import whatif
 from sweeps.spec import SweepSpecError
 
-REPO = Path(__file__).resolve().parents[1]
 LINKS = BUILTIN_DIR / "fluctuating_links.csv"
 def _trace() -> dict:
     return {"kind": "trace", "file": "traces/links.csv"}  # a new one each time: tests change theirs

@@ -4,6 +4,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import REPO
 
 from engine.clients.host import ClientFailure
 from engine.config.schema import load_config
@@ -82,9 +83,8 @@ def test_run_folder_has_documented_tables_and_columns(tmp_path):
 
 
 def test_docs_list_every_core_column():
-    from pathlib import Path
 
-    doc = (Path(__file__).parents[1] / "docs" / "results.md").read_text()
+    doc = (REPO / "docs" / "results.md").read_text()
     for col in {*ROUND_COLUMNS, *CLIENT_COLUMNS, *PROFILE_COLUMNS}:
         assert f"`{col}`" in doc, col
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers import REPO
 
 from engine.config.schema import load_config
 from engine.config.yamlio import MAX_YAML_BYTES, YamlError, parse_yaml, read_yaml_file
@@ -21,7 +22,6 @@ from engine.results.tables import WALL_COLUMNS
 from engine.run.api import run_experiment
 from hetsim.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = ["dataset.name=digits", "model.name=mlp", "rounds=6", "clients.num_clients=6", "checkpoint.every=2"]
 
 
@@ -144,7 +144,7 @@ def test_full_or_read_only_disk_is_a_user_error_and_resume_equals_an_undisturbed
     env_cmd = ["unshare", "-rm", sys.executable, "-c", DRIVER, str(mnt), mode, "2", str(tmp_path / "rounds.parquet"),
                *sets(TINY)]
     proc = subprocess.run(env_cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     run = f"{mnt}/r"

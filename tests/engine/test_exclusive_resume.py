@@ -12,17 +12,17 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 from engine.results.manifest import process_identity
 from engine.results.tables import load_run
 from engine.run.folders import LOCK_FILE, _loop_alive
 from hetsim.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = ["dataset.name=digits", "model.name=mlp", "rounds=2", "clients.num_clients=6"]
 SLOW_RUN = [*TINY, "rounds=400", "clock.mode=realtime", "clock.max_sleep_s=0.25",
             "clock.time_scale=1000000"]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 
 def _hetsim(tmp_path: Path, *args: str) -> subprocess.Popen:

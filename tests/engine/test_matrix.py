@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import REPO
 
 from algorithms.asynchronous import ASYNC_METHODS
 from algorithms.params import ALGORITHM_PARAMS
@@ -287,7 +288,7 @@ def render() -> str:
 
 
 def test_docs_matrix_is_the_generated_table():
-    page = Path(__file__).resolve().parents[1] / "docs" / "matrix.md"
+    page = REPO / "docs" / "matrix.md"
     assert page.read_text(encoding="utf-8") == render(), (
         "docs/matrix.md is stale: PYTHONPATH=. python tests/test_matrix.py > docs/matrix.md")
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import REPO
 
 from engine.config.schema import load_config
 from engine.results.manifest import run_status
@@ -20,7 +21,6 @@ from engine.results.tables import RunWriter, load_run, read_table
 from engine.run.folders import make_run_dir
 from hetsim.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = ["dataset.name=digits", "model.name=mlp", "rounds=2", "clients.num_clients=6"]
 
 
@@ -88,7 +88,7 @@ SLOW_RUN = [*TINY, "rounds=400", "clock.mode=realtime", "clock.max_sleep_s=0.25"
 
 
 def _start(tmp_path: Path, *extra: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.Popen(
         [sys.executable, "-m", "hetsim", "run", "-q", "-o", "r",
          *(a for s in [*SLOW_RUN, *extra] for a in ("--set", s))],

@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "torchvision", "ray", "pandas", "numba", "pyarrow", "torch._dynamo")
 
 

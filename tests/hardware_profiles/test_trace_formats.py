@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import REPO
 
 from hardware_profiles.trace_formats import (
     fedscale_availability,
@@ -27,8 +28,7 @@ from hardware_profiles.trace_formats import (
 )
 from hardware_profiles.traces import TraceError, read_interval_traces, read_rate_traces
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT / "hardware_profiles" / "traces"
+EXAMPLES = REPO / "hardware_profiles" / "traces"
 
 
 def _pickle(path: Path, obj) -> Path:
@@ -285,7 +285,7 @@ def test_to_file_checks_suffix_columns_and_schema(tmp_path):
 
 
 def _example_script():
-    spec = importlib.util.spec_from_file_location("make_example_traces", ROOT / "bench" / "make_example_traces.py")
+    spec = importlib.util.spec_from_file_location("make_example_traces", REPO / "bench" / "make_example_traces.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 from hetsim.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
 # fast: digits (1,797 samples) and an MLP; a case's own --set items come after these
 BASE = ["--set", "dataset.name=digits", "--set", "model.name=mlp", "--set", "rounds=2",
         "--set", "clients.num_clients=10", "--set", "output.dir=runs"]
@@ -361,7 +361,7 @@ def test_bad_input_gives_one_clear_message_and_exit_2(case_id, command, argv, fi
 
 def _hetsim(*args, cwd, code=None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "hetsim", *args] if code is None else [sys.executable, "-c", code, *args]
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(cwd)}
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HOME": str(cwd)}
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 

@@ -8,11 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 from hetsim.cli import main
 from hetsim.common import resolve_latest
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _run_folder(parent: Path, name: str, started: str) -> Path:

@@ -2,15 +2,15 @@
 hetsim/templates.py), `hetsim validate -c` takes it as it is, and `hetsim run -c` runs it,
 shortened to 2 rounds (server steps for FedBuff) with `--set rounds=2`."""
 import re
-from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 from engine.results import load_run
 from hetsim.cli import main
 from hetsim.templates import CONFIG_FILES, config_text, write_configs
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = REPO / "configs"
 EXAMPLES = sorted(p.name for p in CONFIGS.glob("*.yaml"))
 SLOW = {"ascend_mnist.yaml"}  # distillation and probes: ~25 s on 2 busy cores
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 import pytest
-from test_reports import assert_figures, parse_page, small_run
+from helpers.reports import assert_figures, parse_page, small_run
 
 from hetsim.report import PARTICIPATION_FIGURES, build_report
 from hetsim.report_participation import (

@@ -6,7 +6,8 @@ import shutil
 import numpy as np
 import pandas as pd
 import pytest
-from test_reports import BROWSERS, assert_figures, one_torch_thread, parse_page, screenshot
+from helpers import one_torch_thread
+from helpers.reports import BROWSERS, assert_figures, parse_page, screenshot
 
 from engine.config.schema import load_config
 from engine.results.tables import load_run

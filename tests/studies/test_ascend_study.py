@@ -1,15 +1,15 @@
 """The ASCEND study's own arithmetic (studies/ascend_study.py): the v3 plan, its config changes,
 paired differences with bootstrap intervals and the per-cell ground truth. No runs."""
 import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import REPO
 
 
 def _study():
-    path = Path(__file__).parents[1] / "studies" / "ascend_study.py"
+    path = REPO / "studies" / "ascend_study.py"
     spec = importlib.util.spec_from_file_location("ascend_study", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

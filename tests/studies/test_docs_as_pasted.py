@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(bash|sh|shell|python|py)\s*$")
 MARKER = re.compile(r"^<!--\s*docs-test:\s*skip\b\s*(.*?)\s*-->\s*$")

@@ -4,18 +4,17 @@ steps (another trial's checkpoint, new hyperparameters) are in the results."""
 import json
 import os
 import signal
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
+from helpers import REPO
+from helpers.sweeps import BASE as SWEEP_BASE
+from helpers.sweeps import EXAMPLES
 
 from engine.config.schema import load_config
 from engine.results.tables import WALL_COLUMNS, load_run
 from engine.run.api import run_experiment
-
-EXAMPLES = Path(__file__).resolve().parents[1] / "sweeps" / "examples"
-from test_sweeps import BASE as SWEEP_BASE  # noqa: E402
 
 BASE = {**SWEEP_BASE, "rounds": 6, "algorithm": {"name": "fedavg"}}
 
@@ -272,7 +271,7 @@ def test_a_sweep_killed_after_two_trials_finished_resumes_without_running_them_a
 
     spec = {"name": "kill2", "base": {**BASE, "rounds": 3}, "space": {"train.lr": {"grid": [0.05, 0.1, 0.2]}},
             "max_concurrent_trials": 1}
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-c", KILLED_AFTER_TWO_TRIALS, json.dumps(spec), str(tmp_path / "sw")],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]

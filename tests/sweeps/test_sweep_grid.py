@@ -1,12 +1,11 @@
 """`hetsim sweep --grid KEY=v1,v2`: a spec's dimension shrunk or replaced from the command line (issue 39)."""
-from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 from hetsim.cli import main
 from sweeps.grid import GridError, apply_grid, parse_grid_item
 
-REPO = Path(__file__).resolve().parents[1]
 SPEC = REPO / "sweeps" / "examples" / "fedavg_lr.yaml"  # train.lr grid of 3 x clients.participation grid of 2
 SPACE = {"train.lr": {"grid": [0.02, 0.05, 0.2]}, "algorithm.k": {"loguniform": [1e-3, 0.1]},
          "cell": {"cases": {"a": {"seed": 1}, "b": {"seed": 2}, "c": {"seed": 3}}}}

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from helpers.sweeps import BASE, EXAMPLES, InterruptAfterFirstTrial, direct_rounds, spec  # the same tiny experiment
 from scipy import stats as scipy_stats
-from test_sweeps import BASE, EXAMPLES, InterruptAfterFirstTrial, direct_rounds, spec  # the same tiny experiment
 
 from algorithms import ALGORITHMS
 from hetsim.cli import main

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from test_sweeps import BASE, GRID  # noqa: E402 - the same tiny experiment
+from helpers.sweeps import BASE, GRID  # the same tiny experiment
 
 from engine.results import WALL_COLUMNS
 from sweeps import SweepSpecError, resolve

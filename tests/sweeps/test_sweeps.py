@@ -3,15 +3,15 @@ the Ray executor inside trials and the CLI (multi-node clusters: test_cluster.py
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
+from helpers import one_torch_thread
+from helpers.sweeps import BASE, EXAMPLES, InterruptAfterFirstTrial, direct_rounds, spec
 
 from algorithms import ALGORITHMS
 from engine.config.schema import load_config
@@ -21,37 +21,6 @@ from engine.run.api import run_experiment
 from hetsim.cli import main
 from sweeps import SweepSpecError, load_sweep, resolve
 from sweeps.spec import param_column_names
-
-EXAMPLES = Path(__file__).resolve().parents[1] / "sweeps" / "examples"
-
-BASE = {
-    "seed": 0,
-    "rounds": 2,
-    "dataset": {"name": "digits"},
-    "model": {"name": "mlp"},
-    "clients": {"num_clients": 10, "participation": 0.5, "profiles": {}},
-    "algorithm": {"name": "fedprox"},
-}
-GRID = {"train.lr": {"grid": [0.05, 0.1]}, "algorithm.mu": {"grid": [0.0, 0.1]}}
-
-
-@contextmanager
-def one_torch_thread():
-    """Like a 1-CPU trial (and faster here: two threads on two busy cores make this tiny MLP
-    ~10x slower; the results are the same)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-def spec(**kw):
-    return {"name": "t", "base": BASE, "space": GRID, **kw}
-
 
 # ---------------------------------------------------------------- specs (no Ray)
 
@@ -204,13 +173,6 @@ def test_tables_are_rebuilt_from_run_folders_with_errors_and_mixed_value_types(t
 @pytest.fixture(scope="module")
 def local_ray(ray_session):
     return ray_session  # the suite's shared 2-CPU Ray (tests/conftest.py)
-
-
-def direct_rounds(tmp_path, params, name):
-    """The same config run directly with engine.run.run_experiment."""
-    with one_torch_thread():
-        cfg = load_config(BASE, {**params})
-        return load_run(run_experiment(cfg, tmp_path / "direct" / name)).rounds
 
 
 @pytest.mark.ray
@@ -408,18 +370,6 @@ def test_asha_compares_the_last_evaluated_value_when_rounds_are_not_all_evaluate
     assert len(stopped) == 2 and (stopped["rounds_done"] == 2).all()
     # the unevaluated rounds stay NaN in the results
     assert sweep.rounds.loc[sweep.rounds["round"] % 2 == 0, "global_acc"].isna().all()
-
-
-class InterruptAfterFirstTrial:
-    """Sends Tune the SIGUSR1 it treats like Ctrl+C once the first trial has finished."""
-
-    def __init__(self):
-        self.sent = False
-
-    def on_trial_complete(self, iteration, trials, trial, **info):
-        if not self.sent:
-            self.sent = True
-            os.kill(os.getpid(), signal.SIGUSR1)
 
 
 @pytest.mark.ray

@@ -8,10 +8,10 @@ import struct
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import REPO
 
 from engine.data.datasets import (
     DATASETS,
@@ -21,8 +21,6 @@ from engine.data.datasets import (
     load_dataset,
     read_idx,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _check_basic(ds: ArrayDataset, n: int, shape: tuple, num_classes: int):
@@ -66,7 +64,7 @@ def test_digits_are_scikit_learns_values_without_importing_scikit_learn(tmp_path
     code = ("import sys; from engine.data.datasets import load_dataset; load_dataset('digits'); "
             "load_dataset('digits'); print('sklearn' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.stdout.strip() == "False", out.stderr
     assert [p.name.split("-")[0] for p in (tmp_path / "cache").glob("*.npz")] == ["digits"]
     from sklearn.datasets import load_digits

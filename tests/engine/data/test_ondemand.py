@@ -10,15 +10,15 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from cluster_util import S3Server
-from test_tabular import write_leaf
+from helpers.cluster import S3Server
+from helpers.tabular import comparable_tables, write_leaf
 
 from engine.config.schema import load_config
 from engine.data.build import build_data
 from engine.data.datasets import load_synthetic
 from engine.data.ondemand import OnDemandFederatedData, SyntheticSource, held_out
 from engine.data.tabular import leaf_to_parquet
-from engine.results.tables import WALL_COLUMNS, load_run
+from engine.results.tables import load_run
 from engine.run.api import run_experiment
 
 SYNTH_DEFAULTS = {k: v.default for k, v in inspect.signature(load_synthetic).parameters.items()
@@ -133,16 +133,12 @@ def test_lazy_and_on_disk_need_natural_clients_and_name_the_field():
         load_synthetic(lazy=True)
 
 
-def _tables(run):
-    return {n: getattr(run, n).drop(columns=list(WALL_COLUMNS), errors="ignore") for n in ("rounds", "clients")}
-
-
 @pytest.mark.ray
 def test_lazy_synthetic_runs_end_to_end_with_identical_tables_on_both_executors(tmp_path, ray_session):
     common = ["clients.num_clients=120", "clients.participation=0.1", "rounds=3", "partition.public_fraction=0.0"]
     local = load_run(run_experiment(lazy_cfg(*common), tmp_path / "a"))
     ray = load_run(run_experiment(lazy_cfg(*common, "executor.kind=ray", "executor.num_actors=2"), tmp_path / "b"))
-    a, b = _tables(local), _tables(ray)
+    a, b = comparable_tables(local), comparable_tables(ray)
     for name in a:
         pd.testing.assert_frame_equal(a[name], b[name], obj=name)
     assert local.rounds["global_acc"].notna().all() and (local.rounds["num_arrived"] > 0).all()
@@ -257,7 +253,7 @@ def test_leaf_converted_to_parquet_runs_on_disk_end_to_end_on_both_executors(tmp
     if executor == "ray":
         ray = load_run(run_experiment(load_config(None, [*common, "executor.kind=ray", "executor.num_actors=2"]),
                                       tmp_path / "b"))
-        a, b = _tables(local), _tables(ray)
+        a, b = comparable_tables(local), comparable_tables(ray)
         for name in a:
             pd.testing.assert_frame_equal(a[name], b[name], obj=name)
 
@@ -309,7 +305,7 @@ def test_a_tight_state_budget_changes_nothing_in_the_results(tmp_path, executor,
     free = load_run(run_experiment(lazy_cfg(*common), tmp_path / "a"))
     tight = load_run(run_experiment(lazy_cfg(*common, "executor.state_memory_mb=0.0625",
                                              f"executor.state_spill_dir={tmp_path / 'spill'}"), tmp_path / "b"))
-    a, b = _tables(free), _tables(tight)
+    a, b = comparable_tables(free), comparable_tables(tight)
     for name in a:
         pd.testing.assert_frame_equal(a[name], b[name], obj=name)
     if executor == "inprocess":  # the budget was binding: states went to disk, memory stayed within it
@@ -533,7 +529,7 @@ def test_an_on_disk_dirichlet_run_equals_the_in_memory_run(tmp_path, executor):
                                     tmp_path / "a"))
     on = ["executor.kind=ray", "executor.num_actors=2", "ray.num_cpus=2"] if executor == "ray" else []
     disk = load_run(run_experiment(_scheme_cfg(table, tmp_path / "c", "dirichlet", *common, *on), tmp_path / "b"))
-    a, b = _tables(eager), _tables(disk)
+    a, b = comparable_tables(eager), comparable_tables(disk)
     for name in a:
         pd.testing.assert_frame_equal(a[name], b[name], obj=name)
     assert eager.rounds["global_acc"].notna().all() and len(eager.rounds) == 2

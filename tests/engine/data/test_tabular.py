@@ -1,46 +1,19 @@
 """Federated datasets a user brings: LEAF's JSON files and Parquet tables (engine.data.tabular),
 read into natural clients with their own test sets, run end to end from a config on both
 executors, and every malformed table refused with the file and column named."""
-import json
-
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers.tabular import USERS, comparable_tables, write_leaf
 
 from engine.config.schema import load_config
 from engine.data.build import build_data
 from engine.data.datasets import load_dataset
 from engine.data.tabular import TableDatasetError, leaf_to_parquet, read_leaf, read_parquet_table
-from engine.results.tables import WALL_COLUMNS, load_run
+from engine.results.tables import load_run
 from engine.run.api import run_experiment
-
-USERS = [f"f{i:04d}_{i % 3}" for i in range(6)]
-FEATURES = 8
-
-
-def write_leaf(folder, seed=0):
-    """Six users in LEAF's documented format, train split over two files, test in one."""
-    rng = np.random.default_rng(seed)
-    data = {}
-    for i, u in enumerate(USERS):
-        n_train, n_test = 20 + 3 * i, 4 + i % 2
-        x = rng.normal(size=(n_train + n_test, FEATURES)).round(4)
-        y = (x[:, 0] > 0).astype(int) + (x[:, 1] > 0.5).astype(int)
-        data[u] = (x, y, n_train)
-    for split in ("train", "test"):
-        (folder / split).mkdir(parents=True)
-        groups = [USERS[:3], USERS[3:]] if split == "train" else [USERS]
-        for j, users in enumerate(groups):
-            doc = {"users": users, "num_samples": [], "user_data": {}}
-            for u in users:
-                x, y, n = data[u]
-                sl = slice(0, n) if split == "train" else slice(n, None)
-                doc["num_samples"].append(len(y[sl]))
-                doc["user_data"][u] = {"x": x[sl].tolist(), "y": y[sl].tolist()}
-            (folder / split / f"all_data_{j}_niid_0_keep_0_{split}_9.json").write_text(json.dumps(doc))
-    return data
 
 
 def test_leaf_users_become_natural_clients_with_their_own_test_rows(tmp_path):
@@ -79,10 +52,6 @@ def test_leaf_to_parquet_reads_back_identically(tmp_path):
         "client", "label", "features", "split"]
 
 
-def _tables(run):
-    return {n: getattr(run, n).drop(columns=list(WALL_COLUMNS), errors="ignore") for n in ("rounds", "clients")}
-
-
 @pytest.mark.parametrize("executor", ["inprocess", "ray"])
 def test_leaf_and_its_parquet_run_end_to_end_with_identical_tables(tmp_path, executor, ray_session):
     write_leaf(tmp_path / "leaf")
@@ -97,7 +66,7 @@ def test_leaf_and_its_parquet_run_end_to_end_with_identical_tables(tmp_path, exe
         "dataset.name=parquet",
         f"dataset.params={{path: {table}, client_column: client, split_column: split, features: features}}",
         *common]), tmp_path / "b"))
-    a, b = _tables(leaf), _tables(parquet)
+    a, b = comparable_tables(leaf), comparable_tables(parquet)
     for name in a:
         pd.testing.assert_frame_equal(a[name], b[name], obj=name)
     assert leaf.rounds["global_acc"].notna().all() and (leaf.rounds["num_arrived"] > 0).all()
@@ -105,7 +74,7 @@ def test_leaf_and_its_parquet_run_end_to_end_with_identical_tables(tmp_path, exe
         ref = load_run(run_experiment(load_config(None, [
             "dataset.name=leaf", f"dataset.params={{path: {tmp_path / 'leaf'}}}",
             *[c for c in common if not c.startswith("executor")]]), tmp_path / "c"))
-        for name, frame in _tables(ref).items():
+        for name, frame in comparable_tables(ref).items():
             pd.testing.assert_frame_equal(a[name], frame, obj=name)
 
 

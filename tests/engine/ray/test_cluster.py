@@ -10,9 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from cluster_util import PrivateDiskCluster, S3Server, can_unshare_mounts, kill_worker_node, mount_namespace
-from test_sweeps import BASE, GRID  # noqa: E402 - the same tiny experiment
-from test_tabular import _tables, write_leaf
+from helpers.cluster import PrivateDiskCluster, S3Server, can_unshare_mounts, kill_worker_node, mount_namespace
+from helpers.sweeps import BASE, GRID  # the same tiny experiment
+from helpers.tabular import comparable_tables, write_leaf
 
 from engine.config.schema import load_config, redact
 from engine.data.tabular import leaf_to_parquet
@@ -281,8 +281,9 @@ def test_a_ray_run_joined_to_the_cluster_hosts_clients_on_both_nodes_without_a_s
             ran = run.clients.dropna(subset=["wall_fit_s"])
             assert len(ran) == 12 and set(ran["client_id"] % 2) == {0, 1}, name  # both actors' clients ran
             local = load_run(run_experiment(load_config(None, [*dataset, *ON_BOTH_NODES]), tmp_path / f"{name}-local"))
-            for table_name, (a, b) in {k: (v, _tables(local)[k]) for k, v in _tables(run).items()}.items():
-                pd.testing.assert_frame_equal(a, b, obj=f"{name}: {table_name}")
+            on_cluster, in_process = comparable_tables(run), comparable_tables(local)
+            for table_name, table in on_cluster.items():
+                pd.testing.assert_frame_equal(table, in_process[table_name], obj=f"{name}: {table_name}")
         # on disk: the row cache is built on the head (under the private folder), the worker lacks it
         on_disk = [f"dataset.params={{{table_params}, on_disk: true, cache_dir: {cluster.private_dir / 'cache'}}}"]
         with pytest.raises(DataNotOnNodeError, match=r"the row cache .*/cache/.* is not on node [0-9a-f]+ .*"

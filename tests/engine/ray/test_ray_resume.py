@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_checkpoint import (
+from helpers.checkpoint import (
     KILL_METHODS,
     METHODS,
     SLOW_ROUNDS,

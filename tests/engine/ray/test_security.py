@@ -10,18 +10,18 @@ import time
 from pathlib import Path
 
 import pytest
-from proc_sockets import cmdline, descendants, is_loopback, listening_sockets
+from helpers import REPO
+from helpers.proc_sockets import cmdline, descendants, is_loopback, listening_sockets
 
 pytestmark = [pytest.mark.ray, pytest.mark.skipif(not sys.platform.startswith("linux"),
                                                   reason="reads /proc")]
-ROOT = Path(__file__).resolve().parents[1]
 TINY = ["dataset.name=digits", "model.name=mlp", "clients.num_clients=8", "rounds=12",
         "clients.participation=0.5", "executor.kind=ray", "ray.num_cpus=2", "evaluation.eval_every=1"]
 
 
 def _env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = str(REPO)
     env.update(extra)
     return env
 
