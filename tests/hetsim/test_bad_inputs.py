@@ -67,7 +67,7 @@ CASES = [
     ("yaml-scalar", "validate", ["-c", "s.yaml"], {"s.yaml": "hello\n"}, ["s.yaml", "mapping", "str"]),
     ("yaml-python-tag", "run", ["-c", "t.yaml"], {"t.yaml": "rounds: !!python/object:os.system x\n"},
      ["t.yaml:1:9", "invalid YAML"]),
-    # ---- YAML limits: alias bombs, cycles, deep nesting (tests/test_environment_faults.py: size, time)
+    # ---- YAML limits: alias bombs, cycles, deep nesting (tests/engine/test_environment_faults.py: size, time)
     ("yaml-billion-laughs", "validate", ["-c", "bomb.yaml"], {"bomb.yaml": BOMB},
      ["bomb.yaml:6:", "YAML refused", "aliases expand to more than 100,000 nodes"]),
     ("yaml-recursive-alias", "run", ["-c", "cyc.yaml"], {"cyc.yaml": "rounds: 2\nx: &a [1, *a]\n"},

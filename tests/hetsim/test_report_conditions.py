@@ -23,7 +23,7 @@ from hetsim.report_conditions import (
     round_times,
 )
 
-# as tests/test_conditions.py's TINY: digits + mlp, 10 clients, 4 rounds
+# as tests/hardware_profiles/test_conditions.py's TINY: digits + mlp, 10 clients, 4 rounds
 TINY = ["dataset.name=digits", "model.name=mlp", "clients.num_clients=10", "clients.participation=0.6",
         "rounds=4", "clients.profiles={network: {5mbps: 0.5, 50mbps: 0.5}}", "clock.start=Tue 21:30"]
 
