@@ -281,9 +281,9 @@ def test_a_ray_run_joined_to_the_cluster_hosts_clients_on_both_nodes_without_a_s
             ran = run.clients.dropna(subset=["wall_fit_s"])
             assert len(ran) == 12 and set(ran["client_id"] % 2) == {0, 1}, name  # both actors' clients ran
             local = load_run(run_experiment(load_config(None, [*dataset, *ON_BOTH_NODES]), tmp_path / f"{name}-local"))
-            on_cluster, in_process = comparable_tables(run), comparable_tables(local)
-            for table_name, table in on_cluster.items():
-                pd.testing.assert_frame_equal(table, in_process[table_name], obj=f"{name}: {table_name}")
+            cluster_tables, local_tables = comparable_tables(run), comparable_tables(local)
+            for table_name, frame in cluster_tables.items():
+                pd.testing.assert_frame_equal(frame, local_tables[table_name], obj=f"{name}: {table_name}")
         # on disk: the row cache is built on the head (under the private folder), the worker lacks it
         on_disk = [f"dataset.params={{{table_params}, on_disk: true, cache_dir: {cluster.private_dir / 'cache'}}}"]
         with pytest.raises(DataNotOnNodeError, match=r"the row cache .*/cache/.* is not on node [0-9a-f]+ .*"
