@@ -135,6 +135,9 @@ def _no_ray_left_behind():
     # a module that started Ray through the engine (e.g. a sweep) and did not stop it would
     # hand the next module a Ray with other resources (no GPUs declared, other CPUs)
     yield
+    driver = sys.modules.get("engine.ray.driver")
+    if driver is not None:  # actors a module kept warm (executor.keep_warm) would hold the next one's CPUs
+        driver.release_warm_actors()
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized() and not _is_shared_ray(ray):  # see ray_session
         ray.shutdown()

@@ -51,6 +51,7 @@ RESULT_NEUTRAL_FIELDS = (
     "executor.cpus_per_actor",
     "executor.threads_per_actor",
     "executor.startup_timeout_s",
+    "executor.keep_warm",  # which processes host the clients, not what they compute
     "executor.state_memory_mb",  # where client states are kept, not what they are
     "executor.state_spill_dir",
     "ray.address",

@@ -245,6 +245,9 @@ class ExecutorConfig(Section):
         None, ge=1, description="torch threads per client host; default: CPUs per actor (Ray), 1 (in-process)"
     )
     startup_timeout_s: float = Field(180.0, gt=0, description="give up if actors are not up by then")
+    keep_warm: bool = Field(
+        False, description="Ray: after the run, keep its driver and client actors (torch and the method imported) "
+        "for this process's next Ray run with the same actors; each run builds its clients afresh")
     inject_failure: FailureInjection | None = None
     # GPUs (docs/gpu.md)
     device: Literal["auto", "cpu", "cuda"] = Field(

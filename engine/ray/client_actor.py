@@ -44,6 +44,13 @@ def check_data_on_node(data) -> None:
 class ClientActor:
     def __init__(self, cfg: ExperimentConfig, threads: int):
         mark("client actor: up")
+        set_ray_gpu_ids([str(g) for g in ray.get_gpu_ids()])
+        self.reset(cfg, threads)
+        mark("client actor: imports done")
+
+    def reset(self, cfg: ExperimentConfig, threads: int) -> None:
+        """Ready for a run of ``cfg`` with no host (at start, and when a warm actor is handed
+        to the next run, ``executor.keep_warm``): :meth:`setup` then builds the host afresh."""
         # Everything a host needs is imported now, while the driver loads the data: torch,
         # the method and the models.
         import torch
@@ -53,13 +60,15 @@ class ClientActor:
 
         torch.set_num_threads(threads)
         ALGORITHMS[cfg.algorithm.name]
-        set_ray_gpu_ids([str(g) for g in ray.get_gpu_ids()])
         self._host_class = ClientHost
         self.threads = threads
+        self.release()
+
+    def release(self) -> None:
+        """Drop the host, its data and client states (a warm actor between runs holds none)."""
         self.host = None
         self._outbox = None
         self._inbox: dict[str, bytearray] = {}
-        mark("client actor: imports done")
 
     def setup(self, setup) -> int:
         """Build the host from the shipped data (a device error keeps its type for the caller)."""

@@ -22,6 +22,7 @@ from engine.config.schema import ExperimentConfig
 from engine.errors import UserError
 from engine.loop.callbacks import CallbackLike, CallbackList, RoundRecord, RunCallback, RunContext, Stop
 from engine.ray.cluster import DriverDiedError, ExecutorError, init_ray
+from engine.ray.executor import pool_key
 from engine.results.manifest import read_manifest, update_manifest, utc_now
 from engine.trace import mark
 
@@ -51,20 +52,35 @@ class DriverActor:
         set_ray_gpu_ids([str(g) for g in ray.get_gpu_ids()])
         self._relay = _Relay()
         self._executor = None
+        self._warm = None  # a finished run's executor with its actors parked (executor.keep_warm)
         if cfg is not None:  # started early: the client actors start now
             self._executor = _new_executor(cfg)
 
     def run(self, body: Callable, cfg: ExperimentConfig, path: str, command: list[str],
             resume: bool = False, warnings=None) -> str:
         """``body(cfg, path, callbacks, command, executor=, resume=, warnings=)``: the run."""
+        self._relay.records, self._relay.stop_request = [], None  # none left from a previous run
         executor, self._executor = self._executor, None
+        if executor is None and self._warm is not None:
+            executor = self._warm.reuse(cfg)
+            if executor is None:  # another pool: the parked actors give their resources back
+                self._warm.close()
+            self._warm = None
         if executor is None:
             executor = _new_executor(cfg)  # the client actors start while the body loads the data
+        executor.keep_actors = cfg.executor.keep_warm
         try:
-            return str(body(cfg, Path(path), [self._relay], command, executor=executor,
-                            resume=resume, warnings=warnings))
+            out = str(body(cfg, Path(path), [self._relay], command, executor=executor,
+                           resume=resume, warnings=warnings))
+        except BaseException:
+            executor.keep_actors = False  # a failed run's actors are not handed on
+            raise
         finally:
             executor.close()  # also when the run failed before its loop (which closes it)
+        if executor.parked:
+            executor.keep_actors = False  # its close() from now on kills them
+            self._warm = executor
+        return out
 
     def stop(self, message: str, status: str) -> None:
         self._relay.stop_request = Stop(message, status)
@@ -109,9 +125,12 @@ def start_driver_early(cfg: ExperimentConfig) -> None:
     """Start ``cfg``'s driver actor, and through it the client actors, now that Ray is up, while
     this process still validates ``cfg`` with its data: :func:`run_on_driver_actor` takes it
     over, :func:`discard_early_driver` stops it (and its client actors) if ``cfg`` fails. What
-    repeated runs attached to a running Ray gain: their actors start during the validation."""
+    repeated runs attached to a running Ray gain: their actors start during the validation.
+    Nothing starts when a warm driver can take the run (``executor.keep_warm``)."""
     global _early
     discard_early_driver()
+    if _warm_driver_for(cfg, take=False) is not None:
+        return
     try:
         _early = (cfg, _request_driver(ray, cfg, early=True))
     except ExecutorError:  # a driver this node cannot host: said when the run asks for it
@@ -137,16 +156,56 @@ def _take_early_driver(cfg: ExperimentConfig):
     return None
 
 
+# (pool key, driver actor, Ray's GCS address): the driver actor of this process's last Ray run
+# with executor.keep_warm, its client actors parked in it
+_warm: tuple[tuple, object, str] | None = None
+
+
+def _warm_key(cfg: ExperimentConfig) -> tuple:
+    return (*pool_key(cfg), cfg.executor.driver_gpus)
+
+
+def _warm_driver_for(cfg: ExperimentConfig, take: bool = True):
+    """The warm driver if it can run ``cfg`` (same actors, same Ray), taken unless ``take`` is
+    False; else None, and a warm driver for other actors is released first (its CPUs are
+    what the new pool is sized from)."""
+    global _warm
+    if _warm is not None and not (ray.is_initialized()
+                                  and _warm[2] == ray.get_runtime_context().gcs_address):
+        _warm = None  # its Ray is gone, and the actors with it
+    if _warm is None:
+        return None
+    if _warm[0] != _warm_key(cfg):
+        release_warm_actors()
+        return None
+    driver = _warm[1]
+    if take:
+        _warm = None
+    return driver
+
+
+def release_warm_actors() -> None:
+    """Stop the warm driver and its client actors (``executor.keep_warm``), if any: their
+    processes and CPUs go back to Ray."""
+    global _warm
+    warm, _warm = _warm, None
+    if warm is not None and ray.is_initialized() and warm[2] == ray.get_runtime_context().gcs_address:
+        ray.kill(warm[1])  # the client actors it owns die with it
+
+
 def run_on_driver_actor(
     body: Callable, cfg: ExperimentConfig, path: Path, callbacks: list[CallbackLike], command,
     resume: bool = False, warnings=None,
 ) -> Path:
-    """Run ``body`` (the run body) in a driver actor for ``cfg``; relay its rounds to ``callbacks``."""
+    """Run ``body`` (the run body) in a driver actor for ``cfg``; relay its rounds to ``callbacks``.
+    With ``executor.keep_warm`` the driver actor and its client actors stay up after a run that
+    ended, for the next run of this process with the same actors (:func:`release_warm_actors`)."""
+    global _warm
     init_ray(cfg.ray.address, cfg.ray.num_cpus, num_gpus=cfg.ray.num_gpus,
                    connect_timeout_s=cfg.ray.connect_timeout_s)
     cbs = CallbackList(callbacks)
     run = RunContext(cfg, Path(path), first_round=_resume_round(path) if resume else 0, simulation=None)
-    driver = _take_early_driver(cfg) or _request_driver(ray, cfg)
+    driver = _take_early_driver(cfg) or _warm_driver_for(cfg) or _request_driver(ray, cfg)
     done = driver.run.remote(body, cfg, str(Path(path).resolve()), command, resume, list(warnings or []))
     stop_sent = False
 
@@ -187,7 +246,10 @@ def run_on_driver_actor(
         raise
     finally:
         mark("cli: driver done")
-        ray.kill(driver)
+        if cfg.executor.keep_warm and status not in ("failed", "interrupted"):  # its actors are parked in it
+            _warm = (_warm_key(cfg), driver, ray.get_runtime_context().gcs_address)
+        else:
+            ray.kill(driver)
         cbs.run_end(run, status)
 
 

@@ -20,6 +20,11 @@
 * Start-up overlaps: :meth:`RayExecutor.launch` creates the actors before the driver loads the
   data (each actor imports torch and the method meanwhile); :meth:`RayExecutor.start` then ships
   the dataset and waits until every host is built.
+* Warm actors (``executor.keep_warm``): :meth:`RayExecutor.close` parks the actors without their
+  hosts and :meth:`RayExecutor.reuse` hands them to the next run that asks for the same pool.
+
+Over 400 lines because it is one class, the client actors' whole life: start, rounds,
+checkpoint shards, replacement after a failure and reuse.
 """
 from __future__ import annotations
 
@@ -46,6 +51,14 @@ if TYPE_CHECKING:
 # start the client actors, and a second of torch there delays their start (issue 34).
 
 CHUNK_BYTES = 64 << 20  # checkpoint shards travel between nodes in pieces of this size
+
+
+def pool_key(cfg: ExperimentConfig) -> tuple:
+    """What decides a run's client-actor pool, and the per-process CUDA settings its actors make
+    once (engine.clients.device.prepare_device): runs with equal keys can share warm actors."""
+    ex = cfg.executor
+    return (cfg.ray.address, cfg.clients.num_clients, ex.num_actors, ex.clients_per_actor, ex.cpus_per_actor,
+            ex.threads_per_actor, ex.gpus_per_actor, ex.device, ex.cuda_deterministic)
 
 
 def _plain_error(err: BaseException):
@@ -83,6 +96,9 @@ class RayExecutor(Executor):
         self._planned_clients = 0
         self._launched_at: float | None = None
         self._caller_threads: int | None = None  # this process's torch threads before start()
+        # set by the driver actor (executor.keep_warm): close() parks the actors for reuse()
+        self.keep_actors = False
+        self.parked: list = []
 
     def launch(self, num_clients: int | None = None) -> None:
         """Create the client actors (without data) and return at once; idempotent.
@@ -116,6 +132,7 @@ class RayExecutor(Executor):
             ]
         self._actor_cls = client_actor_class()
         self._options, self._threads = options, threads
+        self._pool_key = pool_key(self.cfg)
         self.actors = [self._spawn(i) for i in range(self.num_actors)]
         self._launched_at = time.monotonic()
         mark("executor: actors requested")
@@ -133,12 +150,12 @@ class RayExecutor(Executor):
         try:
             self.launch()
         except Exception:  # noqa: BLE001 - raised again by start()
-            self.close()
+            self._drop_actors()
 
     def start(self, setup: HostSetup) -> None:
         """Ship the dataset, profiles and method to the actors (launched if need be); wait for them."""
         if self.actors and setup.data.num_clients != self._planned_clients:
-            self.close()  # sized for another number of clients (data passed in by hand)
+            self._drop_actors()  # sized for another number of clients (data passed in by hand)
         self.launch(setup.data.num_clients)
         self._pin_loop_threads()
         # kept for the executor's lifetime: replacement actors are built from the same setup
@@ -161,14 +178,14 @@ class RayExecutor(Executor):
                 try:
                     ray.get(ref)
                 except Exception as err:  # noqa: BLE001 - any start-up failure: said below, with the actor
-                    self.close()
+                    self._drop_actors()
                     plain = _plain_error(err)
                     if plain is not None:  # e.g. device: cuda on GPUs Ray only declared
                         raise plain from None
                     raise ExecutorError(f"client actor {i} failed to start: {err}") from None
             if pending and time.monotonic() > deadline:
                 missing = sorted(pending.values())
-                self.close()
+                self._drop_actors()
                 raise ExecutorError(
                     f"{len(missing)} client actor(s) {missing[:10]} not started after "
                     f"{self.startup_timeout_s:.0f} s; cluster resources now: "
@@ -354,13 +371,43 @@ class RayExecutor(Executor):
             self._caller_threads = torch.get_num_threads()
         torch.set_num_threads(self.cfg.executor.threads_per_actor or 1)
 
+    def reuse(self, cfg: ExperimentConfig) -> RayExecutor | None:
+        """A new executor for ``cfg``'s run on this one's parked actors (their processes have
+        torch and the methods imported), or None if ``cfg`` asks for another pool. Each actor
+        drops what it held and builds its host afresh in :meth:`start`, so a run on warm actors
+        equals one on new actors (tests/test_matrix.py)."""
+        if not self.parked or pool_key(cfg) != self._pool_key:
+            return None
+        new = RayExecutor(cfg)
+        new.actors, self.parked = self.parked, []
+        new.num_actors, new._planned_clients, new._pool_key = len(new.actors), self._planned_clients, self._pool_key
+        new._actor_cls, new._options, new._threads = self._actor_cls, self._options, self._threads
+        for actor in new.actors:  # before setup(): an actor runs one caller's calls in order
+            actor.reset.remote(cfg, new._threads)
+        new._launched_at = time.monotonic()
+        return new
+
     def close(self) -> None:
-        for a in self.actors:
+        """Release the actors: parked for :meth:`reuse` if ``keep_actors`` (the run ended),
+        else killed."""
+        self._drop_actors(park=self.keep_actors)
+
+    def _drop_actors(self, park: bool = False) -> None:
+        """Park the actors without their hosts, or kill them and any parked before (a failed
+        start-up always kills)."""
+        if park:
+            for a in self.actors:
+                a.release.remote()  # the run's data and client states, no longer pinned
+            self.parked, self.actors = self.parked + self.actors, []
+            self._setup_ref = None
+        for a in [*self.actors, *([] if park else self.parked)]:
             try:
                 ray.kill(a)
             except Exception:  # noqa: BLE001 - gone already, or Ray is: nothing left to release
                 pass
         self.actors = []
+        if not park:
+            self.parked = []
         if self._caller_threads is not None:  # this process's threads, as start() found them
             import torch  # deferred: see the note above the class
 

@@ -4,12 +4,14 @@ and what is allowed, for every cell that is not.
 
 "Meant to work" comes from the code's own constants, not from a list here: a method runs
 asynchronously iff it is in :data:`algorithms.asynchronous.ASYNC_METHODS`, so a method added
-there flips its asynchronous cells to runs. Every cell runs in-process; on Ray a stratified
-subset (:data:`RAY_CELLS`: every method, data source, mode and conditions value at least once)
-runs, since each Ray run starts its own actors (17-40 s a run on 2 cores at load 15). The other Ray cells are
-the same code path as their in-process cells (tests/engine/ray/test_ray_executor.py and the
-identical-tables tests in tests/engine/test_async.py and tests/engine/data/test_ondemand.py compare
-the executors).
+there flips its asynchronous cells to runs. Every cell runs in-process and on Ray, and each Ray
+run's tables must equal its in-process twin's (the executors promise it:
+tests/engine/ray/test_ray_executor.py, tests/engine/test_async.py,
+tests/engine/data/test_ondemand.py). A Ray run starting its own actors costs 15-40 s on 2
+cores (process start and torch import); the Ray cells share the suite's Ray and run with
+``executor.keep_warm``, so one driver and one client actor serve all of them (0.3-1 s a cell
+once warm). The first Ray cell's actors are new, so equal tables in every cell also show that
+a run on warm actors equals one on new actors.
 
 ``docs/matrix.md`` is :func:`render` (checked below); regenerate it with
 ``PYTHONPATH=.:tests python tests/engine/test_matrix.py > docs/matrix.md``.
@@ -21,6 +23,7 @@ import typing
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from helpers import REPO
 
@@ -45,7 +48,7 @@ SYNTH = "num_features: 6, num_classes: 3, min_samples: 30, max_samples: 60"
 METHOD_OVERRIDES = {"fedcspack": ["algorithm.pack_size=64"], "ascend": ["algorithm.distill_steps=2"]}
 CONDITIONS_ON = ["clients.profiles.conditions={sets: {fading: {down: gilbert_elliott, compute: thermal_throttling}}}"]
 ASYNC_ON = [f"asynchronous={{concurrency: {BUFFER}, buffer_size: {BUFFER}}}"]
-RAY_ON = ["executor.kind=ray", "executor.num_actors=1", "ray.num_cpus=2"]
+RAY_ON = ["executor.kind=ray", "executor.num_actors=1", "ray.num_cpus=2", "executor.keep_warm=true"]
 
 
 def refusal(method: str, executor: str, mode: str, source: str, conditions: str) -> str | None:
@@ -61,17 +64,8 @@ WORKING = [c for c in CELLS if refusal(*c) is None]
 REFUSED = [c for c in CELLS if refusal(*c) is not None]
 
 
-def _ray_cells() -> set[tuple]:
-    """One Ray cell per method, the other axes cycling (a mode a method cannot run falls back to sync)."""
-    out = set()
-    for i, m in enumerate(METHODS):
-        mode = MODES[i % 2] if refusal(m, "ray", MODES[i % 2], "memory", "off") is None else "sync"
-        out.add((m, "ray", mode, SOURCES[i % len(SOURCES)], CONDITIONS[(i // 2) % 2]))
-    return out
-
-
-RAY_CELLS = _ray_cells()
-RUN = [c for c in WORKING if c[1] != "ray" or c in RAY_CELLS]
+RUN = [c for c in WORKING if c[1] == "inprocess"]
+RAY_RUN = [c for c in WORKING if c[1] == "ray"]
 
 
 def overrides(cell, table: Path, cache: Path) -> list[str]:
@@ -106,15 +100,17 @@ def _id(cell) -> str:
     return "-".join(cell)
 
 
-@pytest.mark.parametrize("cell", [pytest.param(c, id=_id(c), marks=[pytest.mark.ray, pytest.mark.slow])
-                                  if c[1] == "ray" else pytest.param(c, id=_id(c)) for c in RUN])
-def test_a_cell_meant_to_work_runs(cell, table, tmp_path):
+def run_cell(cell, table: tuple[Path, Path], folder: Path):
     from engine.config.schema import load_config
     from engine.results.tables import load_run
     from engine.run.api import run_experiment
 
+    return load_run(run_experiment(load_config(None, overrides(cell, *table)), folder))
+
+
+def check_cell(run, cell) -> None:
+    """What every cell's run must show: finished, its rows, finite accuracy, its conditions."""
     method, executor, mode, source, conditions = cell
-    run = load_run(run_experiment(load_config(None, overrides(cell, *table)), tmp_path / "run"))
     assert run.manifest["status"] == "finished"
     assert run.config["algorithm"]["name"] == method and run.config["executor"]["kind"] == executor
     assert (run.config["asynchronous"] is not None) == (mode == "async")
@@ -127,6 +123,103 @@ def test_a_cell_meant_to_work_runs(cell, table, tmp_path):
     if conditions == "on":
         assert set(run.profiles["conditions"]) == {"fading"}
     assert run.manifest["num_clients"] == CLIENTS
+
+
+@pytest.fixture(scope="module")
+def inprocess_runs(table, tmp_path_factory):
+    """Each in-process cell's run, run once: its own test checks it, its Ray twin compares with it."""
+    runs = {}
+
+    def get(cell):
+        if cell not in runs:
+            runs[cell] = run_cell(cell, table, tmp_path_factory.mktemp(_id(cell)))
+        return runs[cell]
+    return get
+
+
+@pytest.fixture(scope="module")
+def warm_ray(ray_session) -> dict:
+    """The shared Ray; every Ray cell runs with ``executor.keep_warm``, so one driver actor and
+    one client actor (torch and the methods imported once) serve them all, until the module ends
+    (tests/conftest.py). What the fixture holds: the processes of the last Ray cell that passed."""
+    return {}
+
+
+@pytest.mark.parametrize("cell", RUN, ids=_id)
+def test_a_cell_meant_to_work_runs(cell, inprocess_runs):
+    check_cell(inprocess_runs(cell), cell)
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("cell", RAY_RUN, ids=_id)
+def test_a_ray_cell_runs_on_warm_actors_and_equals_the_in_process_cell(cell, table, inprocess_runs, warm_ray,
+                                                                        tmp_path):
+    from engine.results.tables import WALL_COLUMNS
+
+    previous = warm_ray.pop("processes", None)
+    run = run_cell(cell, table, tmp_path / "run")
+    check_cell(run, cell)
+    processes = (run.manifest["loop_pid"], run.manifest["executor"]["actor_pids"])
+    if previous is not None:  # keep_warm: the previous cell's driver and client actor ran this one
+        assert processes == previous
+    twin = inprocess_runs((cell[0], "inprocess", *cell[2:]))
+    for ray_table, local_table in ((run.rounds, twin.rounds), (run.clients, twin.clients)):
+        keep = [c for c in ray_table.columns if c not in WALL_COLUMNS]
+        pd.testing.assert_frame_equal(ray_table[keep], local_table[keep])
+    warm_ray["processes"] = processes
+
+
+@pytest.mark.ray
+def test_a_ray_run_asking_for_other_actors_stops_the_warm_ones(table, warm_ray, tmp_path):
+    import ray
+
+    from engine.config.schema import load_config
+    from engine.ray import driver
+
+    cell = ("fedavg", "ray", "sync", "memory", "off")
+    run_cell(cell, table, tmp_path)  # on the Ray cells' warm actors (on new ones when run alone)
+    warm = driver._warm[1]
+    assert driver._warm_driver_for(load_config(None, overrides(cell, *table)), take=False) is warm
+    other = load_config(None, [*overrides(cell, *table), "executor.num_actors=2"])
+    assert driver._warm_driver_for(other) is None and driver._warm is None
+    with pytest.raises(ray.exceptions.RayActorError):  # stopped, with its client actor
+        ray.get(warm.poll.remote())
+
+
+class _Pool:
+    """What the driver actor asks of a Ray executor to hand its actors on (keep_actors, close, parked)."""
+
+    def __init__(self):
+        self.keep_actors, self.parked = False, []
+
+    def close(self):
+        self.parked = ["actor"] if self.keep_actors else []
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["ended", "failed"])
+def test_the_driver_actor_keeps_its_actors_warm_only_after_a_run_that_ended(fails, table, monkeypatch):
+    from engine.config.schema import load_config
+    from engine.ray.driver import DriverActor
+
+    monkeypatch.setattr("engine.ray.driver.ray.get_gpu_ids", lambda: [])  # a plain object here, not an actor
+    monkeypatch.setattr("engine.ray.driver.set_ray_gpu_ids", lambda ids: None)
+    cfg = load_config(None, overrides(("fedavg", "ray", "sync", "memory", "off"), *table))
+    loop = DriverActor()
+    loop._executor = pool = _Pool()
+
+    def body(cfg, path, callbacks, command, executor, resume, warnings):
+        assert executor is pool and pool.keep_actors
+        if fails:
+            raise RuntimeError("client 1 failed in round 0")
+        return path
+
+    if fails:
+        with pytest.raises(RuntimeError, match="client 1"):
+            loop.run(body, cfg, "run", [])
+    else:
+        assert loop.run(body, cfg, "run", []) == "run"
+    assert pool.parked == ([] if fails else ["actor"]) and (loop._warm is pool) == (not fails)
+    assert not pool.keep_actors  # once handed on or failed, closing the pool stops its actors
 
 
 @pytest.mark.parametrize("cell", REFUSED or [None], ids=[_id(c) for c in REFUSED] or ["none-refused"])
@@ -149,17 +242,14 @@ def test_a_cell_not_meant_to_work_is_refused_at_validation(cell, table, tmp_path
         assert part in str(err.value), (part, str(err.value))
 
 
-def test_the_matrix_covers_every_cell_and_ray_every_axis_value():
+def test_the_matrix_runs_every_working_cell_on_both_executors():
     assert len(CELLS) == len(METHODS) * len(EXECUTORS) * len(MODES) * len(SOURCES) * len(CONDITIONS)
     assert set(METHODS) >= {"fedavg", "fedprox", "fedavg_compressed", "fedcspack", "ascend"}
     assert set(EXECUTORS) == {"inprocess", "ray"}
     assert set(WORKING) | set(REFUSED) == set(CELLS) and not set(WORKING) & set(REFUSED)
-    assert {c for c in RUN if c[1] == "inprocess"} == {c for c in WORKING if c[1] == "inprocess"}
-    ray_only = tuple(e for e in EXECUTORS if e == "ray")
-    for axis, values in enumerate((METHODS, ray_only, MODES, SOURCES, CONDITIONS)):
-        seen = {c[axis] for c in RAY_CELLS}
-        assert seen >= set(values) - ({"async"} if not ASYNC_METHODS else set()), (axis, seen)
-    assert RAY_CELLS <= set(WORKING)
+    assert sorted(RUN + RAY_RUN) == sorted(WORKING)
+    # every Ray cell has its in-process twin to equal
+    assert {(m, "inprocess", *rest) for m, _, *rest in RAY_RUN} == set(RUN)
 
 
 # ---------------------------------------------------------------- data sources x partition schemes
@@ -230,14 +320,13 @@ def render() -> str:
         "([conditions.md](conditions.md)). Data: `synthetic` (natural clients) in memory or `lazy: true`,",
         "and a Parquet table with `on_disk: true` split `iid` ([datasets.md](datasets.md)).",
         "",
-        "* **in-process ✓**: the cell runs in-process, in every test run of the file;",
-        "* **Ray ✓**: the cell also runs on Ray (`executor.kind: ray`, one actor). Ray covers a",
-        f"  stratified subset, {len(RAY_CELLS)} of the {sum(c[1] == 'ray' for c in WORKING)} Ray cells meant to "
-        "work: every method,",
-        "  data source, mode and conditions value at least once (each Ray run starts its own actors:",
-        "  17-40 s a run on 2 cores at load 15). The other Ray cells are not run here; the identical-tables tests",
-        "  (`tests/engine/test_async.py`, `tests/engine/data/test_ondemand.py`,",
-        "  `tests/engine/ray/test_ray_executor.py`) compare the executors on the same code paths;",
+        "* **in-process ✓, Ray ✓**: the cell runs in-process and on Ray (`executor.kind: ray`, one client",
+        "  actor), in every test run of the file, and the Ray run's `rounds` and `clients` tables equal the",
+        "  in-process run's (wall-clock columns aside). The Ray cells run with `executor.keep_warm: true`: one",
+        "  driver actor and one client actor, started by the first Ray cell, run every Ray cell after it",
+        "  (checked by their process ids), each building its clients afresh ([engine.md](engine.md#the-ray-executor));",
+        "  since the first cell's actors are new and every cell equals its in-process run, a run on warm",
+        "  actors equals one on new actors;",
         "* **refused**: validation refuses the cell on both executors, before a run folder exists;",
         "  the message names the field, the value and what is allowed (below).",
         "",
@@ -253,7 +342,7 @@ def render() -> str:
                 reasons.setdefault(why, []).append(f"{m}/{mode}")
                 row.append("refused")
             else:
-                row.append("in-process ✓" + (", Ray ✓" if (m, "ray", mode, s, c) in RAY_CELLS else ""))
+                row.append("in-process ✓" + (", Ray ✓" if (m, "ray", mode, s, c) in RAY_RUN else ""))
         lines.append(f"| {m} | {mode} | " + " | ".join(row) + " |")
     lines += ["", "## Refusals", ""]
     for why, where in reasons.items():
