@@ -5,7 +5,7 @@ imports a method's module (torch, and numba for FedCSPACK) on first access to th
 a FedAvg run never imports the others; the hyperparameter classes alone are in
 :mod:`algorithms.params` (no torch), which is what config validation uses. A new method: its
 params class and ``ALGORITHM_PARAMS`` entry in :mod:`algorithms.params`, its spec's module and
-attribute in ``_SPECS`` below (tests/test_startup.py checks that the two agree).
+attribute in ``_SPECS`` below (tests/engine/test_startup.py checks that the two agree).
 """
 from __future__ import annotations
 

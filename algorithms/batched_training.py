@@ -12,7 +12,7 @@ batches are given, drawn from its own seeded generator) and FedProx centre, and 
 buffer a copy of the gradient, then ``p -= lr * d``), the same float64 loss sum. Only the
 forward and backward kernels differ (a batched convolution or matmul sums in another order), so
 results equal the sequential loop up to float32 reordering; ``docs/gpu.md`` states the measured
-tolerance and ``tests/test_batched_training.py`` checks it.
+tolerance and ``tests/algorithms/test_batched_training.py`` checks it.
 
 **Different dataset sizes.** Clients with fewer samples take fewer steps, and a client's last
 batch of an epoch is smaller than the others. Nothing is padded (padding would change

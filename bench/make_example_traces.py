@@ -7,7 +7,7 @@ Every number in these files is SYNTHETIC: drawn with the fixed seed below from t
 described here, not measured anywhere. They exist to show the trace schema
 (hardware_profiles/traces.py) and to give examples and tests something to replay; use real traces
 (hardware_profiles/trace_formats.py converts FedScale, Mahimahi and HSDPA-format files) for
-results about real networks. tests/test_trace_formats.py checks that the shipped files are exactly
+results about real networks. tests/hardware_profiles/test_trace_formats.py checks that the shipped files are exactly
 what this script writes.
 
 * ``fluctuating_links.csv`` -- 3 link traces (``trace_id, t_s, down_mbps, up_mbps``), one hour in

@@ -1,10 +1,10 @@
 """The starter configs of ``hetsim init``: each a commented YAML that validates and runs as it is
-(tests/test_newcomer.py checks that every one does). Keys: docs/config.md, docs/async.md,
+(tests/hetsim/test_newcomer.py checks that every one does). Keys: docs/config.md, docs/async.md,
 docs/energy.md, docs/conditions.md.
 
 They are also the example files in ``configs/`` (:data:`CONFIG_FILES`): one source, so a file
 there is what ``hetsim init`` writes; ``python -m hetsim.templates`` rewrites them after a change
-here, and tests/test_configs.py checks that they are equal and that each runs.
+here, and tests/hetsim/test_configs.py checks that they are equal and that each runs.
 """
 from __future__ import annotations
 

@@ -4,10 +4,11 @@
 
 A test is ``integration`` when it starts a whole run or another process: its body calls one of
 :data:`STARTS_A_RUN` (``simulate``, ``run_experiment``, ``Simulation``, the CLI's ``main``, a
-subprocess, a sweep, ...), directly or through a function or fixture of its module (or of a
-helper module it imports from), found by reading the source (:mod:`ast`); or when it trains
-models end to end for seconds (:data:`END_TO_END`, the slowest of the rest as measured with
-``make test-quick ARGS=--durations=60``). ``make test-quick`` runs the rest
+subprocess, a sweep, ...), directly or through a function or fixture of its module (or of the
+module of tests/ it imports that from, e.g. ``helpers.sweeps``), found by reading the source
+(:mod:`ast`); or when it trains models end to end for seconds (:data:`END_TO_END`, the slowest
+of the rest as measured with ``make test-quick ARGS=--durations=60``). ``make test-quick`` runs
+the rest
 (``-m "not integration and not slow and not ray"``); ``make test`` runs all.
 """
 import ast
@@ -58,13 +59,27 @@ END_TO_END = frozenset({
 END_TO_END_PARAMS = ("resnet18",)  # parametrized cases of these models (test_models.py)
 
 
+TESTS = Path(__file__).resolve().parent  # on sys.path (setup.cfg), as each test module's folder is
+
+
+def _module_file(path: Path, module: str) -> Path | None:
+    """The file of a module the test module at ``path`` imports from, if it is one of tests/
+    (``helpers.sweeps``, ``helpers``; or a module beside it), else None."""
+    relative = Path(*module.split("."))
+    for folder in (TESTS, path.parent):
+        for candidate in (folder / relative.with_suffix(".py"), folder / relative / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
 @functools.cache
-def _functions(path: Path) -> tuple[dict[str, ast.AST], dict[str, str]]:
-    """The module's functions (``name`` and ``Class::name``) and what it imports from sibling
-    test modules (name -> module file stem)."""
+def _functions(path: Path) -> tuple[dict[str, ast.AST], dict[str, tuple[Path, str]]]:
+    """The module's functions (``name`` and ``Class::name``) and what it imports from other
+    modules of tests/ (local name -> that module's file and the name there)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     functions: dict[str, ast.AST] = {}
-    imported: dict[str, str] = {}
+    imported: dict[str, tuple[Path, str]] = {}
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             functions[node.name] = node
@@ -74,9 +89,9 @@ def _functions(path: Path) -> tuple[dict[str, ast.AST], dict[str, str]]:
                     functions[f"{node.name}::{item.name}"] = item
                     functions.setdefault(item.name, item)
         elif isinstance(node, ast.ImportFrom) and node.module:
-            stem = node.module.rpartition(".")[2]
-            if (path.parent / f"{stem}.py").is_file():
-                imported.update({alias.asname or alias.name: stem for alias in node.names})
+            source = _module_file(path, node.module)
+            if source is not None:
+                imported.update({alias.asname or alias.name: (source, alias.name) for alias in node.names})
     return functions, imported
 
 
@@ -86,7 +101,7 @@ def _starts_a_run(path: Path, name: str, seen: set) -> bool:
     seen.add((path, name))
     functions, imported = _functions(path)
     if name in imported:
-        return _starts_a_run(path.parent / f"{imported[name]}.py", name, seen)
+        return _starts_a_run(*imported[name], seen)
     node = functions.get(name)
     if node is None:
         return False

@@ -25,8 +25,8 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("hardware_profiles", "algorithms", "engine", "sweeps", "hetsim")  # lowest layer first
 RANK = {package: rank for rank, package in enumerate(PACKAGES)}
 RAY_HOMES = ("engine.ray", "sweeps")
@@ -286,7 +286,7 @@ def _fail_if_any(offenders: list, headline: str) -> None:
 
 @pytest.fixture(scope="module")
 def graph() -> Graph:
-    return collect(ROOT, PACKAGES)
+    return collect(REPO, PACKAGES)
 
 
 def test_no_import_cycles(graph):

@@ -11,7 +11,7 @@ version of the data (other values for the same seed), which a user must choose k
 The estimate replays the eager generator's own size draw (:func:`engine.data.datasets.
 load_synthetic`), so its row count is exact; the bytes per row and per client are the peak that
 ``tracemalloc`` measured while :func:`engine.data.build.build_data` ran (within 2 % at 1k-200k
-clients, ``tests/test_data_memory.py``).
+clients, ``tests/engine/data/test_data_memory.py``).
 """
 from __future__ import annotations
 

@@ -204,7 +204,7 @@ class SyntheticSource:
     per-client streams: client sizes from ``(seed, 101)``, client k's parameters (u_k, B_k,
     W_k, b_k, v_k) and samples from ``(seed, 102, k)``, Synthetic-IID's shared W, b from
     ``(seed, 104)``. Values therefore differ from the eager generator's for the same seed;
-    ``tests/test_ondemand.py`` pins them.
+    ``tests/engine/data/test_ondemand.py`` pins them.
     """
 
     test_sizes = None

@@ -1,0 +1,347 @@
+"""Storage that works on any cluster: pyarrow filesystems, mirrored run folders, a real
+two-node Ray cluster whose worker has its own disk, and an S3-compatible server on loopback."""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from helpers.cluster import PrivateDiskCluster, S3Server, can_unshare_mounts, kill_worker_node, mount_namespace
+from helpers.sweeps import BASE, GRID  # the same tiny experiment
+from helpers.tabular import comparable_tables, write_leaf
+
+from engine.config.schema import load_config, redact
+from engine.data.tabular import leaf_to_parquet
+from engine.results.tables import WALL_COLUMNS, load_run
+from engine.run.api import run_experiment
+from engine.storage.locations import DirectoryMirror, StorageError, open_storage
+from sweeps import SweepSpecError, load_sweep, resolve
+
+RUN_FILES = {"config.yaml", "manifest.json", "rounds.parquet", "clients.parquet", "profiles.parquet", "trial.json"}
+
+
+# Trials of BASE take ~0.1 s once the disk cache is warm: one node could run all four before Tune
+# places the second. Each round sleeps 0.4 s (the realtime clock), so the two trials at a time
+# overlap and each node must run one.
+PACED = {**BASE, "clock": {"mode": "realtime", "max_sleep_s": 0.4, "time_scale": 1e6}}
+
+
+def spec(**kw):
+    return {"name": "t", "base": PACED, "space": GRID, "max_concurrent_trials": 2, **kw}
+
+
+def _moto_missing() -> str | None:
+    try:
+        import moto.server  # noqa: F401
+    except ImportError:
+        return "moto[server] is not installed (pip install -e '.[dev]')"
+    return None
+
+
+# ---------------------------------------------------------------- storage (no Ray)
+
+
+def test_mirror_uploads_new_and_changed_files_and_removes_deleted_ones(tmp_path):
+    local, remote = tmp_path / "local", open_storage(tmp_path / "remote")
+    (local / "_parts" / "rounds").mkdir(parents=True)
+    (local / "_parts" / "rounds" / "0000000.parquet").write_bytes(b"part0")
+    (local / "manifest.json").write_text("{}")
+    remote.write_text("stale.txt", "from an earlier attempt")
+    mirror = DirectoryMirror(local, remote)
+    assert mirror.sync() == 2
+    assert remote.files() == ["_parts/rounds/0000000.parquet", "manifest.json"]  # stale one gone
+    assert mirror.sync() == 0  # nothing changed: nothing sent
+    (local / "_parts" / "rounds" / "0000001.parquet").write_bytes(b"part1")
+    assert mirror.sync() == 1
+    # the run is compacted: the parts disappear locally, and so do their folders remotely
+    (local / "rounds.parquet").write_bytes(b"all")
+    for p in (local / "_parts" / "rounds").iterdir():
+        p.unlink()
+    (local / "_parts" / "rounds").rmdir()
+    (local / "_parts").rmdir()
+    mirror.sync()
+    assert remote.files() == ["manifest.json", "rounds.parquet"]
+    assert not (tmp_path / "remote" / "_parts").exists()
+    assert remote.read_bytes("rounds.parquet") == b"all"
+
+
+def test_storage_locations_options_and_their_errors(tmp_path, monkeypatch):
+    local = open_storage(tmp_path / "x" / ".." / "y")
+    assert local.path == str(tmp_path / "y") and local.local_path() == tmp_path / "y" and not local.is_remote
+    for var in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                "AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(var, raising=False)
+    s3 = open_storage("s3://bkt/some/prefix/?endpoint_override=127.0.0.1:9&scheme=http")
+    assert (s3.path, s3.uri, s3.is_remote, s3.local_path()) == ("bkt/some/prefix", "s3://bkt/some/prefix", True, None)
+    assert s3.options == {"endpoint_override": "127.0.0.1:9", "scheme": "http", "region": "us-east-1"}
+    assert s3.child("runs", "a").path == "bkt/some/prefix/runs/a"
+    # the standard AWS variables become options, so they travel with the filesystem to trials
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "id")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    env_s3 = open_storage("s3://bkt/p")
+    assert env_s3.options["endpoint_override"] == "http://127.0.0.1:9" and env_s3.options["secret_key"] == "secret"
+    assert redact(env_s3.options) == {"endpoint_override": "http://127.0.0.1:9", "region": "us-east-1"}
+    with pytest.raises(StorageError, match="apply to URIs"):
+        open_storage(tmp_path, {"endpoint_override": "x"})
+    with pytest.raises(StorageError, match="no bucket"):
+        open_storage("s3:///prefix")
+    with pytest.raises(StorageError, match=r"storage options for s3:// \(pyarrow.fs.S3FileSystem\): "
+                                           r".*unexpected keyword argument 'colour'"):
+        open_storage("s3://bkt/p", {"colour": "blue"})
+    with pytest.raises(SweepSpecError, match=r"storage = 's3://bkt/p': storage options for s3://"):
+        resolve(spec(storage="s3://bkt/p", storage_options={"colour": "blue"}))
+    # a sweep keeps URIs as given and credentials out of sweep.yaml
+    r = resolve(spec(storage="s3://bkt/sw", storage_options={"access_key": "a", "secret_key": "b"}))
+    assert r.storage == "s3://bkt/sw"
+    assert r.to_dict()["spec"]["storage_options"] == {}
+
+
+@pytest.mark.skipif(_moto_missing() is not None, reason=str(_moto_missing()))
+def test_hetsim_run_writes_its_run_folder_to_s3(tmp_path):
+    """`hetsim run --set output.dir=s3://...`: staged locally, uploaded, readable from the URI."""
+    from hetsim.cli import main
+
+    with S3Server() as s3:
+        env = {**os.environ, **s3.env}
+        args = [sys.executable, "-m", "hetsim", "run", "-q", "--set", "rounds=2", "--set", "dataset.name=digits",
+                "--set", "model.name=mlp", "--set", "clients.num_clients=10", "--set", "output.dir=s3://hetsim/runs",
+                "--set", "output.name=r1", "--set", "output.upload_every_s=0"]
+        proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "results: s3://hetsim/runs/r1" in proc.stdout
+        store = open_storage("s3://hetsim/runs/r1", {"endpoint_override": s3.endpoint, "access_key": "testing",
+                                                      "secret_key": "testing"})
+        assert set(store.list()) == RUN_FILES - {"trial.json"}  # compacted: no _parts left
+        run = load_run(store)
+        assert run.manifest["status"] == "finished" and len(run.rounds) == 2
+        # equal to the same run written locally
+        local = load_run(run_experiment(load_config(run.config), tmp_path / "local"))
+        pd.testing.assert_frame_equal(run.rounds.drop(columns=list(WALL_COLUMNS), errors="ignore"),
+                                      local.rounds.drop(columns=list(WALL_COLUMNS), errors="ignore"))
+        # a second run with the same name is refused, naming the folder
+        proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2 and "s3://hetsim/runs/r1 already exists" in proc.stderr
+        assert main(["run", "-q", "--set", "output.dir=s3://", "--set", "rounds=1"]) == 2
+
+
+# ---------------------------------------------------------------- a real two-node cluster
+
+
+@pytest.fixture(scope="module")
+def private_disk_cluster(tmp_path_factory):
+    """Head + worker node; the worker sees its own empty tmpfs at <tmp>/private."""
+    why = can_unshare_mounts()
+    if why is not None:
+        pytest.skip(why)
+    root = tmp_path_factory.mktemp("cluster")
+    cluster = PrivateDiskCluster(root / "private")
+    try:
+        cluster.start()
+    except Exception:
+        cluster.stop()
+        raise
+    yield cluster
+    cluster.stop()
+
+
+def _sweep_on(cluster, spec_file: Path, storage: str, env: dict[str, str] | None = None):
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "hetsim", "sweep", str(spec_file), "--storage", storage,
+         "--address", cluster.address, "-q"],
+        capture_output=True, text=True, timeout=600, env={**cluster.env, **(env or {})})
+    return proc, time.perf_counter() - t0
+
+
+def _check_complete_run_folders(sweep, files_of):
+    trials = sweep.trials
+    assert len(trials) == 4 and (trials["status"] == "finished").all(), trials[["status", "error"]]
+    assert (trials["node_id"].str.len() > 0).all(), "node_id filled for every trial"
+    assert trials["node_id"].nunique() == 2, "two 1-CPU nodes, two trials at a time: both nodes ran trials"
+    assert (trials["attempts"] == 1).all()
+    for t in trials.itertuples():
+        assert set(files_of(t.trial_id)) == RUN_FILES, t.trial_id  # complete, compacted
+        run = sweep.run(t.trial_id)
+        assert run.manifest["status"] == "finished" and len(run.rounds) == 2 and len(run.clients) > 0
+        assert run.rounds["global_acc"].iloc[-1] == t.final_global_acc
+    assert len(sweep.rounds) == 8
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_local_storage_on_a_cluster_without_a_shared_disk_brings_every_run_folder_home(
+        tmp_path, private_disk_cluster):
+    """The storage path is this node's disk; the worker node has its own disk there. Trials on
+    the worker send their run folders through Ray: all 4 arrive, with node_id."""
+    cluster = private_disk_cluster
+    storage = cluster.private_dir / "sw"  # what the worker node sees there is its own tmpfs
+    spec_file = tmp_path / "cluster.yaml"
+    spec_file.write_text(yaml.safe_dump(spec()))
+    proc, elapsed = _sweep_on(cluster, spec_file, str(storage))
+    assert proc.returncode == 0, proc.stderr[-4000:] + cluster.logs()
+    assert f"joined the Ray cluster at {cluster.address}: 2 node(s)" in proc.stderr
+    assert "1 of 2 node(s) do not see it" in proc.stderr and "through Ray" in proc.stderr
+    sweep = load_sweep(storage)
+    _check_complete_run_folders(sweep, lambda tid: os.listdir(storage / "runs" / tid))
+    # the tables rebuilt from the run folders alone say the same
+    refreshed = load_sweep(storage, refresh=True).trials.set_index("trial_id")
+    for t in sweep.trials.itertuples():
+        assert refreshed.loc[t.trial_id, "node_id"] == t.node_id
+        assert refreshed.loc[t.trial_id, "final_global_acc"] == t.final_global_acc
+    sw = yaml.safe_load((storage / "sweep.yaml").read_text())
+    assert sw["spec"]["ray"]["address"] == cluster.address
+    print(f"private-disk cluster sweep: 4 trials in {elapsed:.1f} s")
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.skipif(_moto_missing() is not None, reason=str(_moto_missing()))
+def test_s3_storage_on_a_cluster_has_every_run_folder_and_loads_from_the_uri(
+        tmp_path, private_disk_cluster, monkeypatch):
+    cluster = private_disk_cluster
+    with S3Server() as s3:
+        spec_file = tmp_path / "s3.yaml"
+        spec_file.write_text(yaml.safe_dump(spec()))
+        uri = "s3://hetsim/sweeps/t"
+        proc, elapsed = _sweep_on(cluster, spec_file, uri, env=s3.env)
+        assert proc.returncode == 0, proc.stderr[-4000:] + cluster.logs()
+        assert f"results: {uri}" in proc.stdout
+        for var, value in s3.env.items():  # load_sweep reads the URI with the standard variables
+            monkeypatch.setenv(var, value)
+        sweep = load_sweep(uri)
+        assert sweep.path == uri
+        store = open_storage(uri)
+        _check_complete_run_folders(sweep, lambda tid: store.child("runs", tid).list())
+        assert store.exists("trials.parquet") and store.exists("tune/tuner.pkl")
+        assert not (tmp_path / "s3").exists()
+        # no credentials in sweep.yaml (they came from the environment; resume takes them from there)
+        assert "testing" not in store.read_text("sweep.yaml")
+        # pandas reads the tables straight from the URI too
+        pd.testing.assert_frame_equal(pd.read_parquet(f"{uri}/trials.parquet"), sweep.trials)
+        print(f"S3 cluster sweep: 4 trials in {elapsed:.1f} s")
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_shared_storage_on_a_cluster_is_written_directly_by_every_node(tmp_path, private_disk_cluster):
+    """A folder both nodes see (as with NFS): no detour through Ray, the same complete results."""
+    cluster = private_disk_cluster
+    storage = tmp_path / "shared" / "sw"
+    spec_file = tmp_path / "shared.yaml"
+    spec_file.write_text(yaml.safe_dump(spec()))
+    proc, elapsed = _sweep_on(cluster, spec_file, str(storage))
+    assert proc.returncode == 0, proc.stderr[-4000:] + cluster.logs()
+    assert "joined the Ray cluster" in proc.stderr and "do not see it" not in proc.stderr
+    _check_complete_run_folders(load_sweep(storage), lambda tid: os.listdir(storage / "runs" / tid))
+    print(f"shared-disk cluster sweep: 4 trials in {elapsed:.1f} s")
+
+
+# 6 natural clients, all selected, 2 rounds: every client runs on its actor (c % 2) each round
+ON_BOTH_NODES = ["partition.scheme=natural", "clients.num_clients=6", "clients.participation=1.0", "rounds=2",
+                 "model.name=mlp", "clients.profiles={availability: 1.0, dropout: 0.0}"]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_ray_run_joined_to_the_cluster_hosts_clients_on_both_nodes_without_a_shared_disk(
+        tmp_path, private_disk_cluster):
+    """``executor.kind: ray`` with ``ray.address`` = the cluster: one 1-CPU client actor per node,
+    and the worker node's clients get their rows without seeing the head's disk: lazy synthetic
+    rows are generated there, an in-memory table's rows (its file is on the head's disk only)
+    come through the object store. The tables equal an in-process run's. An on-disk table whose
+    row cache the worker lacks is refused at start-up, naming the node."""
+    import ray
+
+    from engine.ray.client_actor import DataNotOnNodeError
+
+    cluster = private_disk_cluster
+    write_leaf(tmp_path / "leaf")
+    table = leaf_to_parquet(tmp_path / "leaf", str(cluster.private_dir / "leaf.parquet"))  # not on the worker
+    table_params = f"path: {table}, client_column: client, split_column: split, features: features"
+    cases = {"lazy-synthetic": ["dataset.name=synthetic", "dataset.params={lazy: true}"],
+             "in-memory-parquet": ["dataset.name=parquet", f"dataset.params={{{table_params}}}"]}
+    on_cluster = ["executor.kind=ray", "executor.num_actors=2", "executor.cpus_per_actor=1",
+                  f"ray.address={cluster.address}"]
+    t0 = time.perf_counter()
+    try:
+        for name, dataset in cases.items():
+            run = load_run(run_experiment(load_config(None, [*dataset, *ON_BOTH_NODES, *on_cluster]),
+                                          tmp_path / name))
+            assert run.manifest["status"] == "finished", name
+            nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+            ex = run.manifest["executor"]
+            # an actor on each node (the worker's sees its own disk at private_dir: the refusal below
+            # shows it lacks what the head wrote there; its actor's process is gone once the run ends)
+            assert len(nodes) == 2 and set(ex["actor_nodes"]) == nodes, (name, ex)
+            ran = run.clients.dropna(subset=["wall_fit_s"])
+            assert len(ran) == 12 and set(ran["client_id"] % 2) == {0, 1}, name  # both actors' clients ran
+            local = load_run(run_experiment(load_config(None, [*dataset, *ON_BOTH_NODES]), tmp_path / f"{name}-local"))
+            cluster_tables, local_tables = comparable_tables(run), comparable_tables(local)
+            for table_name, frame in cluster_tables.items():
+                pd.testing.assert_frame_equal(frame, local_tables[table_name], obj=f"{name}: {table_name}")
+        # on disk: the row cache is built on the head (under the private folder), the worker lacks it
+        on_disk = [f"dataset.params={{{table_params}, on_disk: true, cache_dir: {cluster.private_dir / 'cache'}}}"]
+        with pytest.raises(DataNotOnNodeError, match=r"the row cache .*/cache/.* is not on node [0-9a-f]+ .*"
+                                                     r"same path on every node.*on_disk: false"):
+            run_experiment(load_config(None, ["dataset.name=parquet", *on_disk, *ON_BOTH_NODES, *on_cluster]),
+                           tmp_path / "on-disk")
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+    print(f"ray runs joined to the 2-node cluster: {time.perf_counter() - t0:.1f} s")
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_trial_on_a_node_that_dies_continues_from_its_checkpoint_on_another_node(tmp_path, private_disk_cluster):
+    """Every process of the worker node is SIGKILLed while a trial runs there (last test of the
+    module: the worker does not come back). The trial restarts on the head node from its last
+    checkpoint and ends with the results of an undisturbed run."""
+    cluster = private_disk_cluster
+    storage = cluster.private_dir / "dies"
+    base = {**BASE, "rounds": 30, "algorithm": {"name": "fedavg"}}
+    spec_file = tmp_path / "dies.yaml"
+    spec_file.write_text(yaml.safe_dump({"name": "dies", "base": base, "space": {"train.lr": {"grid": [0.05, 0.1]}},
+                                         "max_concurrent_trials": 2, "checkpoint_every": 5, "max_failures": 1}))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hetsim", "sweep", str(spec_file), "--storage", str(storage), "--address",
+         cluster.address, "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env)
+    victim, deadline = None, time.monotonic() + 300
+    try:
+        while victim is None and time.monotonic() < deadline and proc.poll() is None:
+            for info_file in storage.glob("runs/*/trial.json"):
+                try:
+                    info = json.loads(info_file.read_text())
+                except ValueError:
+                    continue
+                on_worker = mount_namespace(info["pid"]) not in (mount_namespace(), None)
+                done = len(list(info_file.parent.glob("_parts/rounds/*.parquet")))
+                if on_worker and done >= 7:  # a checkpoint at 5 is in storage, round 7+ is not
+                    victim = (info["trial_id"], done)
+                    assert kill_worker_node(cluster) > 0
+            time.sleep(0.05)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert victim is not None, "a trial ran on the worker node"
+    assert proc.returncode == 0, err[-4000:]
+    assert f"trial {victim[0]} failed (" in err and "retry 1 of 1, from its last checkpoint" in err
+    t = load_sweep(storage).trials.set_index("trial_id")
+    assert (t["status"] == "finished").all() and (t["rounds_done"] == 30).all()
+    row = t.loc[victim[0]]
+    assert row["attempts"] == 2 and row["resumed_from_round"] in (5, 10, 15, 20, 25)
+    assert row["resumed_from_round"] <= victim[1]
+    assert t["node_id"].nunique() == 1, "both trials ended on the head node"
+    run = load_sweep(storage).run(victim[0])
+    assert run.rounds["round"].tolist() == list(range(30))
+    direct = load_run(run_experiment(load_config({**base, "train": {"lr": float(row["lr"])}}), tmp_path / "direct"))
+    pd.testing.assert_frame_equal(run.rounds.drop(columns=list(WALL_COLUMNS), errors="ignore"),
+                                  direct.rounds.drop(columns=list(WALL_COLUMNS), errors="ignore"))
+    print(f"worker node killed after {victim[1]} rounds of trial {victim[0]}; it restarted on the head node "
+          f"from round {row['resumed_from_round']}\n--- what the user saw (stderr):\n{err[-3000:]}")

@@ -1,0 +1,136 @@
+"""Every method with the options whose state differs, and what the checkpoint tests of both
+executors share: the tiny experiment, tables without wall clock, and real `hetsim run` processes
+killed at a round."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from engine.checkpoint.snapshot import write_checkpoint
+from engine.config.schema import load_config
+from engine.loop.callbacks import RunCallback
+from engine.loop.simulation import Simulation
+from engine.results.tables import WALL_COLUMNS
+from engine.run.body import make_executor
+from helpers import REPO
+
+BASE = [
+    "dataset.name=digits", "model.name=mlp", "clients.num_clients=8", "clients.participation=0.5",
+    "clients.profiles={devices: {rpi4: 0.5, laptop_cpu: 0.5}, network: {5mbps: 0.5, 500mbps: 0.5}}",
+    "partition.public_fraction=0.1",
+    "clock.over_selection=1.5",  # over-selected clients are dropped: exercises on_dropped state
+]
+# every method with the options whose state differs; the ASCEND ones close rewards, roll back
+METHODS = {
+    "fedavg": ["algorithm={name: fedavg}"],
+    "fedprox": ["algorithm={name: fedprox, mu: 0.1}"],
+    "fedavg_compressed-topk": ["algorithm={name: fedavg_compressed, compressor: topk, k: 0.1}"],
+    "fedavg_compressed-randomk-local": [
+        "algorithm={name: fedavg_compressed, compressor: randomk, k: 0.1, buffers: local}"],
+    "fedavg_compressed-periodick": ["algorithm={name: fedavg_compressed, compressor: periodick, k: 0.1}"],
+    "fedavg_compressed-qsgd8": ["algorithm={name: fedavg_compressed, compressor: qsgd8}"],
+    "fedcspack-own_mask": ["algorithm={name: fedcspack, pack_size: 64, personalization: own_mask}"],
+    "fedcspack-global_mask": ["algorithm={name: fedcspack, pack_size: 64, personalization: global_mask, k: 0.5}"],
+    "ascend-egreedy": ["algorithm={name: ascend, k: 0.1, warmup: 1, distill_steps: 3, gamma: 0.0, distill_lr: 0.05}",
+                       "train.lr=1.0"],  # rolls back in rounds 1, 2 and 4
+    "ascend-exp3": ["algorithm={name: ascend, k: 0.1, policy: exp3, distill_steps: 3}"],
+    # reward v2 (the default above) with the qsgd8 arm; reward v1 (the architecture's D history)
+    "ascend-qsgd8": ["algorithm={name: ascend, k: 0.1, warmup: 1, distill_steps: 3, "
+                     "arms: [topk, randomk, periodick, qsgd8]}"],
+    "ascend-v1": ["algorithm={name: ascend, k: 0.1, warmup: 1, distill_steps: 3, reward: v1, gamma: 0.0, "
+                  "distill_lr: 0.05}", "train.lr=1.0"],
+}
+
+
+def cfg_of(*extra):
+    return load_config(None, [*BASE, *extra])
+
+
+def simulation(cfg):
+    return Simulation(cfg, make_executor(cfg))  # one torch thread, as `hetsim run`
+
+
+def frames(run_or_records):
+    """rounds, clients and trace tables without the wall-clock columns."""
+    if isinstance(run_or_records, list):  # RoundRecords
+        recs = run_or_records
+        out = {"rounds": pd.DataFrame([r.row for r in recs]),
+               "clients": pd.DataFrame([c for r in recs for c in r.client_rows])}
+        for name in sorted({n for r in recs for n in r.extra_tables}):
+            parts = [pd.DataFrame(r.extra_tables[name]) for r in recs if name in r.extra_tables]
+            out[name] = pd.concat(parts, ignore_index=True)
+    else:
+        run = run_or_records
+        out = {"rounds": run.rounds, "clients": run.clients}
+        for p in sorted(run.path.glob("*.parquet")):
+            if p.stem not in out and p.stem not in ("profiles", "faults"):
+                out[p.stem] = pd.read_parquet(p)
+    return {k: v.drop(columns=[c for c in v.columns if c in WALL_COLUMNS]).reset_index(drop=True)
+            for k, v in out.items()}
+
+
+def assert_same_tables(a: dict, b: dict):
+    assert sorted(a) == sorted(b)
+    for name in a:
+        pd.testing.assert_frame_equal(a[name], b[name], check_dtype=False, obj=name)
+
+
+class Collect(RunCallback):
+    def __init__(self, checkpoint_after=None, directory=None):
+        self.records, self.after, self.directory = [], checkpoint_after, directory
+
+    def on_round_end(self, run, record):
+        self.records.append(record)
+        if record.round == self.after:
+            write_checkpoint(run.simulation, self.directory)
+
+
+def hetsim_process(path: Path, overrides: list[str], *args: str,
+                   env: dict[str, str] | None = None) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "hetsim", "run", "-q", "-o", str(path), *args]
+    for o in [*BASE, *overrides]:
+        cmd += ["--set", o]
+    env = {**os.environ, **(env or {}),
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def rounds_written(path: Path) -> int:
+    return len(list((path / "_parts" / "rounds").glob("*.parquet")))
+
+
+def kill_at_round(proc: subprocess.Popen, path: Path, k: int, sig=signal.SIGKILL, delay=0.0,
+                  timeout: float = 180.0) -> None:
+    """Send ``sig`` once round ``k`` is on disk (plus ``delay`` s: lands anywhere in a round)."""
+    deadline = time.monotonic() + timeout
+    while rounds_written(path) < k:
+        if proc.poll() is not None:
+            pytest.fail(f"hetsim finished before round {k}:\n{proc.stdout.read()[-3000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"round {k} not reached in {timeout} s")
+        time.sleep(0.01)
+    time.sleep(delay)
+    proc.send_signal(sig)
+
+
+# a fleet whose links, compute and availability change over virtual time (Markov chains
+# stepped from the run's start, diurnal availability): their state must not survive in memory only
+CHANGING = ["clients.profiles.conditions={sets: {x: {share: 0.5, down: gilbert_elliott, up: gilbert_elliott, "
+            "compute: thermal_throttling, availability: {preset: night_charging, tz_offset_h: 12}}, "
+            f"y: {{share: 0.5, down: {{kind: trace, "
+            f"file: '{REPO}/hardware_profiles/traces/fluctuating_links.csv'}}}}}}}}",
+            "clock.start=Tue 09:00", "clock.deadline_s=2"]
+KILL_METHODS = {
+    "fedavg": METHODS["fedavg"],
+    "fedavg-conditions": [*METHODS["fedavg"], *CHANGING],
+    "fedcspack": METHODS["fedcspack-own_mask"],
+    "ascend": METHODS["ascend-egreedy"],
+}
+SLOW_ROUNDS = ["rounds=20", "train.local_epochs=4", "checkpoint.every=3"]  # >= 11 rounds after a kill
+
