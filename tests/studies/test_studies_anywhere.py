@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers import REPO
 
 from engine.results import load_run
 from studies import ascend_regimes
 
-REPO = Path(__file__).resolve().parents[1]
 STUDIES = sorted(p.stem for p in REPO.glob("studies/*.py"))
 IN_THIS_PROCESS = {"whatif_bandwidth"}  # a Ray Tune sweep: on the shared Ray (module docstring)
 # each study's smallest setting, output paths relative to the working folder
