@@ -13,6 +13,7 @@ the rest
 """
 import ast
 import functools
+import json
 import re
 import sys
 import time
@@ -128,6 +129,27 @@ def pytest_collection_modifyitems(config, items):
         if (name in END_TO_END or any(p in params for p in END_TO_END_PARAMS)
                 or _starts_a_run(path, key, set()) or _starts_a_run(path, name, set())):
             item.add_marker(pytest.mark.integration)
+    _slowest_files_first(items)
+
+
+# seconds each test file took, by file name (bench/suite_durations.py writes it from a junit report)
+FILE_SECONDS = Path(__file__).with_name("file_seconds.json")
+
+
+def _slowest_files_first(items) -> None:
+    """Order the files by their time in the last measured suite, longest first (a file not
+    measured yet counts as the median file), each file's tests in their own order: ``make test`` hands
+    whole files to its processes (``--dist loadfile``) in this order, and a long file handed out
+    last would keep one process busy after the others are done."""
+    try:
+        seconds = json.loads(FILE_SECONDS.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # order only changes how long the suite takes, never what it tests
+    files = {item.nodeid.partition("::")[0] for item in items}
+    unknown = sorted(seconds.values())[len(seconds) // 2] if seconds else 0.0  # the median
+    expected = {f: seconds.get(Path(f).name, unknown) for f in files}
+    position = {item.nodeid: i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (-expected[item.nodeid.partition("::")[0]], position[item.nodeid]))
 
 
 @pytest.fixture(autouse=True, scope="module")
