@@ -20,10 +20,11 @@ run: $(STAMP)
 	$(VENV)/bin/hetsim run $(ARGS)
 
 # test files spread over TEST_JOBS processes (pytest-xdist); a file's tests stay in one process, so a
-# module's fixtures (one Ray, one dataset) are built once. TEST_JOBS=0 runs them in this process.
+# module's fixtures (one Ray, one dataset) are built once; the files go out in tests/conftest.py's
+# order (slowest first), not xdist's (most tests first). TEST_JOBS=0 runs them in this process.
 TEST_JOBS ?= 3
 test: $(STAMP)
-	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile $(ARGS)
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder $(ARGS)
 
 test-quick: $(STAMP)
 	$(PY) -m pytest -m "not integration and not slow and not ray" $(ARGS)
