@@ -182,6 +182,44 @@ def test_ctrl_c_of_hetsim_run_on_ray_checkpoints_after_the_round_and_resumes(tmp
     assert_same_tables(frames(load_run(path)), reference(tmp_path, overrides))
 
 
+def test_ctrl_c_on_ray_lets_a_long_round_finish_and_checkpoints_it(tmp_path, local_ray):
+    """The round in flight at Ctrl+C ends 7 s later: the caller waits for it (it used to kill the
+    driver actor after 5 s, so under load the run lost that round and its checkpoint)."""
+    from engine.ray.driver import run_on_driver_actor
+    from engine.run.api import prepare_run
+    from engine.run.signals import interrupt_signals
+
+    overrides = [*METHODS["fedcspack-own_mask"], "rounds=6", "checkpoint.every=0"]
+    cfg = cfg_of(*overrides, *RAY)
+    flag = tmp_path / "ctrl-c-pressed"
+
+    def body(cfg, path, callbacks, command, **kwargs):  # in the driver actor (pickled by value)
+        from engine.run.body import execute_run
+
+        class LongRound(RunCallback):
+            def on_round_end(self, run, record):
+                if record.round == 1:  # before the relay: the caller has seen round 0 only
+                    while not flag.exists():
+                        time.sleep(0.05)
+                    time.sleep(7.0)
+
+        return execute_run(cfg, path, [LongRound(), *callbacks], command, **kwargs)
+
+    def ctrl_c(record):  # in this process, on the relayed round 0
+        flag.touch()
+        raise KeyboardInterrupt
+
+    path, warnings = prepare_run(cfg, tmp_path / "r")
+    with interrupt_signals(None), pytest.raises(KeyboardInterrupt):
+        run_on_driver_actor(body, cfg, path, [ctrl_c], ["test"], warnings=warnings)
+    run = load_run(path)
+    assert run.manifest["status"] == "interrupted", run.manifest.get("error")
+    assert [n for n, _ in list_checkpoints(path)] == [2] and len(run.rounds) == 2  # the long round kept
+    wait_for_cpus(local_ray)
+    resume_run(path)
+    assert_same_tables(frames(load_run(path)), reference(tmp_path, overrides))
+
+
 # ------------------------------------------------------------------------------ a client actor dies
 class KillActor(RunCallback):
     """After round ``after`` and its checkpoint, SIGKILL client actor ``actor`` and wait until
