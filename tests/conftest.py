@@ -1,5 +1,5 @@
 """Suite-wide hygiene (no test module inherits another module's Ray instance, except the shared
-2-CPU Ray that modules ask for with ``ray_session``) and the
+2-CPU Ray that modules ask for with ``ray_session``; Ctrl+C as a terminal gives it) and the
 ``integration`` marker, given here in one place.
 
 A test is ``integration`` when it starts a whole run or another process: its body calls one of
@@ -15,6 +15,7 @@ import ast
 import functools
 import json
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -118,6 +119,15 @@ def _starts_a_run(path: Path, name: str, seen: set) -> bool:
             follow.append(called)
     follow += [n.id for n in ast.walk(node) if isinstance(n, ast.Name)]  # helpers passed as values
     return any(_starts_a_run(path, f, seen) for f in follow if f != name)
+
+
+def pytest_configure(config):
+    # A shell starts a background job (`nohup make test &`, a CI step) with SIGINT ignored, and
+    # every `hetsim run` a test starts inherits that: the Ctrl+C tests' SIGINT did nothing and the
+    # run finished. A handler here is reset to the default in a child, where Python raises
+    # KeyboardInterrupt as at a terminal.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -11,6 +11,7 @@ This module imports Ray but not torch: the caller of a Ray run never hosts the l
 from __future__ import annotations
 
 import functools
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -27,9 +28,6 @@ from engine.results.manifest import read_manifest, update_manifest, utc_now
 from engine.trace import mark
 
 POLL_S = 0.5
-# After Ctrl+C: time for the round in flight to finish and be written; then the driver actor is
-# killed and this process closes the run folder itself (finished rounds are already on disk).
-STOP_GRACE_S = 5.0
 
 
 class _Relay(RunCallback):
@@ -234,15 +232,8 @@ def run_on_driver_actor(
     except ray.exceptions.RayActorError as err:  # the loop's process is gone (killed, OOM, node lost)
         raise DriverDiedError(_driver_died(Path(path), err)) from None
     except KeyboardInterrupt:
-        # let the driver finish the round in flight, mark the run interrupted and compact it;
-        # if that takes longer than the grace, stop it and close the folder from here
         status = "interrupted"
-        driver.stop.remote("stopped by the caller (Ctrl+C)", "interrupted")
-        finished = bool(ray.wait([done], timeout=STOP_GRACE_S)[0])
-        ray.kill(driver)
-        if not finished:
-            close_abandoned_run(Path(path), "interrupted", "stopped by the caller (Ctrl+C) "
-                                "during a round; that round is lost")
+        _stop_after_the_round(driver, done, Path(path))
         raise
     finally:
         mark("cli: driver done")
@@ -251,6 +242,26 @@ def run_on_driver_actor(
         else:
             ray.kill(driver)
         cbs.run_end(run, status)
+
+
+def _stop_after_the_round(driver, done, path: Path) -> None:
+    """The first Ctrl+C: the driver finishes the round in flight, checkpoints it, marks the run
+    interrupted and compacts it, however long that takes (a timer here raced slow rounds: the
+    driver was killed mid-checkpoint). A second Ctrl+C aborts: the driver is killed and, once it
+    is gone (no second writer), this process closes the folder; the round in flight is lost."""
+    print("\nhetsim: stopping after the round in flight (Ctrl+C again to abort at once)", file=sys.stderr)
+    driver.stop.remote("stopped by the caller (Ctrl+C)", "interrupted")
+    try:
+        while not ray.wait([done], timeout=POLL_S)[0]:
+            pass
+    except KeyboardInterrupt:
+        ray.kill(driver)
+        try:
+            ray.get(done)  # returns once Ray has the driver actor dead
+        except Exception:  # noqa: BLE001 - killed: RayActorError, as asked
+            pass
+        close_abandoned_run(path, "interrupted", "aborted by the caller (Ctrl+C twice) during a round; "
+                            "that round is lost")
 
 
 def _check_driver_gpus(ray, node_id: str, driver_gpus: float) -> None:

@@ -41,7 +41,7 @@ from engine.config.schema import ExperimentConfig
 from engine.execution.base import Executor, RoundReply
 from engine.ray.client_actor import DataNotOnNodeError, client_actor_class
 from engine.ray.cluster import ExecutorError, init_ray
-from engine.ray.pool import plan_pool
+from engine.ray.pool import plan_pool, plan_when_free
 from engine.trace import mark
 
 if TYPE_CHECKING:
@@ -115,12 +115,12 @@ class RayExecutor(Executor):
         n = self._planned_clients = num_clients or self.cfg.clients.num_clients
         threads = ex.threads_per_actor or max(1, int(ex.cpus_per_actor))
         if self.placement_group is None:
-            free = ray.available_resources()
             node_gpus = ([node["Resources"].get("GPU", 0.0) for node in ray.nodes() if node["Alive"]]
                          if ex.gpus_per_actor > 0 else None)
-            self.num_actors = plan_pool(
-                n, free.get("CPU", 0.0), ex.cpus_per_actor, ex.num_actors, ex.clients_per_actor,
-                gpus_per_actor=ex.gpus_per_actor, cluster_gpus=free.get("GPU", 0.0), node_gpus=node_gpus)
+            self.num_actors = plan_when_free(lambda res: plan_pool(
+                n, res.get("CPU", 0.0), ex.cpus_per_actor, ex.num_actors, ex.clients_per_actor,
+                gpus_per_actor=ex.gpus_per_actor, cluster_gpus=res.get("GPU", 0.0), node_gpus=node_gpus),
+                ray.available_resources, ray.cluster_resources(), self.startup_timeout_s)
             options = [{}] * self.num_actors
         else:
             bundles = len(self.placement_group.bundle_specs) - 1

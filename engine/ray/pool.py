@@ -6,7 +6,8 @@ forever in Ray. Pure arithmetic: no Ray import.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from engine.errors import UserError
 from engine.ray.cluster import ExecutorError
@@ -76,6 +77,22 @@ def plan_pool(
             f"Lower cpus_per_actor (e.g. {cluster_cpus / wanted:.3g}) or the number of actors."
         )
     return max(1, min(wanted, num_clients))
+
+
+def plan_when_free(plan: Callable[[dict], int], free: Callable[[], dict], cluster: dict, timeout_s: float) -> int:
+    """``plan(resources)`` (a :func:`plan_pool` call) on the ``free()`` resources. A pool that fits
+    the ``cluster`` but not what is free waits, up to ``timeout_s``, for CPUs that dead actors
+    hold: Ray gives them back asynchronously (a resume right after a killed run found none free).
+    A pool the whole cluster cannot hold is refused at once."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return plan(free())
+        except PoolSizeError:
+            if time.monotonic() >= deadline:
+                raise
+            plan(cluster)  # more than the whole cluster: said at once
+        time.sleep(0.1)
 
 
 def _gpu_text(cluster_gpus: float, node_gpus: Sequence[float] | None) -> str:

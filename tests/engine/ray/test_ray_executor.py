@@ -7,7 +7,7 @@ import pytest
 from engine.config.schema import load_config
 from engine.errors import ConfigError
 from engine.ray.cluster import ExecutorError
-from engine.ray.pool import plan_pool
+from engine.ray.pool import PoolSizeError, plan_pool, plan_when_free
 from engine.results.tables import WALL_COLUMNS, load_run
 from engine.run.api import run_experiment, run_in_folder
 
@@ -42,6 +42,58 @@ def test_plan_pool_sizes_from_cpus_and_refuses_unplaceable_requests():
         plan_pool(100, 2, 1.0, num_actors=3)
     with pytest.raises(ExecutorError, match="exceeds the cluster's 2 CPUs"):
         plan_pool(100, 2, 4.0)
+
+
+def test_a_pool_that_fits_the_cluster_waits_for_the_cpus_dead_actors_hold():
+    freed = iter([{"CPU": 0.0}, {"CPU": 1.0}, {"CPU": 2.0}])  # a killed run's actors give them back
+    polls = []
+
+    def free():
+        polls.append(len(polls))
+        return next(freed)
+
+    def two_actors(res):
+        return plan_pool(10, res.get("CPU", 0.0), 1.0, num_actors=2)
+
+    assert plan_when_free(two_actors, free, {"CPU": 2.0}, timeout_s=60) == 2 and polls == [0, 1, 2]
+    polls.clear()
+    freed = iter([{"CPU": 2.0}])
+    with pytest.raises(PoolSizeError, match="exceeds the cluster's 2 CPUs"):  # not even the cluster: at once
+        plan_when_free(lambda res: plan_pool(10, res.get("CPU", 0.0), 4.0), free, {"CPU": 2.0}, timeout_s=60)
+    assert polls == [0]
+    with pytest.raises(PoolSizeError, match="but the cluster has 1;"):  # still held when the time is up
+        plan_when_free(two_actors, lambda: {"CPU": 1.0}, {"CPU": 2.0}, timeout_s=0)
+
+
+def test_a_run_started_while_a_dead_actor_holds_the_cpus_gets_its_whole_pool(local_ray, monkeypatch):
+    """As a resume just after a SIGKILLed run: Ray frees a dead actor's CPUs asynchronously, and
+    the pool was sized from what was free at that instant (0 CPUs: PoolSizeError)."""
+    import time
+
+    from engine.ray.executor import RayExecutor
+
+    ray = local_ray
+    hog = ray.remote(num_cpus=2)(type("Hog", (), {"ready": lambda self: True})).remote()
+    ray.get(hog.ready.remote())
+    real_free = ray.available_resources
+    deadline = time.monotonic() + 60
+    while real_free().get("CPU", 0.0) > 0 and time.monotonic() < deadline:  # Ray's view catches up
+        time.sleep(0.1)
+    seen = []
+
+    def free_then_kill_the_hog():
+        seen.append(real_free().get("CPU", 0.0))
+        if len(seen) == 1:
+            ray.kill(hog)  # dies now; its CPUs come back a little later
+        return {"CPU": seen[-1]}
+
+    monkeypatch.setattr(ray, "available_resources", free_then_kill_the_hog)
+    executor = RayExecutor(load_config(None, [*TINY, "executor.kind=ray"]))
+    try:
+        executor.launch()
+        assert seen[0] == 0 and seen[-1] == 2 and executor.num_actors == 2, seen
+    finally:
+        executor.close()
 
 
 def test_ray_and_inprocess_give_identical_metrics(tmp_path, local_ray):

@@ -26,6 +26,7 @@ from engine.loop.simulation import Simulation
 from engine.ray.cluster import ExecutorError
 from engine.ray.driver import DriverDiedError
 from engine.ray.executor import RayExecutor
+from engine.results.manifest import process_identity, read_manifest
 from engine.results.tables import load_run
 from engine.run.api import resume_run, run_experiment
 from engine.run.body import execute_run
@@ -84,18 +85,30 @@ def process_states(pids) -> dict[int, str]:
     return out
 
 
-def alive(pid: int) -> bool:
+def alive(pid: int, start: int | None = None) -> bool:
+    """``pid`` runs (a zombie has finished); with ``start``, only the process that started then:
+    the OS hands a dead process's pid to a later one (pid_max 32768 wraps within minutes on a busy
+    machine, and another test's Ray worker then looked like a killed run's actor still alive)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        running = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+    return running and (start is None or process_identity(pid)["pid_start"] == start)
+
+
+def started(pids) -> dict[int, int]:
+    """Each running pid's start time (see :func:`alive`); one already gone is left out."""
+    starts = {pid: process_identity(pid)["pid_start"] for pid in pids}
+    return {pid: start for pid, start in starts.items() if start is not None}
 
 
 def wait_gone(pids, timeout=30.0) -> list[int]:
+    """``pids``: a list, or ``{pid: start time}`` from :func:`started`."""
+    starts = pids if isinstance(pids, dict) else dict.fromkeys(pids)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(alive(p) for p in pids):
+    while time.monotonic() < deadline and any(alive(p, s) for p, s in starts.items()):
         time.sleep(0.2)
-    return [p for p in pids if alive(p)]
+    return [p for p, s in starts.items() if alive(p, s)]
 
 
 def wait_for_cpus(ray, cpus=2.0, timeout=60.0):
@@ -139,21 +152,23 @@ def test_sigkill_of_hetsim_run_on_ray_then_resume_equals_an_uninterrupted_run(tm
                           env=None if own_ray else join_env())
     try:
         kill_at_round(proc, path, k, delay=delay)
-        # with its own Ray: GCS, raylet, agents, the driver actor and the client actors
+        # who they are while they still run: the driver actor and the client actors, and with its
+        # own Ray also GCS, raylet and agents
+        manifest = read_manifest(path)
+        loop = started([manifest["loop_pid"], *manifest["executor"]["actor_pids"]])
         own = {pid: command_line(pid) for pid in descendants(proc.pid)}
+        own_started = started(own)
     finally:
         proc.kill()
     proc.wait(timeout=60)
     manifest = load_run(path).manifest
     assert manifest["status"] == "running", why  # it never got to say otherwise
-    # the job's driver actor and client actors die with it: nothing writes to the folder any more
-    loop = [manifest["loop_pid"], *manifest["executor"]["actor_pids"]]
-    # Ray ends them asynchronously (driver, then the driver actor, then the actors it owns): in one
-    # CI run on 2 cores an actor outlived 30 s, so the bound is 60 s and a failure names what is left
-    left = wait_gone(loop, timeout=60.0)
-    assert not left, f"actors of the killed run still alive after 60 s {why}: {process_states(left)}"
+    # the job's driver actor and client actors die with it (Ray ends them asynchronously, in
+    # seconds): nothing writes to the folder any more; a failure names what is left
+    left = wait_gone(loop)
+    assert not left, f"actors of the killed run still alive after 30 s {why}: {process_states(left)}"
     if own_ray:
-        left = wait_gone(own)
+        left = wait_gone(own_started)
         for pid in left:  # never leave processes behind
             os.kill(pid, signal.SIGKILL)
         # Ray's dashboard / runtime-env agents notice their raylet is gone only after about a
@@ -178,6 +193,44 @@ def test_ctrl_c_of_hetsim_run_on_ray_checkpoints_after_the_round_and_resumes(tmp
     assert run.manifest["status"] == "interrupted"
     (n, _), = list_checkpoints(path)  # written by the driver actor before its client actors went
     assert len(run.rounds) == n
+    resume_run(path)
+    assert_same_tables(frames(load_run(path)), reference(tmp_path, overrides))
+
+
+def test_ctrl_c_on_ray_lets_a_long_round_finish_and_checkpoints_it(tmp_path, local_ray):
+    """The round in flight at Ctrl+C ends 7 s later: the caller waits for it (it used to kill the
+    driver actor after 5 s, so under load the run lost that round and its checkpoint)."""
+    from engine.ray.driver import run_on_driver_actor
+    from engine.run.api import prepare_run
+    from engine.run.signals import interrupt_signals
+
+    overrides = [*METHODS["fedcspack-own_mask"], "rounds=6", "checkpoint.every=0"]
+    cfg = cfg_of(*overrides, *RAY)
+    flag = tmp_path / "ctrl-c-pressed"
+
+    def body(cfg, path, callbacks, command, **kwargs):  # in the driver actor (pickled by value)
+        from engine.run.body import execute_run
+
+        class LongRound(RunCallback):
+            def on_round_end(self, run, record):
+                if record.round == 1:  # before the relay: the caller has seen round 0 only
+                    while not flag.exists():
+                        time.sleep(0.05)
+                    time.sleep(7.0)
+
+        return execute_run(cfg, path, [LongRound(), *callbacks], command, **kwargs)
+
+    def ctrl_c(record):  # in this process, on the relayed round 0
+        flag.touch()
+        raise KeyboardInterrupt
+
+    path, warnings = prepare_run(cfg, tmp_path / "r")
+    with interrupt_signals(None), pytest.raises(KeyboardInterrupt):
+        run_on_driver_actor(body, cfg, path, [ctrl_c], ["test"], warnings=warnings)
+    run = load_run(path)
+    assert run.manifest["status"] == "interrupted", run.manifest.get("error")
+    assert [n for n, _ in list_checkpoints(path)] == [2] and len(run.rounds) == 2  # the long round kept
+    wait_for_cpus(local_ray)
     resume_run(path)
     assert_same_tables(frames(load_run(path)), reference(tmp_path, overrides))
 
