@@ -375,7 +375,7 @@ class RayExecutor(Executor):
         """A new executor for ``cfg``'s run on this one's parked actors (their processes have
         torch and the methods imported), or None if ``cfg`` asks for another pool. Each actor
         drops what it held and builds its host afresh in :meth:`start`, so a run on warm actors
-        equals one on new actors (tests/test_matrix.py)."""
+        equals one on new actors (tests/engine/test_matrix.py)."""
         if not self.parked or pool_key(cfg) != self._pool_key:
             return None
         new = RayExecutor(cfg)
