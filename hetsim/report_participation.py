@@ -249,16 +249,21 @@ def _arrivals(rounds: pd.DataFrame, c: pd.DataFrame) -> pd.Series:
 
 def run_warnings(run, summary: Participation | None = None) -> list[str]:
     """What makes a run mean little, from its tables: rounds (or the whole run) without an arrival,
-    clients never aggregated, accuracy at chance at the end; and the manifest's own warnings."""
+    clients never aggregated, accuracy at chance at the end; and the manifest's other warnings
+    (validation, resume) but not its end-of-run ones, which the tables give again here."""
     p = summary or participation_summary(run)
     out: list[str] = []
     r = run.rounds
     arrived = _arrivals(r, _with_outcome(run.clients))
     if len(arrived) and (arrived == 0).all():
         up = int(plots.numeric(r["bytes_up"]).sum()) if "bytes_up" in r else 0
+        skipped = int(plots.numeric(r["num_nonfinite"]).sum()) if "num_nonfinite" in r else 0
+        cause = (f"Every upload was non-finite and skipped ({skipped} in all, train.on_nonfinite: skip_client); "
+                 "lower train.lr, or set train.on_nonfinite: stop to end such a run as diverged."
+                 if skipped else "Every selected client was lost (see the outcomes below); a deadline the fleet "
+                 "cannot meet is the usual cause.")
         out.append(f"No client arrived in any of the {len(arrived)} rounds ({up} bytes uploaded): the global "
-                   "model was never trained. Every selected client was lost (see the outcomes below); "
-                   "a deadline the fleet cannot meet is the usual cause.")
+                   f"model was never trained. {cause}")
     elif (arrived == 0).any():
         empty = arrived.index[arrived.to_numpy() == 0]
         out.append(f"No client arrived in {len(empty)} of {len(arrived)} rounds ({_id_list(empty, 'round')}): "
@@ -273,7 +278,8 @@ def run_warnings(run, summary: Participation | None = None) -> list[str]:
     chance = _chance_warning(run)
     if chance:
         out.append(chance)
-    out.extend(f"validation: {w}" for w in run.manifest.get("warnings") or [])
+    derived = set(run.manifest.get("result_warnings") or [])  # said above, from the tables
+    out.extend(f"the run said: {w}" for w in run.manifest.get("warnings") or [] if w not in derived)
     return out
 
 

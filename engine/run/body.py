@@ -238,7 +238,11 @@ def _warn_about_results(cfg: ExperimentConfig, path: Path, manifest: dict) -> No
         texts.append(f"the final accuracy {100 * final:.1f} % is at chance ({k} classes: {100 / k:.1f} %)")
     for text in texts:
         log.warning("hetsim: warning: %s", text)
-        manifest.setdefault("warnings", []).append(text)
+        if text not in manifest.setdefault("warnings", []):  # a resumed run ends again: said once
+            manifest["warnings"].append(text)
+    # the results' own warnings, which a report derives again from the tables (with ids): kept
+    # apart so that its banner does not say them twice
+    manifest["result_warnings"] = texts
 
 
 def _new_manifest(cfg: ExperimentConfig, command: list[str], warnings: list[str] | None) -> dict:

@@ -96,11 +96,17 @@ def test_warnings_name_rounds_without_arrival_left_out_clients_and_chance():
     # no client ever arrives, accuracy at chance (10 classes: at most 15%)
     t["rounds"] = t["rounds"].assign(num_arrived=0, bytes_up=0, global_acc=[0.1, 0.11, 0.12])
     t["clients"] = t["clients"].assign(drop_reason=t["clients"]["drop_reason"].replace("", "deadline"))
-    w = run_warnings(fake_run(t, manifest={"warnings": ["deadline is tight"]}))
-    assert "No client arrived in any of the 3 rounds (0 bytes uploaded)" in w[0]
+    # the run's own end-of-run warnings are in the manifest too: said once, from the tables
+    manifest = {"warnings": ["deadline is tight", "no update arrived"], "result_warnings": ["no update arrived"]}
+    w = run_warnings(fake_run(t, manifest=manifest))
+    assert "No client arrived in any of the 3 rounds (0 bytes uploaded)" in w[0] and "deadline" in w[0]
     assert "3 of 4 clients" in w[1]
     assert "at chance" in w[2] and "12.0%" in w[2] and "10 classes" in w[2]
-    assert w[3] == "validation: deadline is tight"
+    assert w[3:] == ["the run said: deadline is tight"]
+    # every upload non-finite and skipped: the banner names that cause, not the deadline
+    t["rounds"] = t["rounds"].assign(num_nonfinite=2)
+    w = run_warnings(fake_run(t))
+    assert "Every upload was non-finite and skipped (6 in all" in w[0] and "deadline" not in w[0]
     # some rounds only
     t = fleet_tables()
     t["rounds"] = t["rounds"].assign(num_arrived=[2, 0, 2])
@@ -157,6 +163,8 @@ def test_the_run_itself_warns_in_the_terminal_and_the_manifest(tmp_path, caplog,
     assert any(t.startswith("no client's update arrived in any of the 3 round(s)") and "clock.deadline_s = 0.041"
                in t for t in texts)
     assert any("at chance (10 classes" in t for t in texts)
+    banner = run_warnings(run)  # each fact once: the tables' version, no copy of the manifest's
+    assert sum("arrived in any" in w for w in banner) == 1 and sum("chance" in w for w in banner) == 1
     # a healthy run warns of nothing
     run = load_run(run_experiment(load_config(None, [*base, "rounds=8", "clients.participation=1.0",
                                                      "clients.profiles.availability=1.0"]), tmp_path / "c"))
