@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, create_model, field_validator, model_validator
 
 from .catalog import Catalog, default_catalog, load_catalog
 from .condition_spec import ConditionsSpec
@@ -103,32 +103,15 @@ class BandwidthDist(BaseModel):
         return self
 
 
-class ProfileOverride(BaseModel):
-    """Per-client override; ``tier``/``net_tier`` pull in catalog values first."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    tier: str | None = None
-    net_tier: str | None = None
-    gflops: float | None = None
-    down_mbps: float | None = None
-    up_mbps: float | None = None
-    latency_s: float | None = None
-    memory_gb: float | None = None
-    availability: float | None = None
-    dropout: float | None = None
-    train_w: float | None = None
-    idle_w: float | None = None
-    rx_w: float | None = None
-    tx_w: float | None = None
-    tail_j: float | None = None
-    battery_wh: float | None = None
-    cache_bytes: float | None = None
-    topk_ns_in_cache: float | None = None
-    topk_ns_out_of_cache: float | None = None
-    randomk_ns_per_kept: float | None = None
-    periodick_ns_per_kept: float | None = None
-    quant_ns_per_elem: float | None = None
+# Per-client override (``profiles.overrides``): ``tier``/``net_tier`` pull in catalog values
+# first, then any profile number replaces the pulled one. Built from the profile's own field list
+# so that a number added to HardwareProfile can be overridden without being listed again here.
+ProfileOverride = create_model(
+    "ProfileOverride",
+    __config__=ConfigDict(extra="forbid"),
+    **{f: (str | None, None) for f in LABEL_FIELDS},
+    **{f: (float | None, None) for f in NUMERIC_FIELDS},
+)
 
 
 def _check_mix(name: str, mix: dict[str, float] | None) -> dict[str, float] | None:

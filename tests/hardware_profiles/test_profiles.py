@@ -24,6 +24,7 @@ from hardware_profiles import (
     load_catalog,
 )
 from hardware_profiles.catalog import CatalogError
+from hardware_profiles.profile import NUMERIC_FIELDS
 
 GOOD = dict(
     name="x", gflops=10.0, down_mbps=50.0, up_mbps=20.0, latency_s=0.01,
@@ -246,6 +247,14 @@ def test_overrides_tier_then_fields():
         assign_profiles({"overrides": {2: {"down_mbps": 1000}}}, 4, 0)
     t = assign_profiles({"overrides": {2: {"down_mbps": 1000}}, "allow_out_of_range": True}, 4, 0)
     assert t.profile(2).down_mbps == 1000.0
+
+
+def test_every_profile_number_can_be_overridden_per_client():
+    # a distinct valid value per field, all in one override; each lands in the client's profile
+    values = {f: 0.25 + i / 100 for i, f in enumerate(NUMERIC_FIELDS)}
+    values.update(down_mbps=7.0, up_mbps=9.0)
+    p = assign_profiles({"overrides": {1: values}}, 2, 0).profile(1)
+    assert {f: getattr(p, f) for f in NUMERIC_FIELDS} == values
 
 
 def test_global_availability_dropout_override():
