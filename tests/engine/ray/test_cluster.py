@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -62,13 +63,26 @@ def private_disk_cluster(tmp_path_factory):
     cluster.stop()
 
 
-def _sweep_on(cluster, spec_file: Path, storage: str, env: dict[str, str] | None = None):
+def _sweep_on(cluster, spec_file: Path, storage: str, capsys, monkeypatch):
+    """`hetsim sweep SPEC --storage S --address A -q` in this process (its exit code and output):
+    a second interpreter would import torch, Ray and Tune again (the node-loss test below runs the
+    real command); then it leaves the cluster, as that process would by ending."""
+    import ray
+
+    from hetsim.cli import main
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    before = dict(os.environ)
+    capsys.readouterr()
     t0 = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "hetsim", "sweep", str(spec_file), "--storage", storage,
-         "--address", cluster.address, "-q"],
-        capture_output=True, text=True, timeout=600, env={**cluster.env, **(env or {})})
-    return proc, time.perf_counter() - t0
+    try:
+        code = main(["sweep", str(spec_file), "--storage", storage, "--address", cluster.address, "-q"])
+    finally:
+        ray.shutdown()
+        for var in set(os.environ) - set(before):  # Tune's quiet settings (os.environ.setdefault)
+            del os.environ[var]
+    out, err = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out, stderr=err), time.perf_counter() - t0
 
 
 def _check_complete_run_folders(sweep, files_of):
@@ -88,14 +102,14 @@ def _check_complete_run_folders(sweep, files_of):
 @pytest.mark.ray
 @pytest.mark.slow
 def test_local_storage_on_a_cluster_without_a_shared_disk_brings_every_run_folder_home(
-        tmp_path, private_disk_cluster):
+        tmp_path, private_disk_cluster, capsys, monkeypatch):
     """The storage path is this node's disk; the worker node has its own disk there. Trials on
     the worker send their run folders through Ray: all 4 arrive, with node_id."""
     cluster = private_disk_cluster
     storage = cluster.private_dir / "sw"  # what the worker node sees there is its own tmpfs
     spec_file = tmp_path / "cluster.yaml"
     spec_file.write_text(yaml.safe_dump(spec()))
-    proc, elapsed = _sweep_on(cluster, spec_file, str(storage))
+    proc, elapsed = _sweep_on(cluster, spec_file, str(storage), capsys, monkeypatch)
     assert proc.returncode == 0, proc.stderr[-4000:] + cluster.logs()
     assert f"joined the Ray cluster at {cluster.address}: 2 node(s)" in proc.stderr
     assert "1 of 2 node(s) do not see it" in proc.stderr and "through Ray" in proc.stderr
@@ -115,17 +129,17 @@ def test_local_storage_on_a_cluster_without_a_shared_disk_brings_every_run_folde
 @pytest.mark.slow
 @pytest.mark.skipif(moto_missing() is not None, reason=str(moto_missing()))
 def test_s3_storage_on_a_cluster_has_every_run_folder_and_loads_from_the_uri(
-        tmp_path, private_disk_cluster, monkeypatch):
+        tmp_path, private_disk_cluster, capsys, monkeypatch):
     cluster = private_disk_cluster
     with S3Server() as s3:
         spec_file = tmp_path / "s3.yaml"
         spec_file.write_text(yaml.safe_dump(spec()))
         uri = "s3://hetsim/sweeps/t"
-        proc, elapsed = _sweep_on(cluster, spec_file, uri, env=s3.env)
+        for var, value in s3.env.items():  # the sweep and load_sweep read the URI with the standard variables
+            monkeypatch.setenv(var, value)
+        proc, elapsed = _sweep_on(cluster, spec_file, uri, capsys, monkeypatch)
         assert proc.returncode == 0, proc.stderr[-4000:] + cluster.logs()
         assert f"results: {uri}" in proc.stdout
-        for var, value in s3.env.items():  # load_sweep reads the URI with the standard variables
-            monkeypatch.setenv(var, value)
         sweep = load_sweep(uri)
         assert sweep.path == uri
         store = open_storage(uri)
@@ -141,13 +155,14 @@ def test_s3_storage_on_a_cluster_has_every_run_folder_and_loads_from_the_uri(
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_shared_storage_on_a_cluster_is_written_directly_by_every_node(tmp_path, private_disk_cluster):
+def test_shared_storage_on_a_cluster_is_written_directly_by_every_node(tmp_path, private_disk_cluster, capsys,
+                                                                        monkeypatch):
     """A folder both nodes see (as with NFS): no detour through Ray, the same complete results."""
     cluster = private_disk_cluster
     storage = tmp_path / "shared" / "sw"
     spec_file = tmp_path / "shared.yaml"
     spec_file.write_text(yaml.safe_dump(spec()))
-    proc, elapsed = _sweep_on(cluster, spec_file, str(storage))
+    proc, elapsed = _sweep_on(cluster, spec_file, str(storage), capsys, monkeypatch)
     assert proc.returncode == 0, proc.stderr[-4000:] + cluster.logs()
     assert "joined the Ray cluster" in proc.stderr and "do not see it" not in proc.stderr
     _check_complete_run_folders(load_sweep(storage), lambda tid: os.listdir(storage / "runs" / tid))
