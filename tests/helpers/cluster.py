@@ -153,6 +153,15 @@ class PrivateDiskCluster:
         self.stop()
 
 
+def moto_missing() -> str | None:
+    """Why :class:`S3Server` cannot run here, or None."""
+    try:
+        import moto.server  # noqa: F401
+    except ImportError:
+        return "moto[server] is not installed (pip install -e '.[dev]')"
+    return None
+
+
 class S3Server:
     """``moto.server`` (an S3-compatible server) on a free loopback port, with a bucket."""
 

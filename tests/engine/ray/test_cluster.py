@@ -1,25 +1,34 @@
-"""Storage that works on any cluster: pyarrow filesystems, mirrored run folders, a real
-two-node Ray cluster whose worker has its own disk, and an S3-compatible server on loopback."""
+"""Storage that works on any cluster: a real two-node Ray cluster whose worker has its own disk,
+sweeps into its local, shared and S3 storage (an S3-compatible server on loopback), a Ray run
+joined to it, and a node that dies. Storage without Ray: tests/engine/test_storage_locations.py."""
 import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 import yaml
-from helpers.cluster import PrivateDiskCluster, S3Server, can_unshare_mounts, kill_worker_node, mount_namespace
+from helpers.cluster import (
+    PrivateDiskCluster,
+    S3Server,
+    can_unshare_mounts,
+    kill_worker_node,
+    moto_missing,
+    mount_namespace,
+)
 from helpers.sweeps import BASE, GRID  # the same tiny experiment
 from helpers.tabular import comparable_tables, write_leaf
 
-from engine.config.schema import load_config, redact
+from engine.config.schema import load_config
 from engine.data.tabular import leaf_to_parquet
 from engine.results.tables import WALL_COLUMNS, load_run
 from engine.run.api import run_experiment
-from engine.storage.locations import DirectoryMirror, StorageError, open_storage
-from sweeps import SweepSpecError, load_sweep, resolve
+from engine.storage.locations import open_storage
+from sweeps import load_sweep
 
 RUN_FILES = {"config.yaml", "manifest.json", "rounds.parquet", "clients.parquet", "profiles.parquet", "trial.json"}
 
@@ -32,101 +41,6 @@ PACED = {**BASE, "clock": {"mode": "realtime", "max_sleep_s": 0.4, "time_scale":
 
 def spec(**kw):
     return {"name": "t", "base": PACED, "space": GRID, "max_concurrent_trials": 2, **kw}
-
-
-def _moto_missing() -> str | None:
-    try:
-        import moto.server  # noqa: F401
-    except ImportError:
-        return "moto[server] is not installed (pip install -e '.[dev]')"
-    return None
-
-
-# ---------------------------------------------------------------- storage (no Ray)
-
-
-def test_mirror_uploads_new_and_changed_files_and_removes_deleted_ones(tmp_path):
-    local, remote = tmp_path / "local", open_storage(tmp_path / "remote")
-    (local / "_parts" / "rounds").mkdir(parents=True)
-    (local / "_parts" / "rounds" / "0000000.parquet").write_bytes(b"part0")
-    (local / "manifest.json").write_text("{}")
-    remote.write_text("stale.txt", "from an earlier attempt")
-    mirror = DirectoryMirror(local, remote)
-    assert mirror.sync() == 2
-    assert remote.files() == ["_parts/rounds/0000000.parquet", "manifest.json"]  # stale one gone
-    assert mirror.sync() == 0  # nothing changed: nothing sent
-    (local / "_parts" / "rounds" / "0000001.parquet").write_bytes(b"part1")
-    assert mirror.sync() == 1
-    # the run is compacted: the parts disappear locally, and so do their folders remotely
-    (local / "rounds.parquet").write_bytes(b"all")
-    for p in (local / "_parts" / "rounds").iterdir():
-        p.unlink()
-    (local / "_parts" / "rounds").rmdir()
-    (local / "_parts").rmdir()
-    mirror.sync()
-    assert remote.files() == ["manifest.json", "rounds.parquet"]
-    assert not (tmp_path / "remote" / "_parts").exists()
-    assert remote.read_bytes("rounds.parquet") == b"all"
-
-
-def test_storage_locations_options_and_their_errors(tmp_path, monkeypatch):
-    local = open_storage(tmp_path / "x" / ".." / "y")
-    assert local.path == str(tmp_path / "y") and local.local_path() == tmp_path / "y" and not local.is_remote
-    for var in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                "AWS_REGION", "AWS_DEFAULT_REGION"):
-        monkeypatch.delenv(var, raising=False)
-    s3 = open_storage("s3://bkt/some/prefix/?endpoint_override=127.0.0.1:9&scheme=http")
-    assert (s3.path, s3.uri, s3.is_remote, s3.local_path()) == ("bkt/some/prefix", "s3://bkt/some/prefix", True, None)
-    assert s3.options == {"endpoint_override": "127.0.0.1:9", "scheme": "http", "region": "us-east-1"}
-    assert s3.child("runs", "a").path == "bkt/some/prefix/runs/a"
-    # the standard AWS variables become options, so they travel with the filesystem to trials
-    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "id")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
-    env_s3 = open_storage("s3://bkt/p")
-    assert env_s3.options["endpoint_override"] == "http://127.0.0.1:9" and env_s3.options["secret_key"] == "secret"
-    assert redact(env_s3.options) == {"endpoint_override": "http://127.0.0.1:9", "region": "us-east-1"}
-    with pytest.raises(StorageError, match="apply to URIs"):
-        open_storage(tmp_path, {"endpoint_override": "x"})
-    with pytest.raises(StorageError, match="no bucket"):
-        open_storage("s3:///prefix")
-    with pytest.raises(StorageError, match=r"storage options for s3:// \(pyarrow.fs.S3FileSystem\): "
-                                           r".*unexpected keyword argument 'colour'"):
-        open_storage("s3://bkt/p", {"colour": "blue"})
-    with pytest.raises(SweepSpecError, match=r"storage = 's3://bkt/p': storage options for s3://"):
-        resolve(spec(storage="s3://bkt/p", storage_options={"colour": "blue"}))
-    # a sweep keeps URIs as given and credentials out of sweep.yaml
-    r = resolve(spec(storage="s3://bkt/sw", storage_options={"access_key": "a", "secret_key": "b"}))
-    assert r.storage == "s3://bkt/sw"
-    assert r.to_dict()["spec"]["storage_options"] == {}
-
-
-@pytest.mark.skipif(_moto_missing() is not None, reason=str(_moto_missing()))
-def test_hetsim_run_writes_its_run_folder_to_s3(tmp_path):
-    """`hetsim run --set output.dir=s3://...`: staged locally, uploaded, readable from the URI."""
-    from hetsim.cli import main
-
-    with S3Server() as s3:
-        env = {**os.environ, **s3.env}
-        args = [sys.executable, "-m", "hetsim", "run", "-q", "--set", "rounds=2", "--set", "dataset.name=digits",
-                "--set", "model.name=mlp", "--set", "clients.num_clients=10", "--set", "output.dir=s3://hetsim/runs",
-                "--set", "output.name=r1", "--set", "output.upload_every_s=0"]
-        proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert "results: s3://hetsim/runs/r1" in proc.stdout
-        store = open_storage("s3://hetsim/runs/r1", {"endpoint_override": s3.endpoint, "access_key": "testing",
-                                                      "secret_key": "testing"})
-        assert set(store.list()) == RUN_FILES - {"trial.json"}  # compacted: no _parts left
-        run = load_run(store)
-        assert run.manifest["status"] == "finished" and len(run.rounds) == 2
-        # equal to the same run written locally
-        local = load_run(run_experiment(load_config(run.config), tmp_path / "local"))
-        pd.testing.assert_frame_equal(run.rounds.drop(columns=list(WALL_COLUMNS), errors="ignore"),
-                                      local.rounds.drop(columns=list(WALL_COLUMNS), errors="ignore"))
-        # a second run with the same name is refused, naming the folder
-        proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 2 and "s3://hetsim/runs/r1 already exists" in proc.stderr
-        assert main(["run", "-q", "--set", "output.dir=s3://", "--set", "rounds=1"]) == 2
 
 
 # ---------------------------------------------------------------- a real two-node cluster
@@ -149,13 +63,26 @@ def private_disk_cluster(tmp_path_factory):
     cluster.stop()
 
 
-def _sweep_on(cluster, spec_file: Path, storage: str, env: dict[str, str] | None = None):
+def _sweep_on(cluster, spec_file: Path, storage: str, capsys, monkeypatch):
+    """`hetsim sweep SPEC --storage S --address A -q` in this process (its exit code and output):
+    a second interpreter would import torch, Ray and Tune again (the node-loss test below runs the
+    real command); then it leaves the cluster, as that process would by ending."""
+    import ray
+
+    from hetsim.cli import main
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    before = dict(os.environ)
+    capsys.readouterr()
     t0 = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "hetsim", "sweep", str(spec_file), "--storage", storage,
-         "--address", cluster.address, "-q"],
-        capture_output=True, text=True, timeout=600, env={**cluster.env, **(env or {})})
-    return proc, time.perf_counter() - t0
+    try:
+        code = main(["sweep", str(spec_file), "--storage", storage, "--address", cluster.address, "-q"])
+    finally:
+        ray.shutdown()
+        for var in set(os.environ) - set(before):  # Tune's quiet settings (os.environ.setdefault)
+            del os.environ[var]
+    out, err = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out, stderr=err), time.perf_counter() - t0
 
 
 def _check_complete_run_folders(sweep, files_of):
@@ -175,14 +102,14 @@ def _check_complete_run_folders(sweep, files_of):
 @pytest.mark.ray
 @pytest.mark.slow
 def test_local_storage_on_a_cluster_without_a_shared_disk_brings_every_run_folder_home(
-        tmp_path, private_disk_cluster):
+        tmp_path, private_disk_cluster, capsys, monkeypatch):
     """The storage path is this node's disk; the worker node has its own disk there. Trials on
     the worker send their run folders through Ray: all 4 arrive, with node_id."""
     cluster = private_disk_cluster
     storage = cluster.private_dir / "sw"  # what the worker node sees there is its own tmpfs
     spec_file = tmp_path / "cluster.yaml"
     spec_file.write_text(yaml.safe_dump(spec()))
-    proc, elapsed = _sweep_on(cluster, spec_file, str(storage))
+    proc, elapsed = _sweep_on(cluster, spec_file, str(storage), capsys, monkeypatch)
     assert proc.returncode == 0, proc.stderr[-4000:] + cluster.logs()
     assert f"joined the Ray cluster at {cluster.address}: 2 node(s)" in proc.stderr
     assert "1 of 2 node(s) do not see it" in proc.stderr and "through Ray" in proc.stderr
@@ -200,19 +127,19 @@ def test_local_storage_on_a_cluster_without_a_shared_disk_brings_every_run_folde
 
 @pytest.mark.ray
 @pytest.mark.slow
-@pytest.mark.skipif(_moto_missing() is not None, reason=str(_moto_missing()))
+@pytest.mark.skipif(moto_missing() is not None, reason=str(moto_missing()))
 def test_s3_storage_on_a_cluster_has_every_run_folder_and_loads_from_the_uri(
-        tmp_path, private_disk_cluster, monkeypatch):
+        tmp_path, private_disk_cluster, capsys, monkeypatch):
     cluster = private_disk_cluster
     with S3Server() as s3:
         spec_file = tmp_path / "s3.yaml"
         spec_file.write_text(yaml.safe_dump(spec()))
         uri = "s3://hetsim/sweeps/t"
-        proc, elapsed = _sweep_on(cluster, spec_file, uri, env=s3.env)
+        for var, value in s3.env.items():  # the sweep and load_sweep read the URI with the standard variables
+            monkeypatch.setenv(var, value)
+        proc, elapsed = _sweep_on(cluster, spec_file, uri, capsys, monkeypatch)
         assert proc.returncode == 0, proc.stderr[-4000:] + cluster.logs()
         assert f"results: {uri}" in proc.stdout
-        for var, value in s3.env.items():  # load_sweep reads the URI with the standard variables
-            monkeypatch.setenv(var, value)
         sweep = load_sweep(uri)
         assert sweep.path == uri
         store = open_storage(uri)
@@ -228,13 +155,14 @@ def test_s3_storage_on_a_cluster_has_every_run_folder_and_loads_from_the_uri(
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_shared_storage_on_a_cluster_is_written_directly_by_every_node(tmp_path, private_disk_cluster):
+def test_shared_storage_on_a_cluster_is_written_directly_by_every_node(tmp_path, private_disk_cluster, capsys,
+                                                                        monkeypatch):
     """A folder both nodes see (as with NFS): no detour through Ray, the same complete results."""
     cluster = private_disk_cluster
     storage = tmp_path / "shared" / "sw"
     spec_file = tmp_path / "shared.yaml"
     spec_file.write_text(yaml.safe_dump(spec()))
-    proc, elapsed = _sweep_on(cluster, spec_file, str(storage))
+    proc, elapsed = _sweep_on(cluster, spec_file, str(storage), capsys, monkeypatch)
     assert proc.returncode == 0, proc.stderr[-4000:] + cluster.logs()
     assert "joined the Ray cluster" in proc.stderr and "do not see it" not in proc.stderr
     _check_complete_run_folders(load_sweep(storage), lambda tid: os.listdir(storage / "runs" / tid))
@@ -258,6 +186,7 @@ def test_a_ray_run_joined_to_the_cluster_hosts_clients_on_both_nodes_without_a_s
     import ray
 
     from engine.ray.client_actor import DataNotOnNodeError
+    from engine.ray.driver import release_warm_actors
 
     cluster = private_disk_cluster
     write_leaf(tmp_path / "leaf")
@@ -265,8 +194,10 @@ def test_a_ray_run_joined_to_the_cluster_hosts_clients_on_both_nodes_without_a_s
     table_params = f"path: {table}, client_column: client, split_column: split, features: features"
     cases = {"lazy-synthetic": ["dataset.name=synthetic", "dataset.params={lazy: true}"],
              "in-memory-parquet": ["dataset.name=parquet", f"dataset.params={{{table_params}}}"]}
+    # keep_warm: the cases after the first run on its driver and its actor on each node (each run
+    # builds its hosts afresh, from its own data: what a worker's actor cannot read still fails)
     on_cluster = ["executor.kind=ray", "executor.num_actors=2", "executor.cpus_per_actor=1",
-                  f"ray.address={cluster.address}"]
+                  f"ray.address={cluster.address}", "executor.keep_warm=true"]
     t0 = time.perf_counter()
     try:
         for name, dataset in cases.items():
@@ -291,6 +222,7 @@ def test_a_ray_run_joined_to_the_cluster_hosts_clients_on_both_nodes_without_a_s
             run_experiment(load_config(None, ["dataset.name=parquet", *on_disk, *ON_BOTH_NODES, *on_cluster]),
                            tmp_path / "on-disk")
     finally:
+        release_warm_actors()  # their CPUs go back to the cluster now, for the trials of the next test
         if ray.is_initialized():
             ray.shutdown()
     print(f"ray runs joined to the 2-node cluster: {time.perf_counter() - t0:.1f} s")

@@ -24,6 +24,12 @@ TINY = [
 # Rounds of TINY take milliseconds: a run that must still be going when the caller acts (its
 # callbacks see a round only at the next half-second poll) sleeps 0.1 s per round.
 PACED = ["clock.mode=realtime", "clock.max_sleep_s=0.1", "clock.time_scale=1000000"]
+# A driver and 2 client actors cost seconds of both cores to start (torch import). The first Ray run
+# of TINY's pool starts them fresh and keeps them warm; the runs after it with that pool reuse them
+# (each builds its hosts afresh: same tables as on new actors, tests/engine/test_matrix.py). The
+# tests are ordered so: fresh, warm..., then those whose runs fail or stop (their actors are killed),
+# then other pools (which release the warm ones).
+RAY = ["executor.kind=ray", "executor.keep_warm=true"]
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +76,10 @@ def test_a_run_started_while_a_dead_actor_holds_the_cpus_gets_its_whole_pool(loc
     the pool was sized from what was free at that instant (0 CPUs: PoolSizeError)."""
     import time
 
+    from engine.ray.driver import release_warm_actors
     from engine.ray.executor import RayExecutor
 
+    release_warm_actors()  # (none if run in file order) they would hold the hog's CPUs
     ray = local_ray
     hog = ray.remote(num_cpus=2)(type("Hog", (), {"ready": lambda self: True})).remote()
     ray.get(hog.ready.remote())
@@ -97,9 +105,12 @@ def test_a_run_started_while_a_dead_actor_holds_the_cpus_gets_its_whole_pool(loc
 
 
 def test_ray_and_inprocess_give_identical_metrics(tmp_path, local_ray):
+    from engine.ray.driver import release_warm_actors
+
+    release_warm_actors()  # on new actors: the comparison that does not rest on warm reuse
     relayed = []
     ray_run = load_run(run_experiment(
-        load_config(None, [*TINY, "executor.kind=ray"]), tmp_path / "ray", callbacks=[relayed.append]))
+        load_config(None, [*TINY, *RAY]), tmp_path / "ray", callbacks=[relayed.append]))
     # the driver actor relays every finished round to the caller's callbacks (progress bar)
     assert [rec.round for rec in relayed] == [0, 1, 2]
     local_run = load_run(run_experiment(
@@ -116,61 +127,6 @@ def test_ray_and_inprocess_give_identical_metrics(tmp_path, local_ray):
     assert local_run.manifest["loop_pid"] == os.getpid()
 
 
-def test_one_client_per_actor(tmp_path, local_ray):
-    cfg = load_config(None, [*TINY, "clients.num_clients=6", "rounds=1", "executor.kind=ray",
-                             "executor.clients_per_actor=1", "executor.cpus_per_actor=0.25"])
-    run = load_run(run_experiment(cfg, tmp_path / "one"))
-    assert run.manifest["executor"]["actors"] == 6
-    assert run.rounds["num_arrived"].iloc[0] == 3
-
-
-def test_unplaceable_pool_fails_fast_with_clear_message(tmp_path, local_ray):
-    cfg = load_config(None, [*TINY, "clients.num_clients=30", "executor.kind=ray",
-                             "executor.clients_per_actor=1", "executor.cpus_per_actor=0.1"])
-    # refused by validation (against the running Ray's CPUs), before a run folder exists ...
-    with pytest.raises(ConfigError, match="needs 30 actors.*2 CPUs of the running Ray"):
-        run_experiment(cfg, tmp_path / "bad")
-    assert not (tmp_path / "bad").exists()
-    # ... and by the executor itself, for a caller that skips validation
-    with pytest.raises(ExecutorError, match="needs 30 actors"):
-        run_in_folder(cfg, tmp_path / "bad")
-    assert load_run(tmp_path / "bad").manifest["status"] == "failed"
-
-
-def test_client_failure_on_an_actor_names_client_and_round_quickly(tmp_path, local_ray):
-    import time
-
-    from engine.clients.host import ClientFailure
-
-    cfg = load_config(None, [*TINY, "executor.kind=ray", "clients.participation=1.0",
-                             "executor.inject_failure={round: 1, client: 5}"])
-    t0 = time.perf_counter()
-    with pytest.raises(ClientFailure, match="client 5 failed in round 1: RuntimeError: failure injected"):
-        run_experiment(cfg, tmp_path / "fail")
-    assert time.perf_counter() - t0 < 60
-    run = load_run(tmp_path / "fail")
-    assert list(run.rounds["round"]) == [0]
-    assert run.manifest["status"] == "failed" and "client 5" in run.manifest["error"]
-
-
-def test_ctrl_c_under_the_driver_actor_keeps_finished_rounds(tmp_path, local_ray):
-    """Ctrl+C in the caller: the driver finishes the round in flight, marks the run interrupted
-    and compacts its tables."""
-    def interrupt(rec):
-        if rec.round == 1:
-            raise KeyboardInterrupt
-
-    cfg = load_config(None, [*TINY, *PACED, "rounds=100", "executor.kind=ray"])
-    with pytest.raises(KeyboardInterrupt):
-        run_experiment(cfg, tmp_path / "ctrl-c", callbacks=[interrupt])
-    run = load_run(tmp_path / "ctrl-c")
-    assert run.manifest["status"] == "interrupted"
-    assert "stopped by the caller" in run.manifest["error"]
-    assert 2 <= len(run.rounds) < 100
-    assert list(run.rounds["round"]) == list(range(len(run.rounds)))
-    assert not (tmp_path / "ctrl-c" / "_parts").exists()
-
-
 @pytest.mark.parametrize("method", [["algorithm.name=fedavg"],
                                     # reads its profile: the conditions at the round's start travel too
                                     ["algorithm={name: ascend, warmup: 1}", "partition.public_fraction=0.2"]])
@@ -179,8 +135,8 @@ def test_conditions_over_time_give_identical_tables_on_ray_and_in_process(tmp_pa
                 "clients.profiles.conditions={sets: {fading: {share: 0.5, down: gilbert_elliott, "
                 "up: gilbert_elliott, compute: thermal_throttling}, "
                 "night: {share: 0.5, availability: night_charging}}}"]
-    runs = [load_run(run_experiment(load_config(None, [*changing, f"executor.kind={kind}"]), tmp_path / kind))
-            for kind in ("ray", "inprocess")]
+    runs = [load_run(run_experiment(load_config(None, [*changing, *executor]), tmp_path / kind))
+            for kind, executor in (("ray", RAY), ("inprocess", ["executor.kind=inprocess"]))]
     assert runs[0].clients["down_state"].isin(["good", "bad"]).any()  # the test is about something
     for a, b in ((runs[0].rounds, runs[1].rounds), (runs[0].clients, runs[1].clients)):
         keep = [c for c in a.columns if c not in WALL_COLUMNS]
@@ -198,7 +154,7 @@ def test_lost_uploads_reach_the_actors_with_the_next_call_and_before_a_checkpoin
     local = load_run(run_experiment(load_config(None, [*lossy, "executor.kind=inprocess"]), tmp_path / "local"))
     assert (local.clients["drop_reason"] == "deadline").any()  # the test is about something
     for every in (0, 1):  # no checkpoint: told with the next round; one every round: with its save
-        ray_path = run_experiment(load_config(None, [*lossy, "executor.kind=ray", f"checkpoint.every={every}"]),
+        ray_path = run_experiment(load_config(None, [*lossy, *RAY, f"checkpoint.every={every}"]),
                                   tmp_path / f"ray-{every}")
         ray_run = load_run(ray_path)
         for a, b in ((ray_run.rounds, local.rounds), (ray_run.clients, local.clients)):
@@ -227,7 +183,7 @@ def test_batched_ascend_v3_on_ray_equals_sequential_and_its_notice_reaches_the_m
     tolerance of docs/gpu.md, and a host's single client is said in the manifest (the driver
     actor's log reaches no terminal)."""
     base = [*TINY, "algorithm={name: ascend, warmup: 0}", "partition.public_fraction=0.2", "rounds=4"]
-    ray_run = load_run(run_experiment(load_config(None, [*base, "executor.kind=ray", "executor.batch_clients=true"]),
+    ray_run = load_run(run_experiment(load_config(None, [*base, *RAY, "executor.batch_clients=true"]),
                                       tmp_path / "ray"))
     seq = load_run(run_experiment(load_config(None, base), tmp_path / "seq"))
     assert ray_run.clients["arm_label"].fillna("").tolist() == seq.clients["arm_label"].fillna("").tolist()
@@ -239,3 +195,59 @@ def test_batched_ascend_v3_on_ray_equals_sequential_and_its_notice_reaches_the_m
     assert (per_host >= 2).any()  # some actor did train clients together
     said = [w for w in ray_run.manifest["warnings"] if "single client" in w]
     assert len(said) == int((per_host == 1).any())
+
+
+def test_ctrl_c_under_the_driver_actor_keeps_finished_rounds(tmp_path, local_ray):
+    """Ctrl+C in the caller: the driver finishes the round in flight, marks the run interrupted
+    and compacts its tables."""
+    def interrupt(rec):
+        if rec.round == 1:
+            raise KeyboardInterrupt
+
+    cfg = load_config(None, [*TINY, *PACED, "rounds=100", *RAY])
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(cfg, tmp_path / "ctrl-c", callbacks=[interrupt])
+    run = load_run(tmp_path / "ctrl-c")
+    assert run.manifest["status"] == "interrupted"
+    assert "stopped by the caller" in run.manifest["error"]
+    assert 2 <= len(run.rounds) < 100
+    assert list(run.rounds["round"]) == list(range(len(run.rounds)))
+    assert not (tmp_path / "ctrl-c" / "_parts").exists()
+
+
+def test_client_failure_on_an_actor_names_client_and_round_quickly(tmp_path, local_ray):
+    import time
+
+    from engine.clients.host import ClientFailure
+
+    cfg = load_config(None, [*TINY, *RAY, "clients.participation=1.0",
+                             "executor.inject_failure={round: 1, client: 5}"])
+    t0 = time.perf_counter()
+    with pytest.raises(ClientFailure, match="client 5 failed in round 1: RuntimeError: failure injected"):
+        run_experiment(cfg, tmp_path / "fail")
+    assert time.perf_counter() - t0 < 60
+    run = load_run(tmp_path / "fail")
+    assert list(run.rounds["round"]) == [0]
+    assert run.manifest["status"] == "failed" and "client 5" in run.manifest["error"]
+
+
+def test_one_client_per_actor(tmp_path, local_ray):
+    # 4 clients (each actor's process costs seconds of torch import): 4 actors, the 2 selected arrive
+    cfg = load_config(None, [*TINY, "clients.num_clients=4", "rounds=1", "executor.kind=ray",
+                             "executor.clients_per_actor=1", "executor.cpus_per_actor=0.25"])
+    run = load_run(run_experiment(cfg, tmp_path / "one"))
+    assert run.manifest["executor"]["actors"] == 4
+    assert run.rounds["num_selected"].iloc[0] == run.rounds["num_arrived"].iloc[0] == 2
+
+
+def test_unplaceable_pool_fails_fast_with_clear_message(tmp_path, local_ray):
+    cfg = load_config(None, [*TINY, "clients.num_clients=30", "executor.kind=ray",
+                             "executor.clients_per_actor=1", "executor.cpus_per_actor=0.1"])
+    # refused by validation (against the running Ray's CPUs), before a run folder exists ...
+    with pytest.raises(ConfigError, match="needs 30 actors.*2 CPUs of the running Ray"):
+        run_experiment(cfg, tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()
+    # ... and by the executor itself, for a caller that skips validation
+    with pytest.raises(ExecutorError, match="needs 30 actors"):
+        run_in_folder(cfg, tmp_path / "bad")
+    assert load_run(tmp_path / "bad").manifest["status"] == "failed"

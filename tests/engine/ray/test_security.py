@@ -65,32 +65,28 @@ def test_hetsim_run_on_ray_listens_on_loopback_only_and_ignores_stray_clusters(t
     assert not open_, f"sockets reachable from the network: {open_}"
 
 
-def test_local_ray_refuses_a_client_without_the_token():
-    from engine.ray.cluster import init_ray
+def test_local_ray_refuses_a_client_without_the_token(ray_session):
+    # the suite's shared Ray (tests/conftest.py): started by init_ray as a run starts its own
+    from engine.ray import cluster as ray_cluster
 
-    ray = init_ray(num_cpus=1)
-    try:
-        gcs = ray.get_runtime_context().gcs_address
-        assert gcs.startswith("127.0.0.1:")
-        join = f"import ray; ray.init(address={gcs!r}); print('JOINED', ray.cluster_resources()['CPU'])"
-        # (a client must also run in Ray's local-only mode, or it dials the external address)
-        local = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-        no_token = subprocess.run([sys.executable, "-c", join],
-                                  env=_env(RAY_AUTH_MODE="disabled", **local),
-                                  capture_output=True, text=True, timeout=180)
-        assert no_token.returncode != 0 and "JOINED" not in no_token.stdout
-        assert "Authentication token is missing or incorrect" in no_token.stderr
-        # control: the same client with the session's token gets in, so the token is what matters
-        from engine.ray import cluster as ray_cluster
-
-        assert "RAY_AUTH_TOKEN" not in os.environ  # only Ray's own processes hold it
-        token = ray_cluster._local_token
-        with_token = subprocess.run([sys.executable, "-c", join],
-                                    env=_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token, **local),
-                                    capture_output=True, text=True, timeout=180)
-        assert "JOINED 1.0" in with_token.stdout, with_token.stderr[-2000:]
-    finally:
-        ray.shutdown()
+    gcs = ray_session.get_runtime_context().gcs_address
+    cpus = ray_session.cluster_resources()["CPU"]
+    assert gcs.startswith("127.0.0.1:")
+    join = f"import ray; ray.init(address={gcs!r}); print('JOINED', ray.cluster_resources()['CPU'])"
+    # (a client must also run in Ray's local-only mode, or it dials the external address)
+    local = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    no_token = subprocess.run([sys.executable, "-c", join],
+                              env=_env(RAY_AUTH_MODE="disabled", **local),
+                              capture_output=True, text=True, timeout=180)
+    assert no_token.returncode != 0 and "JOINED" not in no_token.stdout
+    assert "Authentication token is missing or incorrect" in no_token.stderr
+    # control: the same client with the session's token gets in, so the token is what matters
+    assert "RAY_AUTH_TOKEN" not in os.environ  # only Ray's own processes hold it
+    token = ray_cluster._local_token
+    with_token = subprocess.run([sys.executable, "-c", join],
+                                env=_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token, **local),
+                                capture_output=True, text=True, timeout=180)
+    assert f"JOINED {cpus}" in with_token.stdout, with_token.stderr[-2000:]
 
 
 def test_unreachable_or_silent_address_fails_fast_with_the_field_named():
