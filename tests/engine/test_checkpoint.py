@@ -7,9 +7,12 @@ import signal
 
 import pytest
 from helpers.checkpoint import (
+    KILL_AFTER,
     KILL_METHODS,
+    KILL_ROUNDS,
     METHODS,
-    SLOW_ROUNDS,
+    NO_SLEEP,
+    SLEEPY_ROUNDS,
     Collect,
     assert_same_tables,
     cfg_of,
@@ -17,6 +20,7 @@ from helpers.checkpoint import (
     hetsim_process,
     kill_at_round,
     simulation,
+    uninterrupted,
 )
 
 from algorithms import ALGORITHMS
@@ -239,9 +243,9 @@ def test_a_resumed_writer_adds_to_the_fault_log_of_earlier_attempts(tmp_path):
 def test_sigkill_of_hetsim_run_then_resume_equals_an_uninterrupted_run(tmp_path, method):
     seed = int.from_bytes(os.urandom(4), "little")
     rng = random.Random(seed)
-    k, delay = rng.randint(1, 9), rng.uniform(0.0, 0.1)
+    k, delay = rng.choice(KILL_AFTER), rng.uniform(0.0, 0.1)
     why = f"(kill after round {k} + {delay:.3f} s; seed {seed})"
-    overrides = [*KILL_METHODS[method], *SLOW_ROUNDS]
+    overrides = [*KILL_METHODS[method], *KILL_ROUNDS]
     path = tmp_path / "killed"
     proc = hetsim_process(path, overrides)
     kill_at_round(proc, path, k, delay=delay)
@@ -250,15 +254,15 @@ def test_sigkill_of_hetsim_run_then_resume_equals_an_uninterrupted_run(tmp_path,
     assert killed.manifest["status"] == "running", why  # it never got to say otherwise
     assert main(["run", "--resume", str(path), "-q"]) == 0, why
     resumed = load_run(path)
-    ref = load_run(run_experiment(cfg_of(*overrides), tmp_path / "ref"))
-    assert_same_tables(frames(resumed), frames(ref))
+    assert_same_tables(frames(resumed), uninterrupted(tmp_path, overrides))
     assert resumed.manifest["status"] == "finished", why
     assert resumed.manifest["resumes"][0]["previous_status"] == "running"
     assert not (path / "_parts").exists()
 
 
 def test_sigkill_before_any_checkpoint_resumes_from_round_zero(tmp_path):
-    overrides = [*METHODS["fedcspack-own_mask"], "rounds=8", "train.local_epochs=4", "checkpoint.every=0"]
+    # the experiment of the SIGKILL test above (checkpoints aside): its uninterrupted run is shared
+    overrides = [*KILL_METHODS["fedcspack"], *KILL_ROUNDS, "checkpoint.every=0"]
     path = tmp_path / "killed"
     proc = hetsim_process(path, overrides)
     kill_at_round(proc, path, 3)
@@ -268,12 +272,12 @@ def test_sigkill_before_any_checkpoint_resumes_from_round_zero(tmp_path):
     run = load_run(path)
     assert run.manifest["resumes"][0]["from_round"] == 0
     assert run.manifest["resumes"][0]["checkpoint"] is None
-    assert_same_tables(frames(run), frames(load_run(run_experiment(cfg_of(*overrides), tmp_path / "ref"))))
+    assert_same_tables(frames(run), uninterrupted(tmp_path, overrides))
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_or_sigterm_stops_after_the_round_checkpoints_and_resumes(tmp_path, sig):
-    overrides = [*METHODS["ascend-exp3"], "rounds=12", "train.local_epochs=4", "checkpoint.every=0"]
+    overrides = [*METHODS["ascend-exp3"], *SLEEPY_ROUNDS, "checkpoint.every=0"]
     path = tmp_path / "r"
     proc = hetsim_process(path, overrides)
     kill_at_round(proc, path, 2, sig=sig, delay=0.02)
@@ -283,7 +287,6 @@ def test_ctrl_c_or_sigterm_stops_after_the_round_checkpoints_and_resumes(tmp_pat
     run = load_run(path)
     assert run.manifest["status"] == "interrupted"
     (n, _), = list_checkpoints(path)
-    assert len(run.rounds) == n, "stopped between rounds, and the checkpoint is of that point"
-    assert main(["run", "--resume", str(path), "-q"]) == 0
-    ref = load_run(run_experiment(cfg_of(*overrides), tmp_path / "ref"))
-    assert_same_tables(frames(load_run(path)), frames(ref))
+    assert len(run.rounds) == n < 12, "stopped between rounds, and the checkpoint is of that point"
+    assert main(["run", "--resume", str(path), "-q", "--set", NO_SLEEP]) == 0
+    assert_same_tables(frames(load_run(path)), uninterrupted(tmp_path, [*overrides, NO_SLEEP]))

@@ -152,7 +152,9 @@ def test_a_folder_killed_during_start_up_says_how_to_restart_and_the_same_o_reus
 
 
 @pytest.mark.ray
-def test_a_ray_run_killed_during_its_start_up_is_started_again_with_the_same_o(tmp_path, capsys):
+def test_a_ray_run_killed_during_its_start_up_is_started_again_with_the_same_o(tmp_path, capsys, ray_session):
+    """The run started again in this process runs on the suite's shared Ray (a run's
+    ``ray.num_cpus=2`` with Ray up uses that Ray): no Ray start-up of its own."""
     run = tmp_path / "r"
     ray_run = [*TINY, "executor.kind=ray", "ray.num_cpus=2"]
     for _ in range(3):  # the start-up's claimed-but-not-running window is short: catch it

@@ -15,7 +15,8 @@ from engine.checkpoint.snapshot import write_checkpoint
 from engine.config.schema import load_config
 from engine.loop.callbacks import RunCallback
 from engine.loop.simulation import Simulation
-from engine.results.tables import WALL_COLUMNS
+from engine.results.tables import WALL_COLUMNS, load_run
+from engine.run.api import run_experiment
 from engine.run.body import make_executor
 from helpers import REPO
 
@@ -80,6 +81,21 @@ def assert_same_tables(a: dict, b: dict):
         pd.testing.assert_frame_equal(a[name], b[name], check_dtype=False, obj=name)
 
 
+_UNINTERRUPTED: dict[tuple[str, ...], dict] = {}
+
+
+def uninterrupted(directory: Path, overrides) -> dict:
+    """:func:`frames` of the uninterrupted in-process run of ``overrides``, run once per test
+    process: the tests that resume a run of the same experiment compare with the same tables.
+    The checkpoint cadence is left out (it cannot change results: RESULT_NEUTRAL_FIELDS), so
+    runs that differ only in it share one reference. Read only: the tables are shared."""
+    key = tuple(o for o in overrides if not o.startswith("checkpoint."))
+    if key not in _UNINTERRUPTED:
+        path = run_experiment(cfg_of(*key, "checkpoint.every=0"), Path(directory) / f"ref-{len(_UNINTERRUPTED)}")
+        _UNINTERRUPTED[key] = frames(load_run(path))
+    return _UNINTERRUPTED[key]
+
+
 class Collect(RunCallback):
     def __init__(self, checkpoint_after=None, directory=None):
         self.records, self.after, self.directory = [], checkpoint_after, directory
@@ -104,17 +120,33 @@ def rounds_written(path: Path) -> int:
     return len(list((path / "_parts" / "rounds").glob("*.parquet")))
 
 
+def _progress(path: Path) -> tuple[int, int]:
+    """What a run shows of its progress: rounds on disk, and the manifest's writes (claimed,
+    started, actors up, each round)."""
+    try:
+        written = (path / "manifest.json").stat().st_mtime_ns
+    except OSError:
+        written = 0
+    return rounds_written(path), written
+
+
 def kill_at_round(proc: subprocess.Popen, path: Path, k: int, sig=signal.SIGKILL, delay=0.0,
                   timeout: float = 180.0) -> None:
-    """Send ``sig`` once round ``k`` is on disk (plus ``delay`` s: lands anywhere in a round)."""
-    deadline = time.monotonic() + timeout
-    while rounds_written(path) < k:
+    """Send ``sig`` once round ``k`` is on disk (plus ``delay`` s: lands anywhere in a round).
+    Waits for that, or for the process to end, however long its start-up takes under load (a
+    Ray run's start-up is bounded by the run's own executor.startup_timeout_s); fails only when
+    the run shows no progress for ``timeout`` s (a hang)."""
+    last, quiet_since = _progress(path), time.monotonic()
+    while last[0] < k:
         if proc.poll() is not None:
             pytest.fail(f"hetsim finished before round {k}:\n{proc.stdout.read()[-3000:]}")
-        if time.monotonic() > deadline:
+        if time.monotonic() - quiet_since > timeout:
             proc.kill()
-            pytest.fail(f"round {k} not reached in {timeout} s")
+            pytest.fail(f"round {k} not reached: no progress for {timeout} s (at round {last[0]})")
         time.sleep(0.01)
+        now = _progress(path)
+        if now != last:
+            last, quiet_since = now, time.monotonic()
     time.sleep(delay)
     proc.send_signal(sig)
 
@@ -132,5 +164,12 @@ KILL_METHODS = {
     "fedcspack": METHODS["fedcspack-own_mask"],
     "ascend": METHODS["ascend-egreedy"],
 }
-SLOW_ROUNDS = ["rounds=20", "train.local_epochs=4", "checkpoint.every=3"]  # >= 11 rounds after a kill
+# SIGKILL after round k in KILL_AFTER (+ up to 0.1 s: anywhere in a round; every position relative
+# to the checkpoints of every 3 rounds), so >= 6 rounds of 4 epochs after the kill
+KILL_ROUNDS = ["rounds=12", "train.local_epochs=4", "checkpoint.every=3"]
+KILL_AFTER = range(1, 7)
+# rounds of at least 1.5 s (a realtime clock's capped sleep, no CPU): a Ctrl+C or SIGTERM after
+# round 2 lands in a running round however slowly the run's processes are scheduled
+SLEEPY_ROUNDS = ["rounds=12", "clock.mode=realtime", "clock.time_scale=1000000", "clock.max_sleep_s=1.5"]
+NO_SLEEP = "clock.max_sleep_s=0.001"  # result neutral: a realtime run's resume and reference do not wait
 

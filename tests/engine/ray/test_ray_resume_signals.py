@@ -1,0 +1,121 @@
+"""`hetsim run` on Ray under real signals: SIGKILL of the process (its driver and client actors
+die with it) and Ctrl+C (it stops after the round and checkpoints); each run resumed equals an
+uninterrupted one. Apart from tests/engine/ray/test_ray_resume.py so that the suite's processes
+run the two at once: each needs real `hetsim run` processes."""
+import os
+import random
+import signal
+
+import pytest
+from helpers.checkpoint import (
+    KILL_AFTER,
+    KILL_METHODS,
+    KILL_ROUNDS,
+    METHODS,
+    NO_SLEEP,
+    SLEEPY_ROUNDS,
+    assert_same_tables,
+    frames,
+    hetsim_process,
+    kill_at_round,
+    uninterrupted,
+)
+from helpers.ray_processes import (
+    command_line,
+    descendants,
+    join_env,
+    on_this_cluster,
+    process_states,
+    started,
+    wait_for_cpus,
+    wait_gone,
+)
+
+from engine.checkpoint.folder import list_checkpoints
+from engine.results.manifest import read_manifest
+from engine.results.tables import load_run
+from engine.run.api import resume_run
+from hetsim.cli import main
+
+pytestmark = pytest.mark.ray
+RAY = ["executor.kind=ray", "ray.num_cpus=2"]
+# two client actors on 1 CPU: the actors the resumes of this module's runs leave warm (1 CPU of
+# the shared Ray) take the next resume (executor.keep_warm: 4 fewer actor starts) while the next
+# killed run's pool has the other CPU; pool and Ray are result neutral (RESULT_NEUTRAL_FIELDS)
+POOL = ["executor.num_actors=2", "executor.cpus_per_actor=0.5"]
+
+
+def resume_here(ray) -> list[str]:
+    """A resume in this process, on this test's Ray, on the warm actors of the previous one."""
+    return [f"ray.address={ray.get_runtime_context().gcs_address}", *POOL, "executor.keep_warm=true"]
+
+
+@pytest.fixture(scope="module")
+def local_ray(ray_session):
+    return ray_session  # the suite's shared 2-CPU Ray (tests/conftest.py)
+
+
+@pytest.fixture(autouse=True)
+def free_cpus(local_ray):
+    wait_for_cpus(local_ray, 1.0)  # a killed run's pool (the warm actors hold the other CPU)
+
+
+@pytest.mark.parametrize("method", ["fedavg", *sorted(set(KILL_METHODS) - {"fedavg"})])
+def test_sigkill_of_hetsim_run_on_ray_then_resume_equals_an_uninterrupted_run(tmp_path, local_ray, method):
+    """FedAvg's run starts its own local Ray (as `hetsim run` on a laptop), the others join
+    this test's Ray (as on a cluster)."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    rng = random.Random(seed)
+    k, delay = rng.choice(KILL_AFTER), rng.uniform(0.0, 0.1)
+    why = f"(kill after round {k} + {delay:.3f} s; seed {seed})"
+    overrides = [*KILL_METHODS[method], *KILL_ROUNDS]
+    own_ray = method == "fedavg"
+    path = tmp_path / "killed"
+    proc = hetsim_process(path, [*overrides, *POOL, *(RAY if own_ray else on_this_cluster(local_ray))],
+                          env=None if own_ray else join_env())
+    try:
+        kill_at_round(proc, path, k, delay=delay)
+        # who they are while they still run: the driver actor and the client actors, and with its
+        # own Ray also GCS, raylet and agents
+        manifest = read_manifest(path)
+        loop = started([manifest["loop_pid"], *manifest["executor"]["actor_pids"]])
+        own = {pid: command_line(pid) for pid in descendants(proc.pid)}
+        own_started = started(own)
+    finally:
+        proc.kill()
+    proc.wait(timeout=60)
+    manifest = load_run(path).manifest
+    assert manifest["status"] == "running", why  # it never got to say otherwise
+    # the job's driver actor and client actors die with it (Ray ends them asynchronously, in
+    # seconds): nothing writes to the folder any more; a failure names what is left
+    left = wait_gone(loop)
+    assert not left, f"actors of the killed run still alive after 30 s {why}: {process_states(left)}"
+    if own_ray:
+        left = wait_gone(own_started)
+        for pid in left:  # never leave processes behind
+            os.kill(pid, signal.SIGKILL)
+        # Ray's dashboard / runtime-env agents notice their raylet is gone only after about a
+        # minute (killed above); everything else of that Ray must be gone at once
+        assert not [own[p] for p in left if "Agent" not in own[p]], f"processes left {why}"
+    resume = [arg for o in resume_here(local_ray) for arg in ("--set", o)]
+    assert main(["run", "--resume", str(path), "-q", *resume]) == 0, why  # on this test's Ray
+    resumed = load_run(path)
+    assert resumed.manifest["executor"]["kind"] == "ray"
+    # the in-process executor is the reference: same seed, same tables
+    assert_same_tables(frames(resumed), uninterrupted(tmp_path, overrides))
+
+
+def test_ctrl_c_of_hetsim_run_on_ray_checkpoints_after_the_round_and_resumes(tmp_path, local_ray):
+    overrides = [*METHODS["fedcspack-own_mask"], *SLEEPY_ROUNDS, "checkpoint.every=0"]
+    path = tmp_path / "r"
+    proc = hetsim_process(path, [*overrides, *POOL, *on_this_cluster(local_ray)], env=join_env())
+    kill_at_round(proc, path, 2, sig=signal.SIGINT)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 130, out
+    assert f"hetsim run --resume {path}" in out
+    run = load_run(path)
+    assert run.manifest["status"] == "interrupted"
+    (n, _), = list_checkpoints(path)  # written by the driver actor before its client actors went
+    assert len(run.rounds) == n < 12
+    resume_run(path, overrides=[NO_SLEEP, *resume_here(local_ray)])
+    assert_same_tables(frames(load_run(path)), uninterrupted(tmp_path, [*overrides, NO_SLEEP]))
