@@ -14,7 +14,7 @@ from engine.errors import CorruptRunFolderError, UserError
 from engine.loop.callbacks import CallbackLike
 from engine.results.manifest import read_manifest
 from engine.results.tables import Run, load_run
-from engine.run.folders import check_can_resume, make_run_dir
+from engine.run.folders import check_can_resume, check_not_in_use, make_run_dir
 from engine.run.signals import InterruptRequest, interrupt_signals
 from engine.run.staging import run_to_storage
 from engine.run.startup import validate_while_ray_starts
@@ -126,6 +126,7 @@ def resume_config(
     path = Path(run_dir)
     if not (path / "manifest.json").is_file() or not (path / "config.yaml").is_file():
         raise FileNotFoundError(f"{path} is not a run folder (no manifest.json / config.yaml)")
+    check_not_in_use(path)  # a live run's files are not judged (a part being written reads as damaged)
     read_manifest(path)  # a truncated one or a JSON list: said before anything starts
     try:
         saved = load_config(path / "config.yaml")

@@ -219,6 +219,17 @@ def release_thread_folders() -> None:
         os.close(fd)
 
 
+def check_not_in_use(path: str | Path) -> None:
+    """:class:`RunFolderBusy` if another process holds ``path``'s lock; nothing is kept held. A
+    resume asks this before it reads the folder's files, which a live run may be writing (a part
+    file half written reads as damaged); :func:`check_can_resume` then takes the lock for good."""
+    with _held_guard:
+        held_here = os.path.realpath(path) in _held
+    if not held_here:
+        hold_run_folder(path)
+        release_run_folder(path)
+
+
 def check_can_resume(path: Path) -> None:
     """Refuse to resume ``path`` unless this process may: it takes the folder's lock (held until
     the resumed run ends) and then reads the manifest again, so that the status it checks cannot

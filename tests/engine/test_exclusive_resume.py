@@ -95,6 +95,30 @@ def test_two_resumes_started_together_one_runs_the_other_is_refused_at_once(tmp_
     assert json.loads((run / LOCK_FILE).read_text())["pid"] == winner.pid  # the last holder's note
 
 
+def test_a_resume_of_a_folder_in_use_says_so_before_it_judges_the_files(tmp_path, capsys):
+    run = tmp_path / "r"
+    assert main(["run", "-q", "-o", str(run), *_sets([*TINY, "rounds=4", "checkpoint.every=1",
+                                                       "checkpoint.keep=1"])]) == 0
+    # as a file a live run is writing, read half written; it holds rounds older than the one
+    # checkpoint, so a resume that judged it would refuse the folder as damaged
+    (run / "rounds.parquet").write_bytes(b"")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time\n"
+         f"fd = os.open({str(run / LOCK_FILE)!r}, os.O_RDWR | os.O_CREAT)\n"
+         "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(120)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert main(["run", "--resume", str(run)]) == 2
+        err = capsys.readouterr().err
+        assert f"run folder {run} is in use" in err and "damaged" not in err
+    finally:
+        holder.kill()
+        holder.wait()
+    assert main(["run", "--resume", str(run)]) == 2  # once free: the folder's files are judged
+    assert "rounds.parquet is damaged" in capsys.readouterr().err
+
+
 def test_a_pid_is_trusted_only_with_its_start_time(tmp_path, capsys):
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
