@@ -1,13 +1,12 @@
 """Run, resume and report a sweep with Ray Tune.
 
-``run_sweep(spec)`` validates the spec (the checks that load data while Ray starts; nothing is
-written before they pass), writes ``<storage>/sweep.yaml``, starts or joins Ray, runs one Tune
-trial per configuration (:func:`sweeps.trainable.hetsim_trial`) and writes ``trials.parquet``
-and ``rounds.parquet``. ``resume_sweep(storage)`` rebuilds the trainable from ``sweep.yaml`` and
-continues with ``Tuner.restore``: finished trials are not rerun (also those Tune's saved state
-missed, see :func:`trial_or_reuse`), unfinished ones continue from their last checkpoint (from
-round 0 without one), errored ones are kept as errors unless ``retry_errored`` (then they
-continue the same way, keeping their trial id).
+``run_sweep(spec)`` validates the spec (the checks that load data while Ray starts; nothing is written before they
+pass), writes ``<storage>/sweep.yaml``, starts or joins Ray, runs one Tune trial per configuration
+(:func:`sweeps.trainable.hetsim_trial`) and writes ``trials.parquet`` and ``rounds.parquet``.
+``resume_sweep(storage)`` rebuilds the trainable from ``sweep.yaml`` and continues with ``Tuner.restore``: finished
+trials are not rerun (also those Tune's saved state missed, see :func:`trial_or_reuse`), unfinished ones continue
+from their last checkpoint (from round 0 without one), errored ones are kept as errors unless ``retry_errored``
+(then they continue the same way, keeping their trial id).
 
 Whether a trial fits the cluster and where results are stored: :mod:`sweeps.cluster`. What the sweep
 prints (quiet by default: no Tune tables, one progress bar) and Tune's hooks: :mod:`sweeps.callbacks`."""
@@ -30,7 +29,7 @@ for _key, _value in QUIET_TUNE_ENV.items():  # before ray.tune is imported
 
 from ray import tune  # noqa: E402
 from ray.tune import ExperimentAnalysis  # noqa: E402
-from ray.tune.schedulers import ASHAScheduler, PopulationBasedTraining  # noqa: E402
+from ray.tune.schedulers import ASHAScheduler  # noqa: E402
 
 from engine.ray.cluster import check_while_ray_starts, init_ray  # noqa: E402
 from engine.results import Storage, check_writable, read_table  # noqa: E402
@@ -45,6 +44,7 @@ from sweeps.callbacks import (  # noqa: E402
     say,
 )
 from sweeps.cluster import alive_nodes, check_fits, tune_storage  # noqa: E402
+from sweeps.pbt import SynchPBT  # noqa: E402
 from sweeps.results import (  # noqa: E402
     SWEEP_FILE,
     TUNE_DIR,
@@ -177,7 +177,7 @@ def _scheduler(resolved: ResolvedSweep):
         )
     if s.name == "pbt":
         keys = s.hyperparam_mutations or list(resolved.spec.space)
-        return PopulationBasedTraining(
+        return SynchPBT(  # Tune's PBT, whose synch mode survives a failed trial
             time_attr=time_attr,
             metric=metric,
             mode=mode,

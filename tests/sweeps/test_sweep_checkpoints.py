@@ -291,3 +291,48 @@ def test_a_sweep_killed_after_two_trials_finished_resumes_without_running_them_a
         assert resumed.run(t).rounds["round"].tolist() == [0, 1, 2]
     rounds = resumed.rounds
     assert sorted(rounds.groupby("trial_id")["round"].count().tolist()) == [3, 3, 3]
+
+
+class InterruptIfStuck:
+    """Interrupts the sweep (SIGUSR1, like Ctrl+C) once a trial errored and every other unfinished
+    trial stayed paused for `after_s`: synch PBT waiting for a trial that will never come."""
+
+    def __init__(self, after_s: float):
+        self.after_s, self.since, self.fired = after_s, None, False
+
+    def on_step_begin(self, iteration, trials, **info):
+        import time
+
+        unfinished = [t for t in trials if t.status not in ("ERROR", "TERMINATED")]
+        stuck = any(t.status == "ERROR" for t in trials) and unfinished and all(
+            t.status == "PAUSED" for t in unfinished)
+        self.since = (self.since or time.monotonic()) if stuck else None
+        if stuck and not self.fired and time.monotonic() - self.since > self.after_s:
+            self.fired = True
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(300)  # a backstop: InterruptIfStuck ends a hung sweep sooner
+def test_synch_pbt_ends_when_a_trial_fails_and_the_others_finish(tmp_path, local_ray):
+    """Tune keeps an errored trial among its live ones and synch PBT waited for it at every
+    step; a trial already paused at the step was never resumed (sweeps.runner.SynchPBT).
+    The failure is a killed worker: a failing config value would be copied by PBT's exploit."""
+    from sweeps import run_sweep
+
+    killer = KillTrialWorker(at=3)  # after the step at round 2, before the one at round 4
+    spec = {"name": "pbtfail", "base": BASE, "space": {"train.lr": {"grid": [0.05, 0.2]}},
+            "scheduler": {"name": "pbt", "perturbation_interval": 2, "synch": True}}
+    stuck = InterruptIfStuck(after_s=20)
+    sweep = run_sweep(spec, storage=tmp_path / "sw", quiet=True, callbacks=[killer, stuck])
+    assert killer.killed
+    assert not stuck.fired, "the other trial waited for the failed one at the synch step"
+    t = sweep.trials.set_index("trial_id")
+    assert sorted(t["status"]) == ["error", "finished"], t[["status", "error"]]
+    failed, ok = t[t["status"] == "error"].iloc[0], t[t["status"] == "finished"].iloc[0]
+    assert failed["error"] and failed["rounds_done"] >= 3
+    assert ok["rounds_done"] == 6
+    rounds = sweep.rounds
+    assert rounds[rounds["trial_id"] == ok.name]["round"].tolist() == list(range(6))
+    kept = rounds[rounds["trial_id"] == failed.name]["round"].tolist()  # what it wrote is kept
+    assert kept == list(range(len(kept))) and len(kept) >= 3
