@@ -40,6 +40,7 @@ from sweeps.callbacks import (  # noqa: E402
     NoTensorBoard,
     SweepCallbacks,
     SweepProgress,
+    last_failure,
     quiet_tune,
     say,
 )
@@ -250,11 +251,9 @@ def _fit(tuner, resolved: ResolvedSweep, store: Storage, quiet: bool, callbacks:
 
 
 def _saved_statuses(store: Storage) -> dict[str, str]:
-    """Trial statuses as saved in Tune's experiment state: what a resume will act on.
-
-    (After an interruption Tune's in-memory trials all read TERMINATED; the saved state keeps
-    the unfinished ones PENDING.)
-    """
+    """Trial statuses as saved in Tune's experiment state: what a resume will act on (after an
+    interruption Tune's in-memory trials all read TERMINATED; the saved state keeps the unfinished
+    ones PENDING; it may miss an ERROR, see :func:`_states`)."""
     analysis = ExperimentAnalysis(store.child(TUNE_DIR).path, storage_filesystem=store.fs)
     return {t.trial_id: t.status for t in analysis.trials}
 
@@ -277,8 +276,9 @@ def _states(grid, store: Storage) -> list[TrialState]:
         states.append(TrialState(
             trial_id=trial.trial_id,
             params={k: plain(v) for k, v in (trial.config or {}).items()},
-            tune_status=saved.get(trial.trial_id, trial.status),
-            error=err,
+            # Tune's saved state can miss an error (a worker killed between two tasks): in memory it is there
+            tune_status="ERROR" if trial.status == "ERROR" else saved.get(trial.trial_id, trial.status),
+            error=err or (last_failure(trial) if trial.status == "ERROR" else None),
             tune_rounds=tune_rounds_frame(metrics_df),
         ))
     return states

@@ -113,24 +113,24 @@ class InterruptIfStuck:
 @pytest.mark.ray
 @pytest.mark.timeout(300)  # a backstop: InterruptIfStuck ends a hung sweep sooner
 def test_synch_pbt_ends_when_a_trial_fails_and_the_others_finish(tmp_path, local_ray):
-    """Tune keeps an errored trial among its live ones and synch PBT waited for it at every
-    step; a trial already paused at the step was never resumed (sweeps.runner.SynchPBT).
-    The failure is a killed worker: a failing config value would be copied by PBT's exploit."""
+    """Tune keeps an errored trial among its live ones, and synch PBT waited for it at every step;
+    a trial already paused at a step when the other failed was never resumed (sweeps.pbt.SynchPBT).
+    The first trial to finish round 1 is killed (a failing config value would be copied by PBT's
+    exploit); the other meets the step at round 2 before or after the failure, the one at 4 after."""
     from sweeps import run_sweep
 
-    killer = KillTrialWorker(at=2)  # before the first step (round 3): one step, one restart
+    killer, stuck = KillTrialWorker(at=1), InterruptIfStuck(after_s=20)
     spec = {"name": "pbtfail", "base": {**BASE, "rounds": 5}, "space": {"train.lr": {"grid": [0.05, 0.2]}},
-            "scheduler": {"name": "pbt", "perturbation_interval": 3, "synch": True}}
-    stuck = InterruptIfStuck(after_s=20)
+            "scheduler": {"name": "pbt", "perturbation_interval": 2, "synch": True}}
     sweep = run_sweep(spec, storage=tmp_path / "sw", quiet=True, callbacks=[killer, stuck])
     assert killer.killed
     assert not stuck.fired, "the other trial waited for the failed one at the synch step"
     t = sweep.trials.set_index("trial_id")
     assert sorted(t["status"]) == ["error", "finished"], t[["status", "error"]]
     failed, ok = t[t["status"] == "error"].iloc[0], t[t["status"] == "finished"].iloc[0]
-    assert failed["error"] and failed["rounds_done"] >= 2
-    assert ok["rounds_done"] == 5
+    assert failed["error"] and failed["rounds_done"] >= 1  # Tune's words for the lost worker
+    assert ok["rounds_done"] == 5 and ok["exploits"] == 0  # nobody to exploit once alone
     rounds = sweep.rounds
     assert rounds[rounds["trial_id"] == ok.name]["round"].tolist() == list(range(5))
     kept = rounds[rounds["trial_id"] == failed.name]["round"].tolist()  # what it wrote is kept
-    assert kept == list(range(len(kept))) and len(kept) >= 2
+    assert kept == list(range(len(kept))) and len(kept) >= 1
