@@ -77,11 +77,11 @@ class FailureNotices:
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         where = "its last checkpoint" if trial.checkpoint is not None else "round 0 (no checkpoint yet)"
-        say(f"trial {trial.trial_id} failed ({_last_failure(trial)}); retry {trial.num_failures} of "
+        say(f"trial {trial.trial_id} failed ({last_failure(trial)}); retry {trial.num_failures} of "
             f"{self.max_failures}, from {where}")
 
 
-def _last_failure(trial) -> str:
+def last_failure(trial) -> str:
     """The first line of the trial's last failure in Tune's error file (e.g. its worker died)."""
     try:
         text = Path(trial.error_file).read_text().rsplit("Failure # ", 1)[-1]

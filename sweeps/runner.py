@@ -1,13 +1,12 @@
 """Run, resume and report a sweep with Ray Tune.
 
-``run_sweep(spec)`` validates the spec (the checks that load data while Ray starts; nothing is
-written before they pass), writes ``<storage>/sweep.yaml``, starts or joins Ray, runs one Tune
-trial per configuration (:func:`sweeps.trainable.hetsim_trial`) and writes ``trials.parquet``
-and ``rounds.parquet``. ``resume_sweep(storage)`` rebuilds the trainable from ``sweep.yaml`` and
-continues with ``Tuner.restore``: finished trials are not rerun (also those Tune's saved state
-missed, see :func:`trial_or_reuse`), unfinished ones continue from their last checkpoint (from
-round 0 without one), errored ones are kept as errors unless ``retry_errored`` (then they
-continue the same way, keeping their trial id).
+``run_sweep(spec)`` validates the spec (the checks that load data while Ray starts; nothing is written before they
+pass), writes ``<storage>/sweep.yaml``, starts or joins Ray, runs one Tune trial per configuration
+(:func:`sweeps.trainable.hetsim_trial`) and writes ``trials.parquet`` and ``rounds.parquet``.
+``resume_sweep(storage)`` rebuilds the trainable from ``sweep.yaml`` and continues with ``Tuner.restore``: finished
+trials are not rerun (also those Tune's saved state missed, see :func:`trial_or_reuse`), unfinished ones continue
+from their last checkpoint (from round 0 without one), errored ones are kept as errors unless ``retry_errored``
+(then they continue the same way, keeping their trial id).
 
 Whether a trial fits the cluster and where results are stored: :mod:`sweeps.cluster`. What the sweep
 prints (quiet by default: no Tune tables, one progress bar) and Tune's hooks: :mod:`sweeps.callbacks`."""
@@ -30,7 +29,7 @@ for _key, _value in QUIET_TUNE_ENV.items():  # before ray.tune is imported
 
 from ray import tune  # noqa: E402
 from ray.tune import ExperimentAnalysis  # noqa: E402
-from ray.tune.schedulers import ASHAScheduler, PopulationBasedTraining  # noqa: E402
+from ray.tune.schedulers import ASHAScheduler  # noqa: E402
 
 from engine.ray.cluster import check_while_ray_starts, init_ray  # noqa: E402
 from engine.results import Storage, check_writable, read_table  # noqa: E402
@@ -41,10 +40,12 @@ from sweeps.callbacks import (  # noqa: E402
     NoTensorBoard,
     SweepCallbacks,
     SweepProgress,
+    last_failure,
     quiet_tune,
     say,
 )
 from sweeps.cluster import alive_nodes, check_fits, tune_storage  # noqa: E402
+from sweeps.pbt import SynchPBT  # noqa: E402
 from sweeps.results import (  # noqa: E402
     SWEEP_FILE,
     TUNE_DIR,
@@ -177,7 +178,7 @@ def _scheduler(resolved: ResolvedSweep):
         )
     if s.name == "pbt":
         keys = s.hyperparam_mutations or list(resolved.spec.space)
-        return PopulationBasedTraining(
+        return SynchPBT(  # Tune's PBT, whose synch mode survives a failed trial
             time_attr=time_attr,
             metric=metric,
             mode=mode,
@@ -250,11 +251,9 @@ def _fit(tuner, resolved: ResolvedSweep, store: Storage, quiet: bool, callbacks:
 
 
 def _saved_statuses(store: Storage) -> dict[str, str]:
-    """Trial statuses as saved in Tune's experiment state: what a resume will act on.
-
-    (After an interruption Tune's in-memory trials all read TERMINATED; the saved state keeps
-    the unfinished ones PENDING.)
-    """
+    """Trial statuses as saved in Tune's experiment state: what a resume will act on (after an
+    interruption Tune's in-memory trials all read TERMINATED; the saved state keeps the unfinished
+    ones PENDING; it may miss an ERROR, see :func:`_states`)."""
     analysis = ExperimentAnalysis(store.child(TUNE_DIR).path, storage_filesystem=store.fs)
     return {t.trial_id: t.status for t in analysis.trials}
 
@@ -277,8 +276,9 @@ def _states(grid, store: Storage) -> list[TrialState]:
         states.append(TrialState(
             trial_id=trial.trial_id,
             params={k: plain(v) for k, v in (trial.config or {}).items()},
-            tune_status=saved.get(trial.trial_id, trial.status),
-            error=err,
+            # Tune's saved state can miss an error (a worker killed between two tasks): in memory it is there
+            tune_status="ERROR" if trial.status == "ERROR" else saved.get(trial.trial_id, trial.status),
+            error=err or (last_failure(trial) if trial.status == "ERROR" else None),
             tune_rounds=tune_rounds_frame(metrics_df),
         ))
     return states

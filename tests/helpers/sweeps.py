@@ -42,3 +42,14 @@ class InterruptAfterFirstTrial:
             self.sent = True
             os.kill(os.getpid(), signal.SIGUSR1)
 
+
+class KillTrialWorker:
+    """SIGKILLs the process of the trial (Tune puts its pid in every result) after `at` rounds."""
+
+    def __init__(self, at: int):
+        self.at, self.killed = at, []
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if not self.killed and result.get("rounds_done") == self.at:
+            self.killed.append(result["pid"])
+            os.kill(result["pid"], signal.SIGKILL)

@@ -1,7 +1,5 @@
 """Trial checkpoints in Ray Tune: a trial whose worker is killed (SIGKILL) continues from its last
-checkpoint, an interrupted sweep's running trial too, and Population Based Training's exploit
-steps (another trial's checkpoint, new hyperparameters) are in the results."""
-import json
+checkpoint, an interrupted sweep's running trial too (Population Based Training: test_sweep_pbt.py)."""
 import os
 import signal
 
@@ -10,7 +8,7 @@ import pytest
 import yaml
 from helpers import REPO
 from helpers.sweeps import BASE as SWEEP_BASE
-from helpers.sweeps import EXAMPLES
+from helpers.sweeps import KillTrialWorker
 
 from engine.config.schema import load_config
 from engine.results.tables import WALL_COLUMNS, load_run
@@ -32,18 +30,6 @@ def assert_same_rounds(mine: pd.DataFrame, direct: pd.DataFrame) -> None:
 
 def direct_run(tmp_path, cfg_dict: dict, name: str):
     return load_run(run_experiment(load_config(cfg_dict), tmp_path / "direct" / name))
-
-
-class KillTrialWorker:
-    """SIGKILLs the process of the trial (Tune puts its pid in every result) after `at` rounds."""
-
-    def __init__(self, at: int):
-        self.at, self.killed = at, []
-
-    def on_trial_result(self, iteration, trials, trial, result, **info):
-        if not self.killed and result.get("rounds_done") == self.at:
-            self.killed.append(result["pid"])
-            os.kill(result["pid"], signal.SIGKILL)
 
 
 @pytest.mark.ray
@@ -101,76 +87,6 @@ def test_resumed_sweep_continues_a_running_trial_from_its_checkpoint(tmp_path, l
     run = resumed.run(t["trial_id"])
     assert run.rounds["round"].tolist() == list(range(6))
     assert_same_rounds(run.rounds, direct_run(tmp_path, {**BASE, "train": {"lr": 0.1}}, "int").rounds)
-
-
-def test_pbt_specs_are_checked():
-    from sweeps import SweepSpecError, resolve
-
-    base = {"name": "p", "base": BASE, "space": {"train.lr": {"loguniform": [0.01, 0.2]}},
-            "scheduler": {"name": "pbt", "perturbation_interval": 2}}
-    r = resolve(base)
-    assert r.checkpoint_every == 2 and load_config(r.trial_raw({"train.lr": 0.1})).checkpoint.every == 2
-    with pytest.raises(SweepSpecError, match="checkpoint_every = 3: PBT copies checkpoints every 2 rounds"):
-        resolve({**base, "checkpoint_every": 3})
-    synch = {**base, "scheduler": {"name": "pbt", "perturbation_interval": 2, "synch": True}}
-    assert resolve(synch).checkpoint_every == 1
-    with pytest.raises(SweepSpecError, match=r"checkpoint_every = 2: synchronous PBT .* needs checkpoint_every: 1"):
-        resolve({**synch, "checkpoint_every": 2})
-    with pytest.raises(SweepSpecError, match=r"hyperparam_mutations: 'train.momentum' is not a key of the space"):
-        resolve({**base, "scheduler": {"name": "pbt", "hyperparam_mutations": ["train.momentum"]}})
-    with pytest.raises(SweepSpecError, match="perturbation_interval = 6: must be < the experiment's rounds"):
-        resolve({**base, "scheduler": {"name": "pbt", "perturbation_interval": 6}})
-    with pytest.raises(SweepSpecError, match=r"space.checkpoint.every: checkpoint is fixed for the whole sweep"):
-        resolve({**base, "space": {"checkpoint.every": {"grid": [1, 2]}}})
-    example = resolve(EXAMPLES / "pbt_lr_eps.yaml")
-    assert example.spec.scheduler.name == "pbt" and example.checkpoint_every == 1  # synch
-
-
-@pytest.mark.ray
-def test_pbt_example_runs_and_its_exploit_steps_are_in_the_results(tmp_path, local_ray):
-    """The example spec, on a small ASCEND experiment: two trials far apart in learning rate;
-    the worse one copies the better one's checkpoint and continues with new values."""
-    from sweeps import load_sweep, run_sweep
-
-    example = yaml.safe_load((EXAMPLES / "pbt_lr_eps.yaml").read_text())
-    # rounds of a few ms (no pacing): a paused attempt must have closed its run folder before the
-    # trial runs again (sweeps.runner.ClosesItsRunFolder, no actor reuse under PBT)
-    small = {**BASE, "rounds": 6, "algorithm": {"name": "ascend", "k": 0.05, "distill_steps": 5},
-             "partition": {"public_fraction": 0.1}}
-    spec = {**example, "base": small, "overrides": [], "num_samples": 1,
-            "space": {"train.lr": {"grid": [0.003, 0.3]}, "algorithm.epsilon": example["space"]["algorithm.epsilon"]},
-            "scheduler": {**example["scheduler"], "perturbation_interval": 2, "resample_probability": 0.0,
-                          "synch": True}}  # both trials meet at each step (the first may end before the other starts)
-    sweep = run_sweep(spec, storage=tmp_path / "sw", quiet=True)
-    t = sweep.trials.set_index("trial_id")
-    assert (t["status"] == "finished").all(), t[["status", "error"]]
-    assert t["exploits"].sum() >= 1, "PBT made the worse trial exploit the better one"
-    r = sweep.rounds
-    for _, rows in r.groupby("trial_id"):
-        assert rows["round"].tolist() == list(range(6)), "every round once"
-    for trial_id in t.index:  # each attempt closed the run folder (trial.json says how it ended) before the next
-        history = json.loads((tmp_path / "sw" / "runs" / trial_id / "trial.json").read_text())["history"]
-        assert [h.get("status") for h in history] == ["stopped"] * (len(history) - 1) + ["finished"], history
-    exploited = r[r["restored_from"] != ""]
-    assert len(exploited) and set(exploited["restored_from"]) <= set(t.index)
-    for trial_id, rows in exploited.groupby("trial_id"):
-        mine = r[r["trial_id"] == trial_id].set_index("round")
-        steps = [int(x) for x in rows["round"]
-                 if x == 0 or mine.loc[x - 1, "restored_from"] != mine.loc[x, "restored_from"]
-                 or mine.loc[x - 1, "lr"] != mine.loc[x, "lr"] or mine.loc[x - 1, "epsilon"] != mine.loc[x, "epsilon"]]
-        assert steps, "exploit steps"
-        assert set(rows["restored_from"]) <= set(t.index) - {trial_id}
-        assert rows["lr"].iloc[-1] == t.loc[trial_id, "lr"]  # trials.parquet: the values at the end
-        assert set(mine["lr"]) <= {0.003, 0.3} and set(mine["epsilon"]) <= {0.0, 0.05, 0.1, 0.2, 0.4}
-        run = sweep.run(trial_id)
-        assert set(steps) <= {e["from_round"] for e in run.manifest["resumes"]}
-        for step in steps:
-            print(f"trial {trial_id} continued from {mine.loc[step, 'restored_from']}'s checkpoint at round "
-                  f"{step}: lr {mine.loc[step - 1, 'lr']:.4g} -> {mine.loc[step, 'lr']:.4g}, "
-                  f"epsilon {mine.loc[step - 1, 'epsilon']} -> {mine.loc[step, 'epsilon']}")
-    # rebuilt from the run folders alone: the same exploit steps
-    refreshed = load_sweep(tmp_path / "sw", refresh=True)
-    assert refreshed.trials.set_index("trial_id")["exploits"].to_dict() == t["exploits"].to_dict()
 
 
 def test_a_stopped_trial_closes_its_run_folder_before_its_process_ends_or_runs_another_trial(

@@ -235,10 +235,11 @@ def test_repeats_run_every_configuration_with_paired_seeds_and_intervals(tmp_pat
     from sweeps import run_sweep
     from sweeps.runner import summary_table
 
-    # a sampled lr and a grid: 2 samples x 2 grid points = 4 configurations x 3 seeds
+    # a sampled lr and a grid: 2 samples x 2 grid points = 4 configurations x 3 seeds; one trial
+    # at a time: one trial process (a few CPU seconds to start) runs all twelve
     s = run_sweep(spec(base=FEDAVG, space={"train.lr": {"uniform": [0.05, 0.2]},
                                            "clients.participation": {"grid": [0.3, 0.6]}},
-                       num_samples=2, repeats=3, objectives=TWO_OBJECTIVES, max_concurrent_trials=2),
+                       num_samples=2, repeats=3, objectives=TWO_OBJECTIVES, max_concurrent_trials=1),
                   storage=tmp_path / "sw", quiet=True)
     t = s.trials
     assert len(t) == 12 and (t["status"] == "finished").all(), t["error"].tolist()

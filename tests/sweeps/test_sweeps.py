@@ -182,7 +182,8 @@ def test_grid_sweep_writes_parquet_and_matches_direct_runs(tmp_path, local_ray):
     home_results = Path.home() / "ray_results"
     had_home_results = home_results.exists()
     objectives = [{"name": "global_acc", "mode": "max"}, {"name": "total_sim_time_s", "mode": "min"}]
-    sweep = run_sweep(spec(target=0.2, rank_by="time_to_target", objectives=objectives),
+    # one trial at a time: one trial process (a few CPU seconds to start) runs all four
+    sweep = run_sweep(spec(target=0.2, rank_by="time_to_target", objectives=objectives, max_concurrent_trials=1),
                       storage=tmp_path / "sw", quiet=True)
     trials, rounds = sweep.trials, sweep.rounds
 
@@ -277,9 +278,9 @@ def test_run_cases_runs_a_studys_cases_once_and_a_later_call_only_what_is_left(t
 
     cases = {"a": {"train.lr": 0.05}, "b": {"train.lr": 0.1, "seed": 3}}
     with one_torch_thread():
-        first = run_cases(cases, tmp_path, base=BASE, jobs=2, quiet=True)
+        first = run_cases(cases, tmp_path, base=BASE, jobs=1, quiet=True)  # jobs=1: one trial process
         assert sorted(first) == ["a", "b"]
-        second = run_cases({**cases, "c": {"algorithm.mu": 0.5}}, tmp_path, base=BASE, jobs=2, quiet=True)
+        second = run_cases({**cases, "c": {"algorithm.mu": 0.5}}, tmp_path, base=BASE, jobs=1, quiet=True)
     assert {k: second[k] for k in "ab"} == first
     assert sorted(p.name for p in (tmp_path / "sweeps").iterdir()) == ["0", "1"]
     assert second["c"].parent.parent.name == "1" and len(list((tmp_path / "sweeps" / "1" / "runs").iterdir())) == 1
@@ -296,6 +297,7 @@ def test_a_failing_trial_is_recorded_and_the_others_finish(tmp_path, local_ray, 
     spec_file.write_text(yaml.safe_dump(spec(
         base={**BASE, "clients": fleet},
         space={"executor.inject_failure": {"grid": [None, {"round": 1, "client": 3}]}},
+        max_concurrent_trials=1,  # the failing trial runs in the first one's (reused) process
     )))
     assert main(["sweep", str(spec_file), "--storage", str(tmp_path / "sw"), "-q"]) == 0
     out = capsys.readouterr().out
