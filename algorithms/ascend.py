@@ -62,6 +62,7 @@ from algorithms.training import (
     load_flat_params,
     load_flat_state,
     local_sgd,
+    same_bits,
 )
 from hardware_profiles import clock
 
@@ -266,6 +267,26 @@ class AscendClient(CompressedFedAvgClient):
     params: AscendParams
     needs_profile = True  # the reward's T is the client's simulated time
 
+    def __init__(self, params: AscendParams):
+        super().__init__(params)
+        # v3: the received model's public logits, by architecture: (state, inputs, logits)
+        self._received_logits: dict[Any, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._probe_memo: tuple[Any, torch.Tensor | None] = (None, None)  # the last client's probe rows
+
+    def received_logits(self, ctx: ClientContext, x: torch.Tensor) -> torch.Tensor:
+        """``logits_of(ctx.model, x)`` of the model as received. Every client of an architecture
+        receives the same global state in a round, so the forward runs once per architecture and
+        round: it is reused when the model's state and ``x`` are bit for bit those it ran on."""
+        key = (ctx.arch, type(ctx.model), x.device)
+        state = flat_state(ctx.model)
+        hit = self._received_logits.get(key)
+        if hit is not None and same_bits(hit[0], state) and same_bits(hit[1], x):
+            ctx.model.eval()  # as logits_of leaves it
+            return hit[2]
+        z = logits_of(ctx.model, x)
+        self._received_logits[key] = (state, x, z)
+        return z
+
     @classmethod
     def reads_phase_times(cls, params: AscendParams) -> bool:
         return params.time_model == "measured"
@@ -306,8 +327,11 @@ class AscendClient(CompressedFedAvgClient):
         m = min(n, self.params.probe_batches * ctx.train.batch_size)
         if self.params.reward in FIDELITY_REWARDS:
             m = min(m, int(self.params.probe_fraction * n))
-        rng = np.random.default_rng([PROBE_SALT, ctx.client_id, n])
-        return torch.from_numpy(np.sort(rng.permutation(n)[:m])).to(ctx.train_x.device)
+        key = (ctx.client_id, n, m, ctx.train_x.device)
+        if self._probe_memo[0] != key:  # asked 5 times in a client's round: drawn once
+            rng = np.random.default_rng([PROBE_SALT, ctx.client_id, n])
+            self._probe_memo = (key, torch.from_numpy(np.sort(rng.permutation(n)[:m])).to(ctx.train_x.device))
+        return self._probe_memo[1]
 
     @torch.no_grad()
     def probe_loss(self, ctx: ClientContext) -> tuple[float, int]:
@@ -436,7 +460,7 @@ class AscendClient(CompressedFedAvgClient):
         z_w = x_pub = None
         if v3:
             x_pub = self.public_probe(ctx, broadcast)
-            z_w = logits_of(ctx.model, x_pub)
+            z_w = self.received_logits(ctx, x_pub)
         loss, seen = local_sgd(self.training_context(ctx))
         delta = flat_params(ctx.model) - start
 
@@ -665,6 +689,7 @@ class AscendServer(Server):
         self.consecutive_rollbacks = 0
         self._rows: list[dict[str, Any]] = []
         self._alignment: list[dict[str, Any]] = []
+        self._aggregate_logits: dict[str, torch.Tensor] = {}  # build_teacher -> _distill_and_guard
 
     def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
         """As the base class's; a checkpoint written before asynchronous ASCEND has no
@@ -682,23 +707,32 @@ class AscendServer(Server):
             self.teacher_probe = self.ensemble_probe_logits()
         return self.teacher_probe
 
-    def probe_kl(self, arch: str, teacher: torch.Tensor | None = None, model: torch.nn.Module | None = None) -> float:
-        """``D = KL(teacher ‖ w)`` on the public probe set (``w``: the architecture's model)."""
+    def probe_kl(self, arch: str, teacher: torch.Tensor | None = None, model: torch.nn.Module | None = None,
+                 logits: torch.Tensor | None = None) -> float:
+        """``D = KL(teacher ‖ w)`` on the public probe set (``w``: the architecture's model;
+        ``logits``: its logits on the probe set, when the caller has them)."""
         t = self.teacher_on_probe() if teacher is None else teacher
-        s = logits_of(self.models[arch] if model is None else model, self.probe_x, self.batch)
+        s = logits if logits is not None else logits_of(
+            self.models[arch] if model is None else model, self.probe_x, self.batch)
         return float(kl_teacher_student(t, s, self.params.temperature))
 
-    def global_probe_loss(self) -> float:
+    def global_probe_loss(self, logits: dict[str, torch.Tensor] | None = None) -> float:
         """The rollback's global loss: mean over architectures (equal weight) of the cross-entropy
-        with the public labels (``ce``) or of ``KL(teacher ‖ w_P)`` (``kl``) on the probe set."""
+        with the public labels (``ce``) or of ``KL(teacher ‖ w_P)`` (``kl``) on the probe set.
+        ``logits``: the present models' logits on the probe set by architecture, if already known."""
         vals = []
         for a in self.arch_order:
+            z = logits[a] if logits is not None else logits_of(self.models[a], self.probe_x, self.batch)
             if self.params.rollback_loss == "ce":
-                logits = logits_of(self.models[a], self.probe_x, self.batch)
-                vals.append(float(F.cross_entropy(logits, self.probe_y)))
+                vals.append(float(F.cross_entropy(z, self.probe_y)))
             else:
-                vals.append(self.probe_kl(a))
+                vals.append(self.probe_kl(a, logits=z))
         return float(np.mean(vals))
+
+    def probe_is_public(self) -> bool:
+        """Whether the probe set is the whole public split in its order (a public split of at
+        most ``public_probe_size`` samples): logits on one are then logits on the other."""
+        return len(self.probe_idx) == len(self.public_x)
 
     # ------------------------------------------------------------------ broadcast
     def broadcast(self, round: int) -> Broadcast:
@@ -774,7 +808,10 @@ class AscendServer(Server):
         version's); ``weights``: per upload (None: equal; asynchronous: the staleness weights)."""
         x, b = self.public_x, self.batch
         if self.params.teacher == "aggregates":
-            return torch.stack([logits_of(self.models[a], x, b) for a in self.arch_order]).mean(0)
+            zs = [logits_of(self.models[a], x, b) for a in self.arch_order]
+            # kept for distill_kl0, the same forwards when the probe set is the public split
+            self._aggregate_logits = dict(zip(self.arch_order, zs)) if self.probe_is_public() else {}
+            return torch.stack(zs).mean(0)
         if deltas is None:
             deltas = [decode_upload(r.upload).dense() for r in results]
         acc, count, scratch = None, 0, {}
@@ -827,15 +864,18 @@ class AscendServer(Server):
         p = self.params
         prev_teacher, prev_distilled = previous
         teacher_probe = teacher[self.probe_idx]
+        before, self._aggregate_logits = self._aggregate_logits, {}  # build_teacher's, of these models
+        after: dict[str, torch.Tensor] = {}  # the distilled models' probe logits, for the guard too
         for arch in self.arch_order:
             sfx = self._sfx(arch)
-            out[f"distill_kl0{sfx}"] = self.probe_kl(arch, teacher_probe)
+            out[f"distill_kl0{sfx}"] = self.probe_kl(arch, teacher_probe, logits=before.get(arch))
             out[f"distill_loss{sfx}"] = self.distill(arch, teacher, round)
-            out[f"distill_kl{sfx}"] = self.probe_kl(arch, teacher_probe)
+            after[arch] = logits_of(self.models[arch], self.probe_x, self.batch)
+            out[f"distill_kl{sfx}"] = self.probe_kl(arch, teacher_probe, logits=after[arch])
         self.teacher_probe, self.teacher_distilled = teacher_probe, True
 
         # 4. rollback guard
-        loss = self.global_probe_loss()
+        loss = self.global_probe_loss(after)
         before = self.ref_loss
         threshold = (1.0 + p.gamma) * before if p.gamma is not None else math.inf
         spike = p.gamma is not None and math.isfinite(before) and not (loss <= threshold)  # NaN is a spike

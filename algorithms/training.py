@@ -68,6 +68,13 @@ def load_flat_state(model: torch.nn.Module, flat: torch.Tensor | np.ndarray) -> 
     load_flat_buffers(model, flat[n:])  # the rest are buffers
 
 
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors hold the same bits (unlike ``torch.equal``: -0.0 is not 0.0, NaN is NaN):
+    a forward on the one gives what a forward on the other gives."""
+    return (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
+            and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)))
+
+
 def round_lr(ctx: ClientContext) -> float:
     return ctx.train.lr * (ctx.train.lr_decay ** ctx.round)
 

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import torch
 
-from algorithms.training import evaluate
+from algorithms.training import evaluate, flat_state, same_bits
 from engine.config.schema import ExperimentConfig
 from engine.loop.callbacks import RoundRecord, RunCallback, RunContext
 
@@ -44,6 +44,9 @@ class GlobalEvaluation(RunCallback):
         self.cfg, self.data, self.server, self.device = cfg, data, server, device
         self._test: tuple[torch.Tensor, torch.Tensor] | None = None
         self._mirrors: dict[str, torch.nn.Module] = {}
+        # per architecture, the state last evaluated and its figures: a model a rollback restored
+        # is the one evaluated the round before, not evaluated again
+        self._last: dict[str, tuple[torch.Tensor, tuple[float, int, int]]] = {}
 
     def on_round_end(self, run: RunContext, record: RoundRecord) -> None:
         if not (self.cfg.evaluation.global_model and is_evaluation_round(self.cfg, record.round)):
@@ -59,7 +62,12 @@ class GlobalEvaluation(RunCallback):
         out: dict[str, float] = {}
         accs, losses = [], []
         for arch, model in self.server.global_models().items():
-            loss_sum, correct, n = evaluate(self._on_device(arch, model), x, y, self.cfg.evaluation.batch_size)
+            state, last = flat_state(model), self._last.get(arch)
+            if last is not None and same_bits(last[0], state):
+                loss_sum, correct, n = last[1]
+            else:
+                loss_sum, correct, n = evaluate(self._on_device(arch, model), x, y, self.cfg.evaluation.batch_size)
+                self._last[arch] = (state, (loss_sum, correct, n))
             accs.append(correct / n)
             losses.append(loss_sum / n)
             if arch:
