@@ -30,16 +30,15 @@ def fedavg_run(tmp_path_factory):
 
 
 def test_run_report_has_every_run_figure_and_no_external_urls(fedavg_run, tmp_path):
-    out = build_report(fedavg_run, tmp_path / "rep" / "fedavg.html")
+    # the default place: inside the run folder (a page at a given path: the other tests)
+    out = build_report(fedavg_run)
+    assert out == fedavg_run / "report.html" and (fedavg_run / "report_figures" / "fig-bytes.png").is_file()
     page = parse_page(out)
     assert_figures(page, out, RUN_FIGURES)
     assert "table-run-summary" in page.tables
     # no method panels for FedAvg, and nothing left out for lack of data
     assert not set(page.figures) & set(ASCEND_FIGURES + FEDCSPACK_FIGURES)
     assert not page.omitted
-    # the default place: inside the run folder
-    default = build_report(fedavg_run)
-    assert default == fedavg_run / "report.html" and (fedavg_run / "report_figures" / "fig-bytes.png").is_file()
     # the run has the outcomes the participation figure shows
     reasons = set(load_run(fedavg_run).clients["drop_reason"])
     assert {"", "deadline", "unavailable"} <= reasons
@@ -118,7 +117,7 @@ def test_a_panel_that_fails_becomes_a_note_and_the_page_goes_on(fedavg_run, tmp_
         raise ValueError("boom")
 
     monkeypatch.setattr(report, "accuracy_figures", broken)
-    out = build_report(fedavg_run, tmp_path / "r.html")
+    out = build_report(fedavg_run, tmp_path / "rep" / "r.html")  # a folder not made yet
     page = parse_page(out)
     assert page.omitted == {"fig-accuracy-round", "fig-accuracy-time"}
     assert set(RUN_FIGURES) - page.omitted <= set(page.figures)
@@ -280,7 +279,8 @@ SWEEP_BASE = {
 def small_sweep(tmp_path_factory, local_ray):
     from sweeps import run_sweep
 
-    return run_sweep({"name": "rep", "base": SWEEP_BASE, "num_samples": 2,
+    # two trials (one sample of each mu): both hyperparameters still vary, half the trials to start
+    return run_sweep({"name": "rep", "base": SWEEP_BASE, "num_samples": 1,
                       "space": {"train.lr": {"loguniform": [0.01, 0.3]}, "algorithm.mu": {"grid": [0.0, 0.1]}}},
                      storage=tmp_path_factory.mktemp("sweep") / "sw", quiet=True)
 
@@ -290,7 +290,8 @@ def test_sweep_report_has_a_figure_per_hyperparameter_the_best_table_and_curves(
     from hetsim.report import SWEEP_FIGURES, sweep_param_figure_id
 
     sweep = small_sweep
-    assert (sweep.trials["status"] == "finished").all() and len(sweep.trials) == 4
+    assert (sweep.trials["status"] == "finished").all() and len(sweep.trials) == 2
+    assert [sweep.trials[c].nunique() for c in sweep.param_columns.values()] == [2, 2]  # lr and mu both vary
     out = tmp_path / "sweep_report.html"
     assert main(["report", str(sweep.path), "-o", str(out)]) == 0
     page = parse_page(out)
@@ -513,12 +514,23 @@ def _sweep_folder(root: Path, spec: dict, trials: dict[str, dict]) -> Path:
     return root
 
 
-def test_show_prints_the_trial_table_of_a_sweep_and_of_a_whatif_folder(tmp_path, capsys):
+SHOW_BASE = SWEEP_BASE | {"rounds": 2, "algorithm": {"name": "fedavg"}}
+
+
+@pytest.fixture(scope="module")
+def lr_sweep_folder(tmp_path_factory) -> Path:
+    # the show and the damaged-files tests read the same two-trial sweep; built once (a test that
+    # damages it works on a copy)
+    return _sweep_folder(tmp_path_factory.mktemp("lr") / "sw",
+                         {"name": "lr", "base": SHOW_BASE, "space": {"train.lr": {"grid": [0.05, 0.1]}}},
+                         {"t_0": {"train.lr": 0.05}, "t_1": {"train.lr": 0.1}})
+
+
+def test_show_prints_the_trial_table_of_a_sweep_and_of_a_whatif_folder(lr_sweep_folder, tmp_path, capsys):
     from sweeps.whatif import whatif_sweep_spec
 
-    base = SWEEP_BASE | {"rounds": 2, "algorithm": {"name": "fedavg"}}
-    sweep = _sweep_folder(tmp_path / "sw", {"name": "lr", "base": base, "space": {"train.lr": {"grid": [0.05, 0.1]}}},
-                          {"t_0": {"train.lr": 0.05}, "t_1": {"train.lr": 0.1}})
+    base = SHOW_BASE
+    sweep = lr_sweep_folder
     assert main(["show", str(sweep)]) == 0
     out, err = capsys.readouterr()
     assert err == "" and out.startswith(f"{sweep}: sweep lr\ntrials: 2 finished\n")
@@ -535,13 +547,11 @@ def test_show_prints_the_trial_table_of_a_sweep_and_of_a_whatif_folder(tmp_path,
     assert "slow vs fast: the same accuracy, the same arrivals" in out
 
 
-def test_show_and_report_of_a_sweep_folder_with_damaged_files(tmp_path, capsys):
+def test_show_and_report_of_a_sweep_folder_with_damaged_files(lr_sweep_folder, tmp_path, capsys):
     from engine.results import open_storage
     from sweeps.results import load_sweep, write
 
-    base = SWEEP_BASE | {"rounds": 2, "algorithm": {"name": "fedavg"}}
-    sweep = _sweep_folder(tmp_path / "sw", {"name": "lr", "base": base, "space": {"train.lr": {"grid": [0.05, 0.1]}}},
-                          {"t_0": {"train.lr": 0.05}, "t_1": {"train.lr": 0.1}})
+    sweep = Path(shutil.copytree(lr_sweep_folder, tmp_path / "sw", symlinks=True))
     loaded = load_sweep(sweep)
     write(open_storage(sweep), loaded.trials, loaded.rounds)  # as a sweep leaves them when it ends
     (sweep / "trials.parquet").write_bytes(b"PAR1 cut short")

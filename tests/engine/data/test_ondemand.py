@@ -238,15 +238,23 @@ def test_on_disk_tables_refuse_what_they_cannot_read_naming_the_field(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("executor", ["inprocess", pytest.param("ray", marks=pytest.mark.ray)])
-def test_leaf_converted_to_parquet_runs_on_disk_end_to_end_on_both_executors(tmp_path, executor, ray_session):
-    write_leaf(tmp_path / "leaf")
-    table = leaf_to_parquet(tmp_path / "leaf", str(tmp_path / "leaf.parquet"))
+@pytest.fixture(scope="module")
+def leaf_local_run(tmp_path_factory):
+    """The LEAF table's in-process run: both executor cases compare with it, computed once."""
+    folder = tmp_path_factory.mktemp("leaf")
+    write_leaf(folder / "leaf")
+    table = leaf_to_parquet(folder / "leaf", str(folder / "leaf.parquet"))
     params = (f"dataset.params={{path: {table}, client_column: client, split_column: split, features: features, "
-              f"on_disk: true, cache_dir: {tmp_path / 'cache'}}}")
+              f"on_disk: true, cache_dir: {folder / 'cache'}}}")
     common = ["dataset.name=parquet", params, "partition.scheme=natural", "clients.num_clients=6",
               "clients.participation=1.0", "rounds=3", "model.name=mlp"]
-    local = load_run(run_experiment(load_config(None, common), tmp_path / "a"))
+    return common, load_run(run_experiment(load_config(None, common), folder / "a"))
+
+
+@pytest.mark.parametrize("executor", ["inprocess", pytest.param("ray", marks=pytest.mark.ray)])
+def test_leaf_converted_to_parquet_runs_on_disk_end_to_end_on_both_executors(tmp_path, executor, leaf_local_run,
+                                                                              ray_session):
+    common, local = leaf_local_run
     assert local.rounds["global_acc"].notna().all() and (local.rounds["num_arrived"] > 0).all()
     seen = local.clients.groupby("client_id")["test_samples"].max().dropna()  # LEAF's own test rows
     assert len(seen) >= 4 and (seen == pd.Series([4, 5, 4, 5, 4, 5]).loc[seen.index]).all()
@@ -302,23 +310,29 @@ def test_a_tight_state_budget_changes_nothing_in_the_results(tmp_path, executor,
               "algorithm.compressor=topk", "algorithm.error_feedback=true", f"executor.kind={executor}"]
     if executor == "ray":
         common.append("executor.num_actors=2")
+    from engine.loop.callbacks import RunCallback
+
+    class LastRoundStates(RunCallback):  # in-process: the host's states as the last round leaves them
+        seen = None
+
+        def on_round_end(self, run, record):
+            if executor == "inprocess" and record.round == 3:
+                states = run.simulation.executor.host.states
+                self.seen = (states.spilled, states.memory_bytes, len(states))
+
     free = load_run(run_experiment(lazy_cfg(*common), tmp_path / "a"))
+    last = LastRoundStates()
     tight = load_run(run_experiment(lazy_cfg(*common, "executor.state_memory_mb=0.0625",
-                                             f"executor.state_spill_dir={tmp_path / 'spill'}"), tmp_path / "b"))
+                                             f"executor.state_spill_dir={tmp_path / 'spill'}"), tmp_path / "b",
+                                    callbacks=[last]))
     a, b = comparable_tables(free), comparable_tables(tight)
     for name in a:
         pd.testing.assert_frame_equal(a[name], b[name], obj=name)
     if executor == "inprocess":  # the budget was binding: states went to disk, memory stayed within it
-        from engine.loop.simulation import Simulation
-
-        sim = Simulation(lazy_cfg(*common, "executor.state_memory_mb=0.0625"))
-        sim.start()
-        for r in range(4):
-            sim.run_round(r)
-        states = sim.executor.host.states
-        assert states.spilled > 0 and states.memory_bytes <= 0.0625 * 2**20
+        spilled, memory_bytes, held = last.seen
+        assert spilled > 0 and memory_bytes <= 0.0625 * 2**20
         trained = free.clients.loc[free.clients["train_loss"].notna(), "client_id"].nunique()
-        assert len(states) == trained  # one residual per client that trained, wherever it is kept
+        assert held == trained  # one residual per client that trained, wherever it is kept
 
 
 def test_a_table_on_s3_is_read_in_memory_and_on_disk_like_the_local_file(tmp_path, monkeypatch):
@@ -520,13 +534,20 @@ def test_images_stay_encoded_on_disk_and_are_decoded_per_round_when_asked_or_whe
     assert not os.listdir(tmp_path / "bad")  # nothing half-written
 
 
-@pytest.mark.parametrize("executor", ["inprocess", pytest.param("ray", marks=pytest.mark.ray)])
-def test_an_on_disk_dirichlet_run_equals_the_in_memory_run(tmp_path, executor):
-    """The on-disk split on either executor gives the tables of the in-memory split in-process."""
-    table = _scrambled_table(tmp_path / "t.parquet")
+@pytest.fixture(scope="module")
+def dirichlet_eager_run(tmp_path_factory):
+    """The in-memory dirichlet run both executor cases compare with, computed once."""
+    folder = tmp_path_factory.mktemp("dirichlet")
+    table = _scrambled_table(folder / "t.parquet")
     common = ["rounds=2", "clients.participation=0.5"]
-    eager = load_run(run_experiment(_scheme_cfg(table, tmp_path / "c", "dirichlet", *common, on_disk=False),
-                                    tmp_path / "a"))
+    run = load_run(run_experiment(_scheme_cfg(table, folder / "c", "dirichlet", *common, on_disk=False), folder / "a"))
+    return table, common, run
+
+
+@pytest.mark.parametrize("executor", ["inprocess", pytest.param("ray", marks=pytest.mark.ray)])
+def test_an_on_disk_dirichlet_run_equals_the_in_memory_run(tmp_path, executor, dirichlet_eager_run, ray_session):
+    """The on-disk split on either executor gives the tables of the in-memory split in-process."""
+    table, common, eager = dirichlet_eager_run
     on = ["executor.kind=ray", "executor.num_actors=2", "ray.num_cpus=2"] if executor == "ray" else []
     disk = load_run(run_experiment(_scheme_cfg(table, tmp_path / "c", "dirichlet", *common, *on), tmp_path / "b"))
     a, b = comparable_tables(eager), comparable_tables(disk)
