@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -150,8 +151,21 @@ def _take_early_driver(cfg: ExperimentConfig):
         return None
     if early[0] is cfg:
         return early[1]
-    ray.kill(early[1])  # started for another config
+    _kill_and_wait(early[1])  # started for another config; its CPUs size the new pool
     return None
+
+
+def _kill_and_wait(actor, timeout_s: float = 30.0) -> None:
+    """``ray.kill`` and return once Ray reports the actor dead (bounded): the kill itself is
+    asynchronous, and a pool sized right after it would count the dying actors' CPUs as taken."""
+    ray.kill(actor)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=max(0.1, deadline - time.monotonic()))
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return
+        time.sleep(0.02)
 
 
 # (pool key, driver actor, Ray's GCS address): the driver actor of this process's last Ray run
@@ -188,7 +202,7 @@ def release_warm_actors() -> None:
     global _warm
     warm, _warm = _warm, None
     if warm is not None and ray.is_initialized() and warm[2] == ray.get_runtime_context().gcs_address:
-        ray.kill(warm[1])  # the client actors it owns die with it
+        _kill_and_wait(warm[1])  # the client actors it owns die with it
 
 
 def run_on_driver_actor(
