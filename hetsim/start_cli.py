@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine import UserError  # light: the error classes
-from hardware_profiles.suggest import unknown
 from hetsim.templates import TEMPLATES, render
 
 TOPICS = ("datasets", "models", "algorithms", "tiers", "presets")
@@ -43,6 +42,8 @@ def cmd_list(args) -> int:
 
 
 def cmd_init(args) -> int:
+    from hardware_profiles.suggest import unknown  # its package imports numpy and pydantic: not for every command
+
     if args.template not in TEMPLATES:
         raise UserError(unknown("template", args.template, TEMPLATES))
     out = Path(args.out)

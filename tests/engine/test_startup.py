@@ -25,6 +25,16 @@ def test_help_imports_nothing_heavy():
     assert imported_after(code) == set()
 
 
+def test_the_command_line_module_imports_neither_numpy_nor_pydantic():
+    # every command pays what hetsim.cli imports: --help, show and init need neither
+    light = ("numpy", "pydantic", "hardware_profiles")
+    probe = f"import sys\nimport hetsim.cli\nprint(sorted(m for m in {light!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_validating_every_algorithm_imports_nothing_heavy():
     code = """
 from engine import load_config
