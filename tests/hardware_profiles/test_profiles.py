@@ -1,5 +1,6 @@
 """Hardware profiles, catalog and fleet sampler."""
 
+import dataclasses
 import math
 import re
 import subprocess
@@ -24,7 +25,7 @@ from hardware_profiles import (
     load_catalog,
 )
 from hardware_profiles.catalog import CatalogError
-from hardware_profiles.profile import NUMERIC_FIELDS
+from hardware_profiles.profile import LABEL_FIELDS, NUMERIC_FIELDS
 
 GOOD = dict(
     name="x", gflops=10.0, down_mbps=50.0, up_mbps=20.0, latency_s=0.01,
@@ -365,3 +366,10 @@ def test_large_fleet_is_small_and_fast():
     assert len(t) == 100_000
     assert t.nbytes <= 100_000 * 8 * 21  # 19 float64 (6 of the power model, 6 selection costs) + 2 pointers
     assert np.count_nonzero(t.tier == "edge_gpu") == 20_000
+
+
+def test_the_profile_table_has_a_column_for_every_profile_field_and_no_other():
+    # ProfileTable lists its columns as dataclass fields (typed, readable); the profile's field
+    # lists are the one source: a field added there and not here (or the reverse) fails here
+    columns = [f.name for f in dataclasses.fields(ProfileTable) if f.name != "allow_out_of_range"]
+    assert sorted(columns) == sorted(NUMERIC_FIELDS + LABEL_FIELDS)
