@@ -162,6 +162,19 @@ def _slowest_files_first(items) -> None:
     items.sort(key=lambda item: (-expected[item.nodeid.partition("::")[0]], position[item.nodeid]))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    # One torch thread in this process, set before each test's fixtures (module ones included).
+    # `Simulation(cfg)` without an executor trains with the caller's threads (2 here), and two
+    # threads on two busy cores make these tiny models ~10x slower, spinning on both cores: 10-15
+    # CPU-s a test instead of ~0.5 (test_async.py). Runs through run_experiment use 1 already
+    # (executor.threads_per_actor or 1); results do not depend on it. A test that needs another
+    # count sets it itself (test_engine.py). Only once a test module has imported torch.
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _no_ray_left_behind():
     # a module that started Ray through the engine (e.g. a sweep) and did not stop it would
