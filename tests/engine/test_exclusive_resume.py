@@ -180,7 +180,7 @@ def test_a_ray_run_killed_during_its_start_up_is_started_again_with_the_same_o(t
     """The run started again in this process runs on the suite's shared Ray (a run's
     ``ray.num_cpus=2`` with Ray up uses that Ray): no Ray start-up of its own."""
     run = tmp_path / "r"
-    ray_run = [*TINY, "executor.kind=ray", "ray.num_cpus=2"]
+    ray_run = [*TINY, "executor.kind=ray", "ray.num_cpus=2", "executor.num_actors=1"]  # one actor: seconds less
     for _ in range(3):  # the start-up's claimed-but-not-running window is short: catch it
         shutil.rmtree(run, ignore_errors=True)
         proc = _hetsim(tmp_path, "run", "-q", "-o", "r", *_sets(ray_run))
