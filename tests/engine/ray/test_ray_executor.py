@@ -220,8 +220,7 @@ def test_client_failure_on_an_actor_names_client_and_round_quickly(tmp_path, loc
 
     from engine.clients.host import ClientFailure
 
-    # one client actor (the Ctrl+C test before killed the warm ones): the failure is the client's
-    cfg = load_config(None, [*TINY, *RAY, "clients.participation=1.0", "executor.num_actors=1",
+    cfg = load_config(None, [*TINY, *RAY, "clients.participation=1.0",
                              "executor.inject_failure={round: 1, client: 5}"])
     t0 = time.perf_counter()
     with pytest.raises(ClientFailure, match="client 5 failed in round 1: RuntimeError: failure injected"):
