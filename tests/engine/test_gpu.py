@@ -173,8 +173,9 @@ def test_a_fifth_half_gpu_actor_is_refused_up_front(fake_gpu_ray):
 @pytest.mark.ray
 @needs_no_cuda
 def test_cuda_on_declared_but_absent_gpus_is_a_device_error(tmp_path, fake_gpu_ray):
-    # the driver actor holds one declared GPU, the two actors the other (0.5 each)
-    cfg = gpu_actors(2, "executor.device=cuda", "executor.driver_gpus=1")
+    # the driver actor holds one declared GPU, the client actor half of the other (one actor:
+    # each costs seconds of CPU to start, and one meets the error as two would)
+    cfg = gpu_actors(1, "executor.device=cuda", "executor.driver_gpus=1")
     with pytest.raises(DeviceError, match=r"executor\.device = 'cuda': no CUDA device is visible to this "
                        r"client host \(Ray assigned GPU ids \['\d'\], but they are not real"):
         run_experiment(cfg, tmp_path / "cuda")
@@ -184,7 +185,7 @@ def test_cuda_on_declared_but_absent_gpus_is_a_device_error(tmp_path, fake_gpu_r
 @pytest.mark.ray
 def test_a_driver_gpu_share_this_node_cannot_give_is_refused(tmp_path, fake_gpu_ray):
     with pytest.raises(ExecutorError, match=r"driver_gpus=3: the driver actor runs on this node, which has 2 GPUs"):
-        run_experiment(gpu_actors(2, "executor.driver_gpus=3"), tmp_path / "driver3")
+        run_experiment(gpu_actors(1, "executor.driver_gpus=3"), tmp_path / "driver3")
 
 
 # ---------------------------------------------------------------- sweeps with GPU trials

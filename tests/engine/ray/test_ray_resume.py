@@ -24,9 +24,10 @@ from engine.run.body import execute_run
 
 pytestmark = pytest.mark.ray
 RAY = ["executor.kind=ray", "ray.num_cpus=2"]
-# runs on the driver actor that end leave it and its client actors up for the next test's first
-# run (executor.keep_warm, result neutral: tests/engine/test_matrix.py): 3 fewer actor starts
-WARM = [*RAY, "executor.keep_warm=true"]
+# runs on the driver actor that end leave it and its client actor up for the next test's first
+# run (executor.keep_warm, result neutral: tests/engine/test_matrix.py): fewer actor starts; one
+# client actor where the test is about the driver actor or a resume, not about a pool of several
+WARM = [*RAY, "executor.keep_warm=true", "executor.num_actors=1"]
 # every client runs every round, so every actor is busy in every round
 ALL_RUN = ["clients.participation=1.0", "clock.over_selection=1.0",
            "clients.profiles={devices: {rpi4: 0.5, laptop_cpu: 0.5}, availability: 1.0, dropout: 0.0}"]

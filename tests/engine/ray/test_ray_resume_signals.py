@@ -39,10 +39,12 @@ from hetsim.cli import main
 
 pytestmark = pytest.mark.ray
 RAY = ["executor.kind=ray", "ray.num_cpus=2"]
-# two client actors on 1 CPU: the actors the resumes of this module's runs leave warm (1 CPU of
-# the shared Ray) take the next resume (executor.keep_warm: 4 fewer actor starts) while the next
-# killed run's pool has the other CPU; pool and Ray are result neutral (RESULT_NEUTRAL_FIELDS)
-POOL = ["executor.num_actors=2", "executor.cpus_per_actor=0.5"]
+# one 1-CPU client actor: the actor the resumes of this module's runs leave warm (1 CPU of the
+# shared Ray) takes the next resume (executor.keep_warm: fewer actor starts) while the next killed
+# run's pool has the other CPU; one actor, not two, per run: what dies with a killed process (its
+# driver and client actors) is the same, and each actor fewer is seconds of CPU (torch import);
+# pool and Ray are result neutral (RESULT_NEUTRAL_FIELDS)
+POOL = ["executor.num_actors=1", "executor.cpus_per_actor=1"]
 
 
 def resume_here(ray) -> list[str]:

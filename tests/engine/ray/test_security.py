@@ -15,8 +15,10 @@ from helpers.proc_sockets import cmdline, descendants, is_loopback, listening_so
 
 pytestmark = [pytest.mark.ray, pytest.mark.skipif(not sys.platform.startswith("linux"),
                                                   reason="reads /proc")]
+# one client actor: every kind of process a run starts listens, and each actor fewer is seconds of CPU
 TINY = ["dataset.name=digits", "model.name=mlp", "clients.num_clients=8", "rounds=12",
-        "clients.participation=0.5", "executor.kind=ray", "ray.num_cpus=2", "evaluation.eval_every=1"]
+        "clients.participation=0.5", "executor.kind=ray", "ray.num_cpus=2", "evaluation.eval_every=1",
+        "executor.num_actors=1"]
 
 
 def _env(**extra) -> dict:
