@@ -110,6 +110,7 @@ def test_a_sweep_records_diverged_trials_with_missing_metrics(tmp_path, ray_sess
         "space": {"train.lr": {"grid": [0.05, 1e30]}},
         "storage": str(tmp_path / "sw"),
         "ray": {"num_cpus": 2},
+        "max_concurrent_trials": 1,  # one trial process runs both
     }
     sweep = run_sweep(spec, quiet=True)
     t = sweep.trials.set_index("lr")

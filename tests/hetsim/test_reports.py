@@ -279,8 +279,9 @@ SWEEP_BASE = {
 def small_sweep(tmp_path_factory, local_ray):
     from sweeps import run_sweep
 
-    # two trials (one sample of each mu): both hyperparameters still vary, half the trials to start
-    return run_sweep({"name": "rep", "base": SWEEP_BASE, "num_samples": 1,
+    # two trials (one sample of each mu): both hyperparameters still vary, half the trials to start;
+    # one at a time: one trial process (a few CPU seconds to start) runs both
+    return run_sweep({"name": "rep", "base": SWEEP_BASE, "num_samples": 1, "max_concurrent_trials": 1,
                       "space": {"train.lr": {"loguniform": [0.01, 0.3]}, "algorithm.mu": {"grid": [0.0, 0.1]}}},
                      storage=tmp_path_factory.mktemp("sweep") / "sw", quiet=True)
 
@@ -375,6 +376,7 @@ def test_whatif_with_a_deadline_changes_who_arrives(tmp_path, local_ray, capsys)
         "overrides": ["clock.deadline_s=0.1"],  # fast clients take ~0.01 s, slow links ~0.2 s
         "fleets": [{"name": "fast", "profiles": FAST}, {"name": "slow", "file": "slow.yaml"}],
         "storage": str(tmp_path / "wi"),
+        "max_concurrent_trials": 1,  # one trial process runs both fleets
     })
     write_yaml(tmp_path / "slow.yaml", SLOW)
     assert main(["whatif", str(spec), "-q"]) == 0
@@ -485,7 +487,7 @@ def test_whatif_fleets_may_replay_trace_files_given_by_relative_paths(tmp_path, 
     spec = write_yaml(tmp_path / "whatif.yaml", {
         "name": "traces", "base": SWEEP_BASE | {"algorithm": {"name": "fedavg"}},
         "fleets": [{"name": "fast", "profiles": FAST}, {"name": "replayed", "profiles": replayed}],
-        "storage": str(tmp_path / "wi")})
+        "storage": str(tmp_path / "wi"), "max_concurrent_trials": 1})  # one trial process runs both fleets
     assert main(["whatif", str(spec), "-q"]) == 0
     s = sweeps.load_sweep(tmp_path / "wi")
     assert (s.trials["status"] == "finished").all()

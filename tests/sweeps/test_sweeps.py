@@ -175,16 +175,29 @@ def local_ray(ray_session):
     return ray_session  # the suite's shared 2-CPU Ray (tests/conftest.py)
 
 
-@pytest.mark.ray
-def test_grid_sweep_writes_parquet_and_matches_direct_runs(tmp_path, local_ray):
+OBJECTIVES = [{"name": "global_acc", "mode": "max"}, {"name": "total_sim_time_s", "mode": "min"}]
+HOME_RESULTS = Path.home() / "ray_results"  # where Tune writes by default
+
+
+@pytest.fixture(scope="module")
+def grid_sweep(tmp_path_factory, local_ray):
+    """The plain grid sweep (no trackers) and whether ~/ray_results existed before it: read by
+    the grid test and the no-trackers test (each Tune run starts its own trial process)."""
     from sweeps import run_sweep
 
-    home_results = Path.home() / "ray_results"
-    had_home_results = home_results.exists()
-    objectives = [{"name": "global_acc", "mode": "max"}, {"name": "total_sim_time_s", "mode": "min"}]
+    had_home_results = HOME_RESULTS.exists()
     # one trial at a time: one trial process (a few CPU seconds to start) runs all four
-    sweep = run_sweep(spec(target=0.2, rank_by="time_to_target", objectives=objectives, max_concurrent_trials=1),
-                      storage=tmp_path / "sw", quiet=True)
+    sweep = run_sweep(spec(target=0.2, rank_by="time_to_target", objectives=OBJECTIVES, max_concurrent_trials=1),
+                      storage=tmp_path_factory.mktemp("grid") / "sw", quiet=True)
+    return sweep, had_home_results
+
+
+@pytest.mark.ray
+def test_grid_sweep_writes_parquet_and_matches_direct_runs(tmp_path, grid_sweep):
+    from sweeps import run_sweep
+
+    sweep, had_home_results = grid_sweep
+    home_results, objectives = HOME_RESULTS, OBJECTIVES
     trials, rounds = sweep.trials, sweep.rounds
 
     assert len(trials) == 4 and trials["trial_id"].is_unique
@@ -258,16 +271,27 @@ def test_grid_sweep_writes_parquet_and_matches_direct_runs(tmp_path, local_ray):
         sweep.best(by="energy")
 
     # the folder: resolved spec, Parquet files, run folders, Tune state - and nothing in ~/ray_results
-    loaded = load_sweep(tmp_path / "sw")
+    loaded = load_sweep(sweep.path)
     pd.testing.assert_frame_equal(loaded.trials, trials)
     assert loaded.param_columns == {"train.lr": "lr", "algorithm.mu": "mu"}
     assert loaded.spec["base"]["algorithm"]["name"] == "fedprox"
-    assert (tmp_path / "sw" / "tune" / "tuner.pkl").is_file()
+    assert (sweep.path / "tune" / "tuner.pkl").is_file()
     assert home_results.exists() == had_home_results
     assert sweep.best(1, by="best_global_acc")["best_global_acc"].iloc[0] == trials["best_global_acc"].max()
     # the folder cannot be reused by accident
     with pytest.raises(FileExistsError, match="--resume"):
-        run_sweep(spec(), storage=tmp_path / "sw", quiet=True)
+        run_sweep(spec(), storage=sweep.path, quiet=True)
+
+
+@pytest.mark.ray
+def test_without_trackers_no_tracker_files_are_written(grid_sweep):
+    # the trackers themselves: test_sweep_trackers.py
+    sweep, _ = grid_sweep
+    storage = sweep.path
+    assert sweep.complete
+    files = [p.relative_to(storage).as_posix() for p in Path(storage).rglob("*") if p.is_file()]
+    assert not [f for f in files if "tfevents" in f or "mlflow" in f or "mlartifacts" in f], files
+    assert not (storage / "tensorboard").exists() and not (storage / "mlflow.db").exists()
 
 
 @pytest.mark.ray
