@@ -88,8 +88,10 @@ def test_sigkill_of_hetsim_run_on_ray_then_resume_equals_an_uninterrupted_run(tm
     proc.wait(timeout=60)
     manifest = load_run(path).manifest
     assert manifest["status"] == "running", why  # it never got to say otherwise
-    # the job's driver actor and client actors die with it (Ray ends them asynchronously, in
-    # seconds): nothing writes to the folder any more; a failure names what is left
+    # the job's driver actor and client actors die with it: Ray force-kills them (never the
+    # graceful exit that would wait for a running run_round) and SIGKILLs a worker still there
+    # 5 s later, so 30 s is 6x the slowest seen (docs/checkpoints.md); nothing writes to the
+    # folder any more; a failure names what is left
     left = wait_gone(loop)
     assert not left, f"actors of the killed run still alive after 30 s {why}: {process_states(left)}"
     if own_ray:
