@@ -22,12 +22,15 @@ run: $(STAMP)
 # test files spread over TEST_JOBS processes (pytest-xdist); a file's tests stay in one process, so a
 # module's fixtures (one Ray, one dataset) are built once; the files go out in tests/conftest.py's
 # order (slowest first), not xdist's (most tests first). TEST_JOBS=0 runs them in this process.
+# PYTHONDONTWRITEBYTECODE (set in some shells and CI images) is dropped for the suite: every pytest
+# process, Ray worker and `hetsim` subprocess would otherwise compile the project and rewrite the
+# tests' asserts again, ~5 CPU-s per pytest process and ~0.2 s per Ray worker.
 TEST_JOBS ?= 3
 test: $(STAMP)
-	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder $(ARGS)
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder $(ARGS)
 
 test-quick: $(STAMP)
-	$(PY) -m pytest -m "not integration and not slow and not ray" $(ARGS)
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -m "not integration and not slow and not ray" $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

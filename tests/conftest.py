@@ -97,28 +97,38 @@ def _functions(path: Path) -> tuple[dict[str, ast.AST], dict[str, tuple[Path, st
     return functions, imported
 
 
-def _starts_a_run(path: Path, name: str, seen: set) -> bool:
-    if (path, name) in seen:
-        return False
-    seen.add((path, name))
-    functions, imported = _functions(path)
-    if name in imported:
-        return _starts_a_run(*imported[name], seen)
-    node = functions.get(name)
+@functools.cache
+def _what_it_calls(path: Path, name: str) -> tuple[bool, tuple[str, ...]]:
+    """Whether the function ``name`` of ``path`` itself starts a run, and the names it may reach
+    (fixtures it asks for, functions it calls, helpers passed as values). Cached: each item of a
+    parametrized test walks the same functions, and walking their trees again cost ~1 CPU-s of
+    every xdist worker's collection."""
+    node = _functions(path)[0].get(name)
     if node is None:
-        return False
+        return False, ()
     follow = [arg.arg for arg in node.args.args]  # fixtures it asks for
     for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
         func = call.func
         called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
         if called in STARTS_A_RUN:
-            return True
+            return True, ()
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in SUBPROCESS:
-            return True
+            return True, ()
         if called:
             follow.append(called)
     follow += [n.id for n in ast.walk(node) if isinstance(n, ast.Name)]  # helpers passed as values
-    return any(_starts_a_run(path, f, seen) for f in follow if f != name)
+    return False, tuple(dict.fromkeys(f for f in follow if f != name))
+
+
+def _starts_a_run(path: Path, name: str, seen: set) -> bool:
+    if (path, name) in seen:
+        return False
+    seen.add((path, name))
+    imported = _functions(path)[1]
+    if name in imported:
+        return _starts_a_run(*imported[name], seen)
+    starts, follow = _what_it_calls(path, name)
+    return starts or any(_starts_a_run(path, f, seen) for f in follow)
 
 
 def pytest_configure(config):
