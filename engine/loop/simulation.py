@@ -43,7 +43,7 @@ class Simulation:
         data: FederatedData | None = None,
     ):
         self.cfg = cfg
-        self.executor = executor or InProcessExecutor()
+        self.executor = executor or InProcessExecutor.for_config(cfg)  # threads as `hetsim run`'s
         parts = build_parts(cfg, data=data)  # the validation's, when it built this config
         mark("sim: data built")
         self.data, self.profiles, self.conditions = parts.data, parts.profiles, parts.conditions

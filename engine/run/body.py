@@ -50,9 +50,7 @@ def make_executor(cfg: ExperimentConfig):
         from engine.ray.executor import RayExecutor  # Ray: imported for Ray runs only
 
         return RayExecutor(cfg)
-    # One torch thread by default: on 2 cores, small models train as fast with 1 thread as
-    # with 2, and 2 threads slow down ~7x as soon as another process competes for a core.
-    return InProcessExecutor(threads=cfg.executor.threads_per_actor or 1)
+    return InProcessExecutor.for_config(cfg)
 
 
 class RunRecorder(RunCallback):

@@ -227,3 +227,23 @@ def test_in_process_run_restores_the_callers_torch_threads(tmp_path):
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("setting, expected", [((), 1), (("executor.threads_per_actor=3",), 3)])
+def test_a_simulation_without_an_executor_trains_with_the_threads_a_run_would(tmp_path, setting, expected):
+    """`Simulation(cfg)` built its own in-process executor with the caller's threads (2 here):
+    ~10x slower than `hetsim run` on two busy cores, and other rounding than the run's."""
+    import torch
+
+    from engine.loop.simulation import Simulation
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        during = []
+        Simulation(digits_cfg(tmp_path, "rounds=2", *setting)).run(
+            callbacks=[lambda record: during.append(torch.get_num_threads())])
+        assert during == [expected, expected]
+        assert torch.get_num_threads() == 2  # given back
+    finally:
+        torch.set_num_threads(before)
