@@ -1,4 +1,5 @@
-"""Population Based Training whose synchronous mode survives a failed trial.
+"""Population Based Training whose synchronous mode survives a failed trial and a step that
+exploits a trial Tune is saving.
 
 Tune (2.60) keeps an errored trial in ``get_live_trials()`` (only ``stop_trial`` removes one, and
 it returns early for ERROR), and ``PopulationBasedTraining(synch=True)`` pauses every trial at
