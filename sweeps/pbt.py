@@ -53,7 +53,9 @@ class SynchPBT(PopulationBasedTraining):
         super()._exploit(tune_controller, trial, trial_to_clone)
         if running:  # paused here: its actor and the save in flight are gone, and so is what waited on them
             controller = getattr(tune_controller, "_tune_controller", tune_controller)  # past Tune's wrapper
-            controller._cached_trial_decisions.pop(trial.trial_id, None)
+            if controller._cached_trial_decisions.pop(trial.trial_id, None) == "STOP":
+                logger.info("synch PBT: trial %s, exploited while Tune saved it, continues (Tune's STOP for it "
+                            "dropped)", trial.trial_id)
 
     def choose_trial_to_run(self, tune_controller):
         if self._synch:

@@ -62,7 +62,7 @@ def tune_controller_without_ray():
             self._pending_trials, self._running_trials, self._paused_trials = set(), set(), set()
             self._stopped_trials, self._failed_trials, self._pending_trials_list = set(), set(), []
             self._resources_to_pending_trials = collections.defaultdict(set)
-            self._cached_trial_decisions, self._queued_trial_decisions = {}, {}
+            self._cached_trial_decisions, self._queued_trial_decisions, self._iteration = {}, {}, 0
             self._trial_to_actor, self._actor_to_trial, self.removed = {}, {}, []
             self._search_alg = self._callbacks = self._checkpoint_manager = mock.Mock()
             self._actor_manager = self._resource_updater = mock.Mock()
@@ -124,7 +124,9 @@ def test_an_exploited_trial_that_was_saving_for_its_pause_is_not_stopped_at_its_
     assert a.latest_checkpoint_result.checkpoint.path == "/ckpt/b" and tune.removed == ["actor of a"]
     # a runs again from b's checkpoint; its round after the step reports a checkpoint, saved
     tune._set_trial_status(a, Trial.RUNNING)
+    a.storage = mock.Mock()  # where Tune would number the checkpoint
     tune._process_trial_save(a, _TrainingResult(Checkpoint("/ckpt/a-3"), {"rounds_done": 3}))
+    assert a.latest_checkpoint_result.checkpoint.path == "/ckpt/a-3"
     assert tune._queued_trial_decisions.get("a") is None, "a stopped at 3 of 4 rounds by a STOP Tune cached at the step"
 
 
