@@ -1,4 +1,5 @@
-"""Population Based Training whose synchronous mode survives a failed trial.
+"""Population Based Training whose synchronous mode survives a failed trial and a step that
+exploits a trial Tune is saving.
 
 Tune (2.60) keeps an errored trial in ``get_live_trials()`` (only ``stop_trial`` removes one, and
 it returns early for ERROR), and ``PopulationBasedTraining(synch=True)`` pauses every trial at
@@ -10,6 +11,13 @@ instead, the trials already paused there are never resumed: only a result runs t
 every unfinished trial waits paused at the step (the trial they waited for ended), it takes
 that step itself, as the last trial's result would have, when Tune next asks it which trial to
 run.
+
+And a trial that the step exploits while Tune still saves its checkpoint for the pause it asked at
+the step (its result came first; the other trial's result, which runs the step, came before that
+save ended) kept a STOP from Tune: ``_schedule_trial_stop`` caches STOP for a saving trial "for
+after the save", then drops that save's future, so the STOP waits in ``_cached_trial_decisions``
+and ends the trial at its next checkpoint, one round after the step, TERMINATED with rounds to go
+(ray-project/ray#57906). :meth:`SynchPBT._exploit` drops what Tune cached for a trial it paused.
 """
 from __future__ import annotations
 
@@ -39,6 +47,15 @@ class SynchPBT(PopulationBasedTraining):
         if self._synch:
             tune_controller = _UnfinishedTrials(tune_controller)
         return super().on_trial_result(tune_controller, trial, result)
+
+    def _exploit(self, tune_controller, trial, trial_to_clone):
+        running = trial.status != Trial.PAUSED
+        super()._exploit(tune_controller, trial, trial_to_clone)
+        if running:  # paused here: its actor and the save in flight are gone, and so is what waited on them
+            controller = getattr(tune_controller, "_tune_controller", tune_controller)  # past Tune's wrapper
+            if controller._cached_trial_decisions.pop(trial.trial_id, None) == "STOP":
+                logger.info("synch PBT: trial %s, exploited while Tune saved it, continues (Tune's STOP for it "
+                            "dropped)", trial.trial_id)
 
     def choose_trial_to_run(self, tune_controller):
         if self._synch:

@@ -1,10 +1,12 @@
 """Population Based Training in a sweep: its spec checks, the example spec's exploit steps
-(another trial's checkpoint, new hyperparameters) in the results, and synch PBT ending when a
-trial fails (sweeps.pbt)."""
+(another trial's checkpoint, new hyperparameters) in the results, synch PBT ending when a
+trial fails, and an exploited trial that Tune would have stopped one round later (sweeps.pbt)."""
+import collections
 import json
 import os
 import signal
 import time
+from unittest import mock
 
 import pytest
 import yaml
@@ -42,6 +44,90 @@ def test_pbt_specs_are_checked():
         resolve({**base, "space": {"checkpoint.every": {"grid": [1, 2]}}})
     example = resolve(EXAMPLES / "pbt_lr_eps.yaml")
     assert example.spec.scheduler.name == "pbt" and example.checkpoint_every == 1  # synch
+
+
+def tune_controller_without_ray():
+    """A Tune controller whose pause, stop and save handling are Tune's own (``TuneController``'s
+    methods) over the state they keep, without Ray: a save resolves at once to a checkpoint named
+    after the trial, an actor is a name."""
+    # Ray Tune: not imported when the suite is collected
+    from ray.train._internal.session import _FutureTrainingResult, _TrainingResult
+    from ray.tune import Checkpoint
+    from ray.tune.execution.tune_controller import TuneController
+    from ray.tune.experiment import Trial
+
+    class Controller(TuneController):
+        def __init__(self):  # Tune's starts Ray's actor and resource managers: none here
+            self._trials, self._live_trials, self._trials_to_cache = [], set(), set()
+            self._pending_trials, self._running_trials, self._paused_trials = set(), set(), set()
+            self._stopped_trials, self._failed_trials, self._pending_trials_list = set(), set(), []
+            self._resources_to_pending_trials = collections.defaultdict(set)
+            self._cached_trial_decisions, self._queued_trial_decisions, self._iteration = {}, {}, 0
+            self._trial_to_actor, self._actor_to_trial, self.removed = {}, {}, []
+            self._search_alg = self._callbacks = self._checkpoint_manager = mock.Mock()
+            self._actor_manager = self._resource_updater = mock.Mock()
+
+        def start(self, trial):
+            self._trials.append(trial)
+            self._live_trials.add(trial)
+            self._pending_trials.add(trial)
+            self._set_trial_status(trial, Trial.RUNNING)
+            self._trial_to_actor[trial] = f"actor of {trial.trial_id}"
+            self._actor_to_trial[f"actor of {trial.trial_id}"] = trial
+
+        def _schedule_trial_save(self, trial, result=None):
+            saved = _TrainingResult(Checkpoint(f"/ckpt/{trial.trial_id}"), dict(result or trial.last_result))
+            trial.temporary_state.saving_to = mock.Mock(_FutureTrainingResult, resolve=lambda block=True: saved)
+            return trial.temporary_state.saving_to
+
+        def _maybe_cache_trial_actor(self, trial):
+            return False
+
+        def _remove_actor(self, tracked_actor):
+            self.removed.append(tracked_actor)
+
+    return Controller()
+
+
+def test_an_exploited_trial_that_was_saving_for_its_pause_is_not_stopped_at_its_next_checkpoint():
+    """Synch PBT, two trials, a step at rounds_done 2. Trial a's result comes first: paused, Tune
+    saves its checkpoint first (pause with checkpoint). Trial b's result comes before that save
+    ends and runs the step, where a (the worse) exploits b: paused again, without a checkpoint, by
+    Tune's stop, which caches STOP for the saving trial and drops the save. That STOP ended a at
+    its next checkpoint, one round after the step (TERMINATED at 3 of 4 rounds: early_stopped)."""
+    # Ray Tune: not imported when the suite is collected
+    from ray.train._internal.session import _TrainingResult
+    from ray.tune import Checkpoint
+    from ray.tune.experiment import Trial
+    from ray.tune.schedulers import TrialScheduler
+
+    from sweeps.pbt import SynchPBT
+
+    pbt = SynchPBT(time_attr="rounds_done", metric="acc", mode="max", perturbation_interval=2,
+                   hyperparam_mutations={"lr": [0.3]}, quantile_fraction=0.25, synch=True,
+                   log_config=False)
+    tune = tune_controller_without_ray()
+    a, b = (Trial("hetsim", config={"lr": lr}, stub=True, trial_id=i) for i, lr in (("a", 0.003), ("b", 0.3)))
+    for t in (a, b):
+        tune.start(t)
+        pbt.on_trial_add(tune._wrapped(), t)
+
+    def result(trial, acc):
+        trial.update_last_result({"rounds_done": 2, "acc": acc})
+        return pbt.on_trial_result(tune._wrapped(), trial, dict(trial.last_result))
+
+    assert result(a, 0.1) == TrialScheduler.PAUSE  # b is not at the step yet
+    tune.pause_trial(a)  # what Tune does with PAUSE: save first, pause once saved
+    assert a.status == Trial.RUNNING and a.is_saving and tune._cached_trial_decisions == {"a": "PAUSE"}
+    assert result(b, 0.9) == TrialScheduler.PAUSE  # the step: a exploits b
+    assert a.status == Trial.PAUSED and a.config == {"lr": 0.3} and not a.is_saving
+    assert a.latest_checkpoint_result.checkpoint.path == "/ckpt/b" and tune.removed == ["actor of a"]
+    # a runs again from b's checkpoint; its round after the step reports a checkpoint, saved
+    tune._set_trial_status(a, Trial.RUNNING)
+    a.storage = mock.Mock()  # where Tune would number the checkpoint
+    tune._process_trial_save(a, _TrainingResult(Checkpoint("/ckpt/a-3"), {"rounds_done": 3}))
+    assert a.latest_checkpoint_result.checkpoint.path == "/ckpt/a-3"
+    assert tune._queued_trial_decisions.get("a") is None, "a stopped at 3 of 4 rounds by a STOP Tune cached at the step"
 
 
 @pytest.mark.ray
