@@ -231,6 +231,7 @@ def test_an_ascend_run_imports_no_dynamo(two_runs):
 FLOPS = """
 import json, os, sys
 import engine.models.zoo as m
+m.torch.set_num_threads(1)  # the counts do not depend on it; 2 threads spin on 2 busy cores
 
 def count(cache):
     os.environ["HETSIM_CACHE_DIR"] = cache
@@ -299,10 +300,12 @@ def test_the_check_runs_in_another_thread_while_ray_starts_and_its_error_wins():
 def test_a_ray_run_whose_data_checks_fail_says_so_and_leaves_no_folder_and_no_ray(tmp_path):
     from engine.config.schema import load_config
     from engine.errors import ConfigError
-    from engine.ray.cluster import ray_is_up
+    from engine.ray.cluster import ray_is_up, shutdown_ray
     from engine.run.api import run_experiment
     from engine.run.validate import validate_experiment
 
+    if ray_is_up():  # the suite's shared Ray, up from an earlier module: this run starts its own
+        shutdown_ray()
     assert not ray_is_up()
     cfg = load_config(None, ["dataset.name=digits", "model.name=mlp", "clients.num_clients=5000",
                              "executor.kind=ray", "ray.num_cpus=2", f"output.dir={tmp_path / 'runs'}"])
@@ -336,43 +339,40 @@ def test_a_sweep_defers_exactly_the_data_checks():
 
 
 @pytest.mark.ray
-def test_with_ray_up_the_driver_starts_during_the_validation_and_is_stopped_if_it_fails(tmp_path):
-    """Attached to a running Ray, the driver actor (and through it the client actors) is started
-    while the data checks run; a config that fails them leaves no actor behind, one that passes
-    is run by that same driver."""
+def test_with_ray_up_the_driver_starts_during_the_validation_and_is_stopped_if_it_fails(tmp_path, ray_session):
+    """Attached to a running Ray (the suite's shared one: no Ray start of its own), the driver
+    actor (and through it the client actors) is started while the data checks run; a config that
+    fails them leaves no actor behind, one that passes is run by that same driver."""
     import time
 
     import ray._private.state as ray_state
 
     from engine.config.schema import load_config
     from engine.errors import ConfigError
-    from engine.ray.cluster import init_ray, shutdown_ray
     from engine.run.api import run_experiment
+
+    earlier = set(ray_state.actors())  # actors of earlier modules on the shared Ray (all stopped)
 
     def actors(state=None, kind=("DriverActor", "ClientActor")):
         # class names read '_driver_actor_class.<locals>.DriverActor'
-        return [a for a in ray_state.actors().values()
-                if a["ActorClassName"].rsplit(".", 1)[-1] in kind
+        return [a for key, a in ray_state.actors().items()
+                if key not in earlier and a["ActorClassName"].rsplit(".", 1)[-1] in kind
                 and (state is None or a["State"] == state)]
 
-    ray = init_ray(None, 2)
-    try:
-        # one client actor: what is checked is the driver's start and stop, not a pool's size
-        base = ["dataset.name=digits", "model.name=mlp", "executor.kind=ray", "rounds=1", "executor.num_actors=1",
-                f"output.dir={tmp_path / 'runs'}"]
-        with pytest.raises(ConfigError, match="clients.num_clients = 5000"):
-            run_experiment(load_config(None, [*base, "clients.num_clients=5000"]))
-        assert actors(kind=("DriverActor",)), "no driver was started early"
-        deadline = time.time() + 30
-        while actors("ALIVE") and time.time() < deadline:
-            time.sleep(0.2)
-        assert not actors("ALIVE"), "the driver started for a failing config was left running"
-        assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+    # one client actor: what is checked is the driver's start and stop, not a pool's size
+    base = ["dataset.name=digits", "model.name=mlp", "executor.kind=ray", "rounds=1", "executor.num_actors=1",
+            f"output.dir={tmp_path / 'runs'}"]
+    with pytest.raises(ConfigError, match="clients.num_clients = 5000"):
+        run_experiment(load_config(None, [*base, "clients.num_clients=5000"]))
+    assert actors(kind=("DriverActor",)), "no driver was started early"
+    deadline = time.time() + 30
+    while actors("ALIVE") and time.time() < deadline:
+        time.sleep(0.2)
+    assert not actors("ALIVE"), "the driver started for a failing config was left running"
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
-        drivers_before = len(actors(kind=("DriverActor",)))
-        path = run_experiment(load_config(None, [*base, "clients.num_clients=4"]))
-        assert json.loads((Path(path) / "manifest.json").read_text())["status"] == "finished"
-        assert len(actors(kind=("DriverActor",))) == drivers_before + 1
-    finally:
-        assert ray.is_initialized()
-        shutdown_ray()
+    drivers_before = len(actors(kind=("DriverActor",)))
+    path = run_experiment(load_config(None, [*base, "clients.num_clients=4"]))
+    assert json.loads((Path(path) / "manifest.json").read_text())["status"] == "finished"
+    assert len(actors(kind=("DriverActor",))) == drivers_before + 1
+    assert ray_session.is_initialized()  # a run attached to a running Ray leaves it running
