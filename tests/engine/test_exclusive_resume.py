@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from helpers import REPO
+from helpers.ray_processes import join_env, on_this_cluster
 
 from engine.results.manifest import process_identity
 from engine.results.tables import load_run
@@ -25,8 +26,8 @@ SLOW_RUN = [*TINY, "rounds=400", "clock.mode=realtime", "clock.max_sleep_s=0.25"
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 
-def _hetsim(tmp_path: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "hetsim", *args], cwd=tmp_path, env=ENV,
+def _hetsim(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "hetsim", *args], cwd=tmp_path, env={**ENV, **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -180,13 +181,14 @@ def test_a_folder_killed_during_start_up_says_how_to_restart_and_the_same_o_reus
 
 @pytest.mark.ray
 def test_a_ray_run_killed_during_its_start_up_is_started_again_with_the_same_o(tmp_path, capsys, ray_session):
-    """The run started again in this process runs on the suite's shared Ray (a run's
-    ``ray.num_cpus=2`` with Ray up uses that Ray): no Ray start-up of its own."""
+    """The killed run joins the suite's shared Ray (``ray.address``, as on a cluster) and the run
+    started again in this process runs on it too: no Ray start-up of their own (each killed one
+    left its Ray's processes behind to notice and exit)."""
     run = tmp_path / "r"
-    ray_run = [*TINY, "executor.kind=ray", "ray.num_cpus=2", "executor.num_actors=1"]  # one actor: seconds less
+    ray_run = [*TINY, *on_this_cluster(ray_session), "executor.num_actors=1"]  # one actor: seconds less
     for _ in range(3):  # the start-up's claimed-but-not-running window is short: catch it
         shutil.rmtree(run, ignore_errors=True)
-        proc = _hetsim(tmp_path, "run", "-q", "-o", "r", *_sets(ray_run))
+        proc = _hetsim(tmp_path, "run", "-q", "-o", "r", *_sets(ray_run), env=join_env())
         status = None
         try:
             while proc.poll() is None and status is None:

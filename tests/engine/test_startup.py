@@ -11,13 +11,18 @@ from helpers import REPO
 HEAVY = ("torch", "torchvision", "ray", "pandas", "numba", "pyarrow", "torch._dynamo")
 
 
+def printed(code: str, *args: str):
+    """The JSON value on the last line a fresh interpreter prints running ``code``."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def imported_after(code: str) -> set[str]:
     """The modules among HEAVY that a fresh interpreter has imported after ``code``."""
     probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=REPO)
-    assert out.returncode == 0, out.stderr
-    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+    return set(printed(probe))
 
 
 def test_help_imports_nothing_heavy():
@@ -67,17 +72,36 @@ assert static_problems(cfg, None) == [] and gpu_problems(cfg, False) == []
     assert imported_after(driver) == {"ray"}
 
 
-def test_a_fedavg_run_imports_neither_the_other_methods_nor_torchvision_nor_dynamo():
-    code = """
+# one fresh interpreter runs a FedAvg round, then an ASCEND round, and says what each had imported
+# by its end: one torch import for the two tests below (ASCEND's set, after FedAvg's, can only be larger)
+TWO_RUNS = f"""
+import json, sys
 from engine import load_config
 from engine.loop.simulation import Simulation
+def loaded(names):
+    return sorted(m for m in names if m in sys.modules)
 sim = Simulation(load_config(None, ["dataset.name=digits", "model.name=mlp", "clients.num_clients=4",
-                                    "rounds=1", "clients.profiles={}"]))
+                                    "rounds=1", "clients.profiles={{}}"]))
 sim.run()
-import sys
-assert "algorithms.fedcspack" not in sys.modules and "algorithms.ascend" not in sys.modules
+fedavg = loaded({HEAVY!r} + ("algorithms.fedcspack", "algorithms.ascend"))
+sim = Simulation(load_config(None, ["algorithm.name=ascend", "algorithm.distill_steps=2", "dataset.name=digits",
+                                    "partition.public_fraction=0.1", "model.name=mlp", "clients.num_clients=4",
+                                    "rounds=1", "clients.profiles={{}}"]))
+rows = []
+sim.run(callbacks=[lambda record: rows.append(record.row)])
+print(json.dumps({{"fedavg": fedavg, "ascend": loaded({HEAVY!r}), "ascend_rows": rows}}))
 """
-    assert not imported_after(code) & {"torchvision", "numba", "torch._dynamo"}
+
+
+@pytest.fixture(scope="module")
+def two_runs() -> dict:
+    return printed(TWO_RUNS)
+
+
+def test_a_fedavg_run_imports_neither_the_other_methods_nor_torchvision_nor_dynamo(two_runs):
+    assert "torch" in two_runs["fedavg"]  # it trained
+    assert not set(two_runs["fedavg"]) & {"torchvision", "numba", "torch._dynamo",
+                                           "algorithms.fedcspack", "algorithms.ascend"}
 
 
 def test_light_registries_match_the_heavy_ones():
@@ -193,43 +217,48 @@ def test_adam_is_torch_optim_adam_bit_for_bit():
         assert torch.equal(a, b)
 
 
-def test_an_ascend_run_imports_no_dynamo():
+def test_an_ascend_run_imports_no_dynamo(two_runs):
     # torch.optim's first optimizer imports torch._dynamo (1.5-3 s of CPU per process): ASCEND's
     # server distils with algorithms.training.Adam instead
-    code = """
-from engine import load_config
-from engine.loop.simulation import Simulation
-sim = Simulation(load_config(None, ["algorithm.name=ascend", "algorithm.distill_steps=2", "dataset.name=digits",
-                                    "partition.public_fraction=0.1", "model.name=mlp", "clients.num_clients=4",
-                                    "rounds=1", "clients.profiles={}"]))
-rows = []
-sim.run(callbacks=[lambda record: rows.append(record.row)])
-assert rows[0]["server_distill_loss"] > 0, rows  # the server distilled (two Adam steps)
-"""
-    assert "torch._dynamo" not in imported_after(code)
+    rows = two_runs["ascend_rows"]
+    assert rows[0]["server_distill_loss"] > 0, rows  # the server distilled (two Adam steps)
+    assert "torch._dynamo" not in two_runs["ascend"]
 
 
-def test_flop_counts_without_dynamo_equal_the_counts_with_it():
-    code = """
-import json, sys
+# FLOP counts into an empty disk cache (counted, not read back), first with the shim that keeps
+# torch._dynamo out, then, in the same process, with torch._dynamo imported and its own wrapper
+# restored: one torch import instead of two
+FLOPS = """
+import json, os, sys
 import engine.models.zoo as m
-if sys.argv[1] == "with":
-    import torch._dynamo
-    m._count_without_dynamo = lambda: None
-names = [n for n in m.MODELS if n != "resnet18"]  # torchvision's import brings torch._dynamo
-counts = {n: m.training_flops_per_sample(n, m.DEFAULT_INPUT_SHAPES[n], 10) for n in names}
-dynamo = "torch._dynamo" in sys.modules
-counts["resnet18"] = m.training_flops_per_sample("resnet18", (3, 32, 32), 10)
-print(json.dumps([counts, dynamo]))
+m.torch.set_num_threads(1)  # the counts do not depend on it; 2 threads spin on 2 busy cores
+
+def count(cache):
+    os.environ["HETSIM_CACHE_DIR"] = cache
+    m._training_flops_cached.cache_clear()
+    names = [n for n in m.MODELS if n != "resnet18"]  # torchvision's import brings torch._dynamo
+    counts = {n: m.training_flops_per_sample(n, m.DEFAULT_INPUT_SHAPES[n], 10) for n in names}
+    dynamo = "torch._dynamo" in sys.modules
+    counts["resnet18"] = m.training_flops_per_sample("resnet18", (3, 32, 32), 10)
+    return [counts, dynamo]
+
+without = count(sys.argv[1])
+import torch._dynamo
+from torch.utils.flop_counter import _FlopCounterMode
+m._count_without_dynamo = lambda: None
+dispatch = _FlopCounterMode.__dict__["__torch_dispatch__"].__wrapped__
+setattr(dispatch, "__dynamo_disable", None)  # the shim's: torch builds dynamo's own wrapper again
+print(json.dumps({"without": without, "with": count(sys.argv[2]), "shim_undone": [
+    getattr(dispatch, "__dynamo_disable") is not dispatch, os.listdir(sys.argv[1]), os.listdir(sys.argv[2])]}))
 """
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    runs = {}
-    for mode in ("with", "without"):
-        out = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, env=env, cwd=REPO)
-        assert out.returncode == 0, out.stderr
-        runs[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_flop_counts_without_dynamo_equal_the_counts_with_it(tmp_path):
+    runs = printed(FLOPS, str(tmp_path / "without"), str(tmp_path / "with"))
     assert runs["with"][1] is True and runs["without"][1] is False
     assert runs["with"][0] == runs["without"][0]
+    undone, *caches = runs["shim_undone"]
+    assert undone and all(caches)  # dynamo's wrapper counted the second time; both caches written
 
 
 # ------------------------------------------- data checks overlap Ray's start (a Ray run, a sweep)
@@ -271,10 +300,12 @@ def test_the_check_runs_in_another_thread_while_ray_starts_and_its_error_wins():
 def test_a_ray_run_whose_data_checks_fail_says_so_and_leaves_no_folder_and_no_ray(tmp_path):
     from engine.config.schema import load_config
     from engine.errors import ConfigError
-    from engine.ray.cluster import ray_is_up
+    from engine.ray.cluster import ray_is_up, shutdown_ray
     from engine.run.api import run_experiment
     from engine.run.validate import validate_experiment
 
+    if ray_is_up():  # the suite's shared Ray, up from an earlier module: this run starts its own
+        shutdown_ray()
     assert not ray_is_up()
     cfg = load_config(None, ["dataset.name=digits", "model.name=mlp", "clients.num_clients=5000",
                              "executor.kind=ray", "ray.num_cpus=2", f"output.dir={tmp_path / 'runs'}"])
@@ -308,42 +339,40 @@ def test_a_sweep_defers_exactly_the_data_checks():
 
 
 @pytest.mark.ray
-def test_with_ray_up_the_driver_starts_during_the_validation_and_is_stopped_if_it_fails(tmp_path):
-    """Attached to a running Ray, the driver actor (and through it the client actors) is started
-    while the data checks run; a config that fails them leaves no actor behind, one that passes
-    is run by that same driver."""
+def test_with_ray_up_the_driver_starts_during_the_validation_and_is_stopped_if_it_fails(tmp_path, ray_session):
+    """Attached to a running Ray (the suite's shared one: no Ray start of its own), the driver
+    actor (and through it the client actors) is started while the data checks run; a config that
+    fails them leaves no actor behind, one that passes is run by that same driver."""
     import time
 
     import ray._private.state as ray_state
 
     from engine.config.schema import load_config
     from engine.errors import ConfigError
-    from engine.ray.cluster import init_ray, shutdown_ray
     from engine.run.api import run_experiment
+
+    earlier = set(ray_state.actors())  # actors of earlier modules on the shared Ray (all stopped)
 
     def actors(state=None, kind=("DriverActor", "ClientActor")):
         # class names read '_driver_actor_class.<locals>.DriverActor'
-        return [a for a in ray_state.actors().values()
-                if a["ActorClassName"].rsplit(".", 1)[-1] in kind
+        return [a for key, a in ray_state.actors().items()
+                if key not in earlier and a["ActorClassName"].rsplit(".", 1)[-1] in kind
                 and (state is None or a["State"] == state)]
 
-    ray = init_ray(None, 2)
-    try:
-        base = ["dataset.name=digits", "model.name=mlp", "executor.kind=ray", "rounds=1",
-                f"output.dir={tmp_path / 'runs'}"]
-        with pytest.raises(ConfigError, match="clients.num_clients = 5000"):
-            run_experiment(load_config(None, [*base, "clients.num_clients=5000"]))
-        assert actors(kind=("DriverActor",)), "no driver was started early"
-        deadline = time.time() + 30
-        while actors("ALIVE") and time.time() < deadline:
-            time.sleep(0.2)
-        assert not actors("ALIVE"), "the driver started for a failing config was left running"
-        assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+    # one client actor: what is checked is the driver's start and stop, not a pool's size
+    base = ["dataset.name=digits", "model.name=mlp", "executor.kind=ray", "rounds=1", "executor.num_actors=1",
+            f"output.dir={tmp_path / 'runs'}"]
+    with pytest.raises(ConfigError, match="clients.num_clients = 5000"):
+        run_experiment(load_config(None, [*base, "clients.num_clients=5000"]))
+    assert actors(kind=("DriverActor",)), "no driver was started early"
+    deadline = time.time() + 30
+    while actors("ALIVE") and time.time() < deadline:
+        time.sleep(0.2)
+    assert not actors("ALIVE"), "the driver started for a failing config was left running"
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
-        drivers_before = len(actors(kind=("DriverActor",)))
-        path = run_experiment(load_config(None, [*base, "clients.num_clients=4"]))
-        assert json.loads((Path(path) / "manifest.json").read_text())["status"] == "finished"
-        assert len(actors(kind=("DriverActor",))) == drivers_before + 1
-    finally:
-        assert ray.is_initialized()
-        shutdown_ray()
+    drivers_before = len(actors(kind=("DriverActor",)))
+    path = run_experiment(load_config(None, [*base, "clients.num_clients=4"]))
+    assert json.loads((Path(path) / "manifest.json").read_text())["status"] == "finished"
+    assert len(actors(kind=("DriverActor",))) == drivers_before + 1
+    assert ray_session.is_initialized()  # a run attached to a running Ray leaves it running

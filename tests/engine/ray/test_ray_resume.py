@@ -6,6 +6,7 @@ import signal
 import time
 
 import pytest
+import ray
 from helpers.checkpoint import METHODS, NO_SLEEP, Collect, assert_same_tables, cfg_of, frames, uninterrupted
 from helpers.ray_processes import alive, wait_for_cpus, wait_gone
 
@@ -99,12 +100,10 @@ def test_a_replacement_that_dies_too_stops_the_run_naming_the_checkpoint(tmp_pat
 
     def spawn_and_kill_replacements(i):
         actor = real_spawn(i)
-        if executor.actors:  # a replacement (the pool exists already): kill it as soon as it is up
-            import ray
-
-            pid, _ = ray.get(actor.where.remote())
-            os.kill(pid, signal.SIGKILL)
-            spawned.append(pid)
+        if executor.actors:  # a replacement (the pool exists already): killed during its start-up,
+            # before it imports torch (seconds of CPU); the executor meets it dead as it would once up
+            ray.kill(actor, no_restart=True)
+            spawned.append(actor)
         return actor
 
     monkeypatch.setattr(executor, "_spawn", spawn_and_kill_replacements)

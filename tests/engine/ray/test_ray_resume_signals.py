@@ -1,10 +1,11 @@
 """`hetsim run` on Ray under real signals: SIGKILL of the process (its driver and client actors
-die with it) and Ctrl+C (it stops after the round and checkpoints); each run resumed equals an
-uninterrupted one. Apart from tests/engine/ray/test_ray_resume.py so that the suite's processes
-run the two at once: each needs real `hetsim run` processes."""
+die with it) and Ctrl+C (it stops after the round, checkpoints and says what was saved); each run
+resumed equals an uninterrupted one. Apart from tests/engine/ray/test_ray_resume.py so that the
+suite's processes run the two at once: each needs real `hetsim run` processes."""
 import os
 import random
 import signal
+import time
 
 import pytest
 from helpers.checkpoint import (
@@ -33,7 +34,7 @@ from helpers.ray_processes import (
 
 from engine.checkpoint.folder import list_checkpoints
 from engine.results.manifest import read_manifest
-from engine.results.tables import load_run
+from engine.results.tables import load_run, read_table
 from engine.run.api import resume_run
 from hetsim.cli import main
 
@@ -109,17 +110,42 @@ def test_sigkill_of_hetsim_run_on_ray_then_resume_equals_an_uninterrupted_run(tm
     assert_same_tables(frames(resumed), uninterrupted(tmp_path, overrides))
 
 
-def test_ctrl_c_of_hetsim_run_on_ray_checkpoints_after_the_round_and_resumes(tmp_path, local_ray):
+@pytest.fixture(scope="module")
+def ctrl_c_run(tmp_path_factory, local_ray) -> dict:
+    """One `hetsim run` on Ray, Ctrl+C after round 2, and what it left before anything resumed it:
+    the two tests below check what it says and saved, and its resume (one process and two actors
+    fewer than a run per test)."""
     overrides = [*METHODS["fedcspack-own_mask"], *SLEEPY_ROUNDS, "checkpoint.every=0"]
-    path = tmp_path / "r"
+    path = tmp_path_factory.mktemp("ctrl-c") / "r"
     proc = hetsim_process(path, [*overrides, *POOL, *on_this_cluster(local_ray)], env=join_env())
-    kill_at_round(proc, path, 2, sig=signal.SIGINT)
-    out, _ = proc.communicate(timeout=180)
-    assert proc.returncode == 130, out
-    assert f"hetsim run --resume {path}" in out
+    try:
+        kill_at_round(proc, path, 2, sig=signal.SIGINT)
+        t0 = time.monotonic()
+        out, _ = proc.communicate(timeout=180)  # 12 rounds of 1.5 s: ignored, it would end first
+        print(f"exited {time.monotonic() - t0:.1f} s after SIGINT")
+    finally:
+        proc.kill()
     run = load_run(path)
-    assert run.manifest["status"] == "interrupted"
-    (n, _), = list_checkpoints(path)  # written by the driver actor before its client actors went
-    assert len(run.rounds) == n < 12
+    return {"path": path, "overrides": overrides, "code": proc.returncode, "out": out,
+            "status": run.manifest["status"], "rounds": len(run.rounds),
+            "rounds_table": len(read_table(path, "rounds")), "checkpoints": list_checkpoints(path)}
+
+
+def test_ctrl_c_under_the_ray_executor_is_honoured_and_says_what_was_saved(ctrl_c_run):
+    out = ctrl_c_run["out"]  # stdout and stderr
+    assert ctrl_c_run["code"] == 130, out
+    saved = ctrl_c_run["rounds_table"]
+    assert saved >= 2 and f"interrupted; {saved} finished round(s) are saved in {ctrl_c_run['path']}" in out
+    assert "Traceback" not in out
+    assert ctrl_c_run["status"] == "interrupted" and ctrl_c_run["rounds"] == saved
+
+
+def test_ctrl_c_of_hetsim_run_on_ray_checkpoints_after_the_round_and_resumes(ctrl_c_run, local_ray):
+    path, overrides, out = ctrl_c_run["path"], ctrl_c_run["overrides"], ctrl_c_run["out"]
+    assert ctrl_c_run["code"] == 130, out
+    assert f"hetsim run --resume {path}" in out
+    assert ctrl_c_run["status"] == "interrupted"
+    (n, _), = ctrl_c_run["checkpoints"]  # written by the driver actor before its client actors went
+    assert ctrl_c_run["rounds"] == n < 12
     resume_run(path, overrides=[NO_SLEEP, *resume_here(local_ray)])
-    assert_same_tables(frames(load_run(path)), uninterrupted(tmp_path, [*overrides, NO_SLEEP]))
+    assert_same_tables(frames(load_run(path)), uninterrupted(path.parent, [*overrides, NO_SLEEP]))
