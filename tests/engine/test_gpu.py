@@ -226,8 +226,9 @@ def test_trial_resources_include_the_client_actors_gpu_shares():
 def test_a_sweep_places_half_gpu_trials_and_refuses_what_cannot_fit(tmp_path, fake_gpu_ray):
     from sweeps import SweepSpecError, run_sweep
 
+    # one trial at a time: one trial process (a few CPU seconds to start) runs both
     spec = {"name": "g", "base": SWEEP_BASE, "space": {"train.lr": {"grid": [0.05, 0.1]}},
-            "resources_per_trial": {"cpus": 0.5, "gpus": 0.5}}
+            "resources_per_trial": {"cpus": 0.5, "gpus": 0.5}, "max_concurrent_trials": 1}
     sweep = run_sweep(spec, storage=tmp_path / "sw", quiet=True)
     assert (sweep.trials["status"] == "finished").all(), sweep.trials["error"].tolist()
     for t in sweep.trials.itertuples():

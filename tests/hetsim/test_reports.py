@@ -327,10 +327,16 @@ def fleet_rounds(sweep) -> dict[str, pd.DataFrame]:
 
 
 @pytest.mark.ray
-def test_whatif_without_deadline_moves_only_time(tmp_path, local_ray, capsys):
+def test_whatif_without_deadline_moves_only_time(tmp_path, local_ray, capsys, monkeypatch):
+    import functools
+
     import sweeps
     from hetsim.compare import COMPARE_FIGURES
+    from sweeps import whatif
 
+    # the fleets one at a time: one trial process (a few CPU seconds to start) runs both; the
+    # command line form (-c, --fleet) has no setting for it
+    monkeypatch.setattr(whatif, "run_whatif", functools.partial(whatif.run_whatif, max_concurrent_trials=1))
     exp = write_yaml(tmp_path / "exp.yaml", SWEEP_BASE | {"algorithm": {"name": "fedavg"}})
     write_yaml(tmp_path / "fast.yaml", FAST)
     write_yaml(tmp_path / "slow.yaml", {"clients": {"profiles": SLOW}})  # the wrapped form
