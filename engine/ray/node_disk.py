@@ -41,6 +41,7 @@ class StorageInUseError(UserError):
 class StorageActorGone(UserError, OSError):
     """A node that does not see the storage folder finds no actor serving it: its driver ended."""
 
+
 class NodeDiskHandler(pafs.FileSystemHandler):
     """A pyarrow filesystem handler for the local disk of one Ray node (the owner).
 
