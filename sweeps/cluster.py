@@ -7,6 +7,7 @@ results to this node through Ray.
 """
 from __future__ import annotations
 
+from engine.ray.cluster import joins_cluster
 from engine.ray.node_disk import node_disk_filesystem, nodes_sharing
 from engine.ray.pool import gpu_capacity
 from engine.results import Storage
@@ -66,8 +67,8 @@ def _check_gpus_fit(ray, bundles: list[dict]) -> None:
 def tune_storage(ray, resolved: ResolvedSweep, store: Storage | None = None) -> Storage:
     """The sweep's storage as Tune will use it (see the module docstring)."""
     store = store or resolved.open_storage()
-    if store.is_remote or not resolved.spec.ray.address:
-        return store
+    if store.is_remote or not joins_cluster(resolved.spec.ray.address):
+        return store  # one node (a sweep's folder resumed with --address local too)
     fs = node_disk_filesystem(store.path)
     seen = nodes_sharing(store.path)
     private = [name for name, shared in seen.items() if not shared]

@@ -31,7 +31,7 @@ from ray import tune  # noqa: E402
 from ray.tune import ExperimentAnalysis  # noqa: E402
 from ray.tune.schedulers import ASHAScheduler  # noqa: E402
 
-from engine.ray.cluster import check_while_ray_starts, init_ray  # noqa: E402
+from engine.ray.cluster import check_while_ray_starts, init_ray, joins_cluster  # noqa: E402
 from engine.results import Storage, check_writable, read_table  # noqa: E402
 from engine.trace import mark  # noqa: E402
 from sweeps.callbacks import (  # noqa: E402
@@ -72,7 +72,7 @@ def _init_ray(resolved: ResolvedSweep):
         os.environ.setdefault(key, value)
     ray = init_ray(resolved.spec.ray.address, resolved.spec.ray.num_cpus,
                    num_gpus=resolved.spec.ray.num_gpus, connect_timeout_s=resolved.spec.ray.connect_timeout_s)
-    if resolved.spec.ray.address:
+    if joins_cluster(resolved.spec.ray.address):
         nodes = alive_nodes(ray)
         cpus = [n["Resources"].get("CPU", 0.0) for n in nodes]
         say(f"joined the Ray cluster at {resolved.spec.ray.address}: {len(nodes)} node(s), "

@@ -43,6 +43,10 @@ class RayConnectError(UserError, ConnectionError):
     """The Ray cluster named by ``ray.address`` cannot be reached or joined."""
 
 
+def joins_cluster(address: str | None) -> bool:
+    """Whether :func:`init_ray` joins a cluster at ``address`` (None and "local" start a private Ray)."""
+    return address not in (None, "local")
+
 
 def init_ray(address: str | None = None, num_cpus: int | None = None, *,
              num_gpus: int | None = None, connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S):
@@ -62,7 +66,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, *,
     if ray.is_initialized():
         return ray
     mark("ray: init begins")
-    if address in (None, "local"):
+    if not joins_cluster(address):
         _start_local_ray(ray, num_cpus, num_gpus)
     else:
         _join_cluster(ray, address, connect_timeout_s)

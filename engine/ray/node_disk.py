@@ -4,11 +4,18 @@ How a sweep whose ``storage`` is a local path on a cluster brings home the resul
 that ran on nodes that do not share that folder: the nodes that see the folder (the owner's
 marker file is there with the same token) write to it directly, the others through a small
 actor pinned to the owner's node (:func:`node_disk_filesystem`).
+
+The marker's token and the actor's name stay the same for a folder: Tune keeps the handlers of
+a sweep's trials in its saved state, so a resumed sweep (its first driver killed) must serve them
+under that name again. The name is also the folder's lock on the cluster: while one driver's
+actor holds it, another driver cannot use the folder.
 """
 from __future__ import annotations
 
 import io
 import os
+import re
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,11 +23,24 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 import ray
+from ray.exceptions import ActorAlreadyExistsError, GetTimeoutError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from engine.atomic import write_atomic
+from engine.errors import UserError
+from engine.trace import mark
 
 MARKER = ".hetsim-storage"  # written by the owner of a local storage: who sees it, shares it
+HOLDER_WAIT_S = 30.0  # how long a killed driver's actor may keep the folder's name before it is refused
+
+
+class StorageInUseError(UserError):
+    """Another live Ray driver serves this storage folder: another sweep runs in it."""
+
+
+class StorageActorGone(UserError, OSError):
+    """A node that does not see the storage folder finds no actor serving it: its driver ended."""
+
 
 class NodeDiskHandler(pafs.FileSystemHandler):
     """A pyarrow filesystem handler for the local disk of one Ray node (the owner).
@@ -51,7 +71,14 @@ class NodeDiskHandler(pafs.FileSystemHandler):
         if self.is_local():
             return getattr(_LOCAL_OPS, name)(*args)
         if self._actor is None:
-            self._actor = ray.get_actor(self.actor_name, namespace=self.namespace)
+            try:
+                self._actor = ray.get_actor(self.actor_name, namespace=self.namespace)
+            except ValueError:
+                raise StorageActorGone(
+                    f"storage {self.root} is the local disk of another Ray node and its actor "
+                    f"{self.actor_name} is gone (the sweep that served it ended): resume the sweep with "
+                    f"`hetsim sweep --resume {self.root} --address <cluster>` on the node that holds it"
+                ) from None
         return ray.get(getattr(self._actor, name).remote(*args))
 
     # the FileSystemHandler interface
@@ -175,31 +202,83 @@ _LOCAL_OPS = _LocalOps()
 def _node_disk_actor_class():
     @ray.remote(num_cpus=0, max_concurrency=8, max_restarts=0)
     class NodeDisk(_LocalOps):
+        def __init__(self, job_id: str):
+            self.job_id = job_id  # the driver that owns it (the actor ends with that driver)
+
         def ready(self) -> str:
             return ray.get_runtime_context().get_node_id()
+
+        def owner(self) -> str:
+            return self.job_id
 
     return NodeDisk
 
 
-def node_disk_filesystem(root: str | Path, namespace: str = "hetsim") -> pafs.PyFileSystem:
+def folder_token(root: Path) -> str:
+    """The token in ``root``'s marker, written there first if it has none (or a damaged one)."""
+    marker = root / MARKER
+    try:
+        token = marker.read_text().strip()
+    except FileNotFoundError:
+        token = ""
+    if not re.fullmatch(r"[0-9a-f]{32}", token):
+        token = uuid.uuid4().hex
+        write_atomic(marker, lambda f: f.write(f"{token}\n".encode()))
+    return token
+
+
+def node_disk_filesystem(root: str | Path, namespace: str = "hetsim",
+                         holder_wait_s: float = HOLDER_WAIT_S) -> pafs.PyFileSystem:
     """A pyarrow filesystem for the local folder ``root`` of this node, usable from every node
     of the Ray cluster (call it in the Ray driver; the actor lives as long as the driver).
 
-    Writes ``<root>/.hetsim-storage`` with a fresh token: nodes that find it with that token
-    share the folder and write directly, the others go through an actor pinned to this node.
+    ``<root>/.hetsim-storage`` holds the folder's token (kept when it is there: see the module
+    docstring): nodes that find it with that token share the folder and write directly, the
+    others go through an actor pinned to this node, named after the token. The name held by
+    another driver's actor is waited for ``holder_wait_s`` (a killed driver's actor goes within
+    seconds), then :class:`StorageInUseError`.
     """
     root = Path(root).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    token = uuid.uuid4().hex
-    (root / MARKER).write_text(token + "\n")
+    token = folder_token(root)
     name = f"hetsim-storage-{token[:16]}"
-    here = ray.get_runtime_context().get_node_id()
-    actor = _node_disk_actor_class().options(
-        name=name, namespace=namespace,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote()
-    ray.get(actor.ready.remote())
-    _KEEP_ALIVE[name] = actor  # the handle keeps the (non-detached) actor alive
+    _KEEP_ALIVE[name] = _start_actor(name, namespace, root, holder_wait_s)  # the handle keeps it alive
     return pafs.PyFileSystem(NodeDiskHandler(name, namespace, root.as_posix(), token))
+
+
+def _owner(name: str, namespace: str) -> str | None:
+    """The job id of the driver whose actor holds ``name``, or None (none, or it is ending)."""
+    try:
+        return ray.get(ray.get_actor(name, namespace=namespace).owner.remote(), timeout=10)
+    except (ValueError, RayActorError, GetTimeoutError):
+        return None
+
+
+def _start_actor(name: str, namespace: str, root: Path, holder_wait_s: float):
+    """The actor ``name`` of this driver: started, or the one it started before."""
+    here = ray.get_runtime_context().get_node_id()
+    job = ray.get_runtime_context().get_job_id()
+    deadline = time.monotonic() + holder_wait_s
+    while True:
+        try:
+            actor = _node_disk_actor_class().options(
+                name=name, namespace=namespace,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(job)
+        except ActorAlreadyExistsError:
+            holder = _owner(name, namespace)
+            if holder == job:  # the creating handle: the actor ends once it is dropped
+                return _KEEP_ALIVE.get(name) or ray.get_actor(name, namespace=namespace)
+            if time.monotonic() > deadline:
+                raise StorageInUseError(
+                    f"storage {root} is in use by another driver on this Ray cluster (job {holder}, "
+                    f"actor {name}): another sweep runs in this folder; wait for it to end or stop it"
+                ) from None
+            mark(f"storage: {name} held by job {holder}, waiting")
+            time.sleep(0.5)
+            continue
+        ray.get(actor.ready.remote())
+        mark(f"storage: {name} started")
+        return actor
 
 
 _KEEP_ALIVE: dict[str, Any] = {}

@@ -3,6 +3,7 @@ sweeps into its local, shared and S3 storage (an S3-compatible server on loopbac
 joined to it, and a node that dies. Storage without Ray: tests/engine/test_storage_locations.py."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -67,6 +68,11 @@ def _sweep_on(cluster, spec_file: Path, storage: str, capsys, monkeypatch):
     """`hetsim sweep SPEC --storage S --address A -q` in this process (its exit code and output):
     a second interpreter would import torch, Ray and Tune again (the node-loss test below runs the
     real command); then it leaves the cluster, as that process would by ending."""
+    return _hetsim_sweep([str(spec_file), "--storage", storage, "--address", cluster.address], capsys, monkeypatch)
+
+
+def _hetsim_sweep(args: list[str], capsys, monkeypatch):
+    """`hetsim sweep ARGS -q` in this process, as :func:`_sweep_on`."""
     import ray
 
     from hetsim.cli import main
@@ -76,7 +82,7 @@ def _sweep_on(cluster, spec_file: Path, storage: str, capsys, monkeypatch):
     capsys.readouterr()
     t0 = time.perf_counter()
     try:
-        code = main(["sweep", str(spec_file), "--storage", storage, "--address", cluster.address, "-q"])
+        code = main(["sweep", *args, "-q"])
     finally:
         ray.shutdown()
         for var in set(os.environ) - set(before):  # Tune's quiet settings (os.environ.setdefault)
@@ -226,6 +232,74 @@ def test_a_ray_run_joined_to_the_cluster_hosts_clients_on_both_nodes_without_a_s
         if ray.is_initialized():
             ray.shutdown()
     print(f"ray runs joined to the 2-node cluster: {time.perf_counter() - t0:.1f} s")
+
+
+def _finished_trials(storage: Path) -> dict[str, str]:
+    """{trial id: manifest text} of the trials whose trial.json says finished."""
+    done = {}
+    for info_file in storage.glob("runs/*/trial.json"):
+        try:
+            if json.loads(info_file.read_text())["status"] == "finished":
+                done[info_file.parent.name] = (info_file.parent / "manifest.json").read_text()
+        except (ValueError, OSError):
+            continue  # being written
+    return done
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_sweep_into_local_storage_whose_driver_is_killed_resumes_on_the_cluster(
+        tmp_path, private_disk_cluster, capsys, monkeypatch):
+    """`hetsim sweep` with this node's disk as storage is SIGKILLed once its first trial finished
+    (its storage actor dies with it); `hetsim sweep --resume --address` finishes the sweep in the
+    same folder: the first trial kept as it was, the other run again to the same numbers as a
+    direct run."""
+    cluster = private_disk_cluster
+    storage = cluster.private_dir / "killed"
+    base = {**PACED, "rounds": 4}  # 4 x 0.4 s a trial: the second trial still runs at the kill
+    spec_file = tmp_path / "killed.yaml"
+    spec_file.write_text(yaml.safe_dump({"name": "killed", "base": base, "space": {"train.lr": {"grid": [0.05, 0.1]}},
+                                         "max_concurrent_trials": 1}))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hetsim", "sweep", str(spec_file), "--storage", str(storage), "--address",
+         cluster.address, "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env)
+    deadline = time.monotonic() + 300
+    try:
+        while not _finished_trials(storage) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL, err[-4000:]
+    first = _finished_trials(storage)
+    assert len(first) == 1, err[-4000:]
+
+    resumed, elapsed = _hetsim_sweep(["--resume", str(storage), "--address", cluster.address], capsys, monkeypatch)
+    assert resumed.returncode == 0, resumed.stderr[-4000:] + cluster.logs()
+    sweep = load_sweep(storage)
+    t = sweep.trials.set_index("trial_id")
+    assert len(t) == 2 and (t["status"] == "finished").all() and (t["rounds_done"] == 4).all(), t
+    (kept, kept_manifest), = first.items()
+    assert (storage / "runs" / kept / "manifest.json").read_text() == kept_manifest  # not run again
+    assert t.loc[kept, "attempts"] == 1
+    assert sorted(sweep.rounds.groupby("trial_id")["round"].apply(list).tolist()) == [[0, 1, 2, 3]] * 2
+    other = next(tid for tid in t.index if tid != kept)
+    run = sweep.run(other)
+    assert run.rounds["global_acc"].iloc[-1] == t.loc[other, "final_global_acc"]
+    direct = load_run(run_experiment(load_config({**base, "train": {"lr": float(t.loc[other, "lr"])}}),
+                                     tmp_path / "direct"))
+    pd.testing.assert_frame_equal(run.rounds.drop(columns=list(WALL_COLUMNS), errors="ignore"),
+                                  direct.rounds.drop(columns=list(WALL_COLUMNS), errors="ignore"))
+    # the folder resumed off the cluster (a local Ray, no storage actor): Tune's saved handlers
+    # read it directly, the finished sweep is reported as it is
+    local, local_s = _hetsim_sweep(["--resume", str(storage), "--address", "local"], capsys, monkeypatch)
+    assert local.returncode == 0, local.stderr[-4000:]
+    assert "joined" not in local.stderr and "do not see it" not in local.stderr
+    pd.testing.assert_frame_equal(load_sweep(storage).trials, sweep.trials)
+    print(f"sweep driver killed after trial {kept}; resumed on the cluster in {elapsed:.1f} s, "
+          f"again with a local Ray in {local_s:.1f} s")
 
 
 @pytest.mark.ray
