@@ -205,7 +205,7 @@ def _no_ray_left_behind():
 # GPUs, a cluster) and does not ask for the shared one starts with no Ray, as before.
 SHARED_RAY_CPUS = 2
 _shared_ray: dict[str, str] = {}  # "gcs": the address of the shared Ray while it is up
-_MAY_START_RAY = re.compile(r"\bray|sweep|whatif|tune", re.IGNORECASE)
+_STARTS_RAY_ITSELF = re.compile(r"\bray\.init\(|helpers\.cluster|helpers import cluster")
 
 
 def _is_shared_ray(ray) -> bool:
@@ -236,12 +236,30 @@ def ray_session():
 
 @pytest.fixture(autouse=True, scope="module")
 def _shared_ray_only_where_asked(request):
-    # a module that does not share the Ray but may start one gets none (its runs start their own)
+    # A module that does not ask for the shared Ray meets none, so its runs start a Ray of their
+    # own resources as they would alone. It is shut down at once where the module starts Ray
+    # itself (ray.init refuses a second one); elsewhere only when the module, or the engine under
+    # it, first asks whether Ray is up: a module that never does keeps it for the next one that
+    # shares it (a restart costs ~5 CPU-s).
     ray = sys.modules.get("ray")
-    if ray is not None and _is_shared_ray(ray) and not _module_shares_ray(request):
-        if _MAY_START_RAY.search(Path(request.module.__file__).read_text(encoding="utf-8")):
-            ray.shutdown()
-    yield
+    if ray is None or not _is_shared_ray(ray) or _module_shares_ray(request):
+        yield
+        return
+    if _STARTS_RAY_ITSELF.search(Path(request.module.__file__).read_text(encoding="utf-8")):
+        ray.shutdown()
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        is_initialized = ray.is_initialized
+
+        def shared_ray_shut_down_when_asked() -> bool:
+            patch.undo()  # once: Ray's own calls below ask too
+            if _is_shared_ray(ray):
+                ray.shutdown()
+            return is_initialized()
+
+        patch.setattr(ray, "is_initialized", shared_ray_shut_down_when_asked)
+        yield
 
 
 def _module_shares_ray(request) -> bool:
