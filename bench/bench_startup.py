@@ -8,6 +8,9 @@
                       # ed5cf72`), interleaved with this one's: before/after on one machine state
     .venv/bin/python bench/bench_startup.py rayjob --repeats 10 --baseline /tmp/a --baseline /tmp/b
                       # several baselines, each labelled by its folder's name
+    .venv/bin/python bench/bench_startup.py rayjob --compile --repeats 15 --baseline /tmp/before
+                      # every tree's bytecode written first: where PYTHONDONTWRITEBYTECODE is set
+                      # a larger tree otherwise pays its compilation in every process
 
 Each figure is a fresh process (``python -m hetsim ...``) timed from launch to exit; the repeats
 are interleaved (help, validate, in-process, Ray, help, ...) so that load changes on a shared
@@ -335,9 +338,39 @@ def summarize(samples: dict[str, list[float]], trees: list[tuple[str, Path]]) ->
             if label and unit == "s" and ours and len(ours) == len(vals):
                 # paired within each repeat: what load changes between repeats cancels out
                 diff = [a - b for a, b in zip(ours, vals)]
+                low, high = median_interval(diff)
                 lines.append(f"{'  this - ' + label.strip(' []') + ', per repeat':<50} {'':>9} "
-                             f"{statistics.median(diff):+7.2f}s {min(diff):+.2f}–{max(diff):+.2f}")
+                             f"{statistics.median(diff):+7.2f}s {min(diff):+.2f}–{max(diff):+.2f}"
+                             f"  (median's 95% interval {low:+.2f} to {high:+.2f})")
     return lines
+
+
+def median_interval(values: list[float], resamples: int = 4000, seed: int = 0) -> tuple[float, float]:
+    """Percentile-bootstrap 95% interval of the median (seeded: the same samples print the same)."""
+    import numpy as np
+
+    draws = np.random.default_rng(seed).choice(np.asarray(values), (resamples, len(values)))
+    return tuple(float(q) for q in np.quantile(np.median(draws, axis=1), [0.025, 0.975]))
+
+
+PACKAGES = ("engine", "algorithms", "hardware_profiles", "hetsim", "sweeps")
+
+
+def bytecode_state(tree: Path) -> str:
+    """How many of the tree's own modules have a bytecode cache: a fresh process compiles the
+    others from source (~0.75 s more for the Ray job's four processes at 27k lines, 2026-12-04),
+    which a shell with PYTHONDONTWRITEBYTECODE=1 never writes."""
+    sources = [f for pkg in PACKAGES for f in (tree / pkg).rglob("*.py")]
+    cached = sum(any(f.parent.joinpath("__pycache__").glob(f"{f.stem}.*.pyc")) for f in sources)
+    return f"{cached}/{len(sources)} modules with bytecode"
+
+
+def compile_tree(tree: Path) -> None:
+    """Write the tree's bytecode caches (what a checkout's first run writes where
+    PYTHONDONTWRITEBYTECODE is unset), so that no figure pays compilation."""
+    present = [pkg for pkg in PACKAGES if (tree / pkg).is_dir()]
+    subprocess.run([sys.executable, "-m", "compileall", "-q", *present], cwd=tree, check=True,
+                   stdout=subprocess.DEVNULL)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -346,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="figures: cli ray rayjob attach light sweep (default: all but rayjob)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--timeline", action="store_true", help="print the median Ray run's timeline")
+    ap.add_argument("--compile", action="store_true",
+                    help="write every tree's bytecode caches first (compare trees of different sizes "
+                         "where PYTHONDONTWRITEBYTECODE is set: else each process compiles them)")
     ap.add_argument("--flower", metavar="PYTHON",
                     help="the Python of an environment with flwr[simulation]: adds the Flower figures")
     ap.add_argument("--baseline", type=Path, metavar="TREE", action="append", default=[],
@@ -368,6 +404,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# cpus {os.cpu_count()}, torch {torch.__version__}, ray {ray.__version__}, "
           f"load average before {' '.join(f'{v:.2f}' for v in os.getloadavg())}"
           + "".join(f"; {label.strip(' []')} {tree}" for label, tree in trees[1:]))
+    if args.compile:
+        for _, tree in trees:
+            compile_tree(tree)
+    print(f"# PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}; "
+          + "; ".join(f"{label.strip(' []') or 'this'}: {bytecode_state(tree)}" for label, tree in trees))
     t_start = time.time()
     tmp = Path(tempfile.mkdtemp(prefix="bench_startup_"))
     samples: dict[str, list[float]] = {}

@@ -213,11 +213,11 @@ def cmd_run(args) -> int:
         print(f"hetsim: {err}", file=sys.stderr)
         return 1
     mark("cli: run returned")
-    print(summary_table(path))
+    run = load_run(path)  # once: the summary and the status read the same tables
+    print(run_summary(run))
     print(f"\nresults: {path}")
-    manifest = load_run(path).manifest
-    if run_status(manifest) == "diverged":
-        print(f"hetsim: the run diverged: {manifest.get('error')}", file=sys.stderr)
+    if run_status(run.manifest) == "diverged":
+        print(f"hetsim: the run diverged: {run.manifest.get('error')}", file=sys.stderr)
         return 3
     return 0
 
@@ -258,11 +258,17 @@ def cmd_show(args) -> int:
 
 
 def summary_table(path: Path | str) -> str:
-    from engine.results import load_run, run_status  # pandas and pyarrow: not for --help
+    from engine.results import load_run  # pandas and pyarrow: not for --help
+
+    return run_summary(load_run(path))
+
+
+def run_summary(run) -> str:
+    """The summary table of a loaded run (``engine.results.Run``)."""
+    from engine.results import run_status
     from hetsim.summary import format_rows, summary_rows  # the lines the report's table shows too
 
-    run = load_run(path)
-    m = run.manifest
+    path, m = run.path, run.manifest
     status = run_status(m)
     if status == "crashed":
         status += (f" (its process {m.get('pid')} on {m.get('host')} is gone; last heartbeat "
