@@ -16,8 +16,11 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 
 setup: $(STAMP)
 
+# PYTHONDONTWRITEBYTECODE: dropped here as for the suite (below); else every process of a run
+# compiles the project again (four for a Ray run: ~0.75 s of the reference Ray job's wall time,
+# docs/benchmarks.md)
 run: $(STAMP)
-	$(VENV)/bin/hetsim run $(ARGS)
+	env -u PYTHONDONTWRITEBYTECODE $(VENV)/bin/hetsim run $(ARGS)
 
 # test files spread over TEST_JOBS processes (pytest-xdist); a file's tests stay in one process, so a
 # module's fixtures (one Ray, one dataset) are built once; the files go out in tests/conftest.py's
