@@ -265,7 +265,7 @@ def summary_table(path: Path | str) -> str:
 
 def run_summary(run) -> str:
     """The summary table of a loaded run (``engine.results.Run``)."""
-    from engine.results import run_status
+    from engine.results import run_status  # pandas and pyarrow: not for --help
     from hetsim.summary import format_rows, summary_rows  # the lines the report's table shows too
 
     path, m = run.path, run.manifest
