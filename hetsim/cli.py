@@ -176,23 +176,26 @@ class ProgressBar(RunCallback):
 
 
 def cmd_run(args) -> int:
-    # torch, pandas and Ray behind these: only a run needs them
-    from engine import resume_run
-    from engine.ray.cluster import DriverDiedError, ExecutorError
-    from engine.results import load_run, run_status
-    from engine.run.api import prepare_run, resume_config, run_in_folder
-    from engine.run.folders import RunStateError
+    from engine.gcpause import imports_without_gc  # stdlib only behind it
 
-    if args.resume:
-        if args.out:
-            print("hetsim run: --out does not apply to --resume (the run stays in its folder)", file=sys.stderr)
-            return 2
-        path = Path(args.resume)
-        cfg = resume_config(path, args.config, args.overrides)
-        warnings: list[str] = []
-    else:
-        cfg = _load(args)
-        path, warnings = prepare_run(cfg, args.out)
+    if args.resume and args.out:
+        print("hetsim run: --out does not apply to --resume (the run stays in its folder)", file=sys.stderr)
+        return 2
+    # the config's checks and Ray's start run with the collector paused (engine.gcpause)
+    with imports_without_gc():  # torch, pandas and Ray behind these: only a run needs them
+        from engine import resume_run
+        from engine.ray.cluster import DriverDiedError, ExecutorError
+        from engine.results import load_run, run_status
+        from engine.run.api import prepare_run, resume_config, run_in_folder
+        from engine.run.folders import RunStateError
+
+        if args.resume:
+            path = Path(args.resume)
+            cfg = resume_config(path, args.config, args.overrides)
+            warnings: list[str] = []
+        else:
+            cfg = _load(args)
+            path, warnings = prepare_run(cfg, args.out)
     args.run_path = path  # for the error log and the interruption message
     mark("cli: config loaded")
     callbacks = [] if args.quiet else [ProgressBar(cfg.rounds, "step" if cfg.asynchronous else "round")]
@@ -406,6 +409,9 @@ def console_main() -> None:
     torch's and Ray's modules and threads (0.5-0.9 s on 2 busy cores). An uncaught exception
     still ends the normal way, with its traceback.
     """
+    from engine.gcpause import own_process  # stdlib only behind it
+
+    own_process()  # this process is the command's own: its start-up may pause the collector
     code = main()
     logging.shutdown()
     sys.stdout.flush()

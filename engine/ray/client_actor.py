@@ -18,6 +18,7 @@ import ray
 from engine.clients.device import set_ray_gpu_ids
 from engine.config.schema import ExperimentConfig
 from engine.errors import UserError
+from engine.gcpause import imports_without_gc, own_process
 from engine.ray.cluster import ExecutorError
 from engine.trace import mark
 
@@ -44,8 +45,10 @@ def check_data_on_node(data) -> None:
 class ClientActor:
     def __init__(self, cfg: ExperimentConfig, threads: int):
         mark("client actor: up")
+        own_process()
         set_ray_gpu_ids([str(g) for g in ray.get_gpu_ids()])
-        self.reset(cfg, threads)
+        with imports_without_gc():  # torch, the method, the models: see engine.gcpause
+            self.reset(cfg, threads)
         mark("client actor: imports done")
 
     def reset(self, cfg: ExperimentConfig, threads: int) -> None:

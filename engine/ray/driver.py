@@ -22,6 +22,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from engine.clients.device import set_ray_gpu_ids
 from engine.config.schema import ExperimentConfig
 from engine.errors import UserError
+from engine.gcpause import imports_without_gc, own_process
 from engine.loop.callbacks import CallbackLike, CallbackList, RoundRecord, RunCallback, RunContext, Stop
 from engine.ray.cluster import DriverDiedError, ExecutorError, init_ray
 from engine.ray.executor import pool_key
@@ -48,6 +49,7 @@ class DriverActor:
 
     def __init__(self, cfg: ExperimentConfig | None = None):
         mark("driver actor: up")
+        own_process()
         set_ray_gpu_ids([str(g) for g in ray.get_gpu_ids()])
         self._relay = _Relay()
         self._executor = None
@@ -91,7 +93,8 @@ class DriverActor:
 
 def _new_executor(cfg: ExperimentConfig):
     """A Ray executor whose client actors are being started."""
-    from engine.ray.executor import RayExecutor  # torch: only the driver actor's process needs it
+    with imports_without_gc():  # once per process: the driver actor's start-up (engine.gcpause)
+        from engine.ray.executor import RayExecutor  # torch: only the driver actor's process needs it
 
     executor = RayExecutor(cfg)
     executor.prelaunch()

@@ -11,6 +11,7 @@ from pathlib import Path
 from engine.clients.device import check_device_request
 from engine.config.schema import ExperimentConfig, load_config
 from engine.errors import CorruptRunFolderError, UserError
+from engine.gcpause import imports_without_gc
 from engine.loop.callbacks import CallbackLike
 from engine.results.manifest import read_manifest
 from engine.results.tables import Run, load_run
@@ -89,8 +90,9 @@ def _execute_run(*args, **kwargs) -> Path:
     """:func:`engine.run.body.execute_run`, imported where the body runs: the caller of a Ray run
     hands this to the driver actor (by reference) without importing torch, which would delay
     its Ray start-up by a second or more (issue 34)."""
-    # torch: only the process that runs the round loop needs it (see the docstring)
-    from engine.run.body import execute_run
+    with imports_without_gc():  # once per process: a driver actor's start-up (engine.gcpause)
+        # torch: only the process that runs the round loop needs it (see the docstring)
+        from engine.run.body import execute_run
 
     return execute_run(*args, **kwargs)
 
