@@ -1,44 +1,39 @@
 """Federated-learning methods as plain PyTorch/numpy code: no Ray, no file I/O.
 
-``ALGORITHMS`` maps a method's config name to its :class:`~algorithms.base.AlgorithmSpec`. It
-imports a method's module (torch, and numba for FedCSPACK) on first access to that method, so
-a FedAvg run never imports the others; the hyperparameter classes alone are in
-:mod:`algorithms.params` (no torch), which is what config validation uses. A new method: its
-params class and ``ALGORITHM_PARAMS`` entry in :mod:`algorithms.params`, its spec's module and
-attribute in ``_SPECS`` below (tests/engine/test_startup.py checks that the two agree).
+The built-in methods, compressors, selection policy and metrics are registered here through the
+public API (:mod:`algorithms.plugins`, re-exported by :mod:`engine.plugins`), as a user's plugin
+registers its own. Each is a lazy ``"module:attribute"`` reference with what validation needs
+given now (a method's params class, a compressor's op-count constants), so validating a config
+imports no torch and a FedAvg run never imports the other methods. ``ALGORITHMS`` maps a method's
+name to its :class:`~algorithms.base.AlgorithmSpec`, importing its module on first access.
 """
 from __future__ import annotations
 
-import importlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 from algorithms.base import AlgorithmSpec
+from algorithms.params import (
+    BUILTIN_COMPRESSOR_COSTS,
+    AscendParams,
+    CompressedFedAvgParams,
+    FedAvgParams,
+    FedCSPACKParams,
+    FedProxParams,
+)
+from algorithms.plugins import METHODS, register_compressor, register_method, register_metric, register_selector
 
-# config name -> (module, attribute of its AlgorithmSpec)
-_SPECS: dict[str, tuple[str, str]] = {
-    "fedavg": ("algorithms.fedavg", "FEDAVG_SPEC"),
-    "fedprox": ("algorithms.fedavg", "FEDPROX_SPEC"),
-    "fedavg_compressed": ("algorithms.compressed_fedavg", "SPEC"),
-    "fedcspack": ("algorithms.fedcspack", "SPEC"),
-    "ascend": ("algorithms.ascend", "SPEC"),
-}
+register_method("fedavg", "algorithms.fedavg:FEDAVG_SPEC", params=FedAvgParams)
+register_method("fedprox", "algorithms.fedavg:FEDPROX_SPEC", params=FedProxParams)
+register_method("fedavg_compressed", "algorithms.compressed_fedavg:SPEC", params=CompressedFedAvgParams)
+register_method("fedcspack", "algorithms.fedcspack:SPEC", params=FedCSPACKParams)
+register_method("ascend", "algorithms.ascend:SPEC", params=AscendParams)
 
+for _name, _cls in (("topk", "TopK"), ("randomk", "RandomK"), ("periodick", "PeriodicK"), ("qsgd8", "QSGD8")):
+    register_compressor(_name, f"algorithms.compressors:{_cls}", costs=BUILTIN_COMPRESSOR_COSTS[_name])
 
-class _Registry(Mapping):
-    """Read-only name -> spec mapping that imports a method's module when it is looked up."""
+register_selector("uniform", "algorithms.selection:Uniform")
 
-    def __getitem__(self, name: str) -> AlgorithmSpec:
-        module, attr = _SPECS[name]
-        return getattr(importlib.import_module(module), attr)
+for _name in ("macro_f1", "balanced_accuracy", "top5_accuracy"):
+    register_metric(_name, f"algorithms.metrics:{_name}")
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(_SPECS)
-
-    def __len__(self) -> int:
-        return len(_SPECS)
-
-    def __repr__(self) -> str:
-        return f"ALGORITHMS({', '.join(_SPECS)})"
-
-
-ALGORITHMS: Mapping[str, AlgorithmSpec] = _Registry()
+ALGORITHMS: Mapping[str, AlgorithmSpec] = METHODS.mapping()

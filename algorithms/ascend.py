@@ -461,7 +461,8 @@ class AscendClient(CompressedFedAvgClient):
         if v3:
             x_pub = self.public_probe(ctx, broadcast)
             z_w = self.received_logits(ctx, x_pub)
-        loss, seen = local_sgd(self.training_context(ctx))
+        train_ctx = self.training_context(ctx)
+        loss, seen = local_sgd(train_ctx, loss=self.loss_of(train_ctx))
         delta = flat_params(ctx.model) - start
 
         policy = st["policy"]

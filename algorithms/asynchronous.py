@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from algorithms.plugins import METHODS, method_params
+
 if TYPE_CHECKING:  # annotations only: config validation imports this module without torch
     import torch
 
@@ -33,23 +35,23 @@ if TYPE_CHECKING:  # annotations only: config validation imports this module wit
 
 STALENESS_KINDS = ("constant", "polynomial", "hinge")
 
-# methods whose server step is one function of every upload of a round together (none left:
-# FedCSPACK and ASCEND have asynchronous steps, docs/async.md "Methods")
-SYNCHRONOUS_ONLY: dict[str, str] = {}
-ASYNC_METHODS = ("fedavg", "fedprox", "fedavg_compressed", "fedcspack", "ascend")
-# options of an asynchronous method that have no asynchronous meaning: method -> option -> (refused
-# values, why)
-ASYNC_REFUSED_OPTIONS: dict[str, dict[str, tuple[tuple[Any, ...], str]]] = {
-    "ascend": {"reward": (("v1", "v2"), "rewards v1 and v2 close with the server's per-round figures (v1: the "
-                                        "probe KL of each round's broadcast; v2: each round's alignment ΔD), "
-                                        "and an asynchronous server has no rounds")},
-}
+
+def synchronous_only(name: str) -> str | None:
+    """Why method ``name`` cannot run asynchronously, or None (its params class says:
+    :attr:`~algorithms.base.AlgorithmParams.synchronous_only`)."""
+    return method_params(name).synchronous_only
+
+
+def async_methods() -> list[str]:
+    """The registered methods that can run asynchronously."""
+    return [name for name in METHODS.names() if synchronous_only(name) is None]
 
 
 def async_option_problems(name: str, params: Any) -> list[str]:
-    """The method's options that an asynchronous run refuses (field, value, why, what is allowed)."""
+    """The method's options that an asynchronous run refuses (field, value, why, what is allowed):
+    its params class's :attr:`~algorithms.base.AlgorithmParams.async_refused_options`."""
     out = []
-    for option, (refused, why) in ASYNC_REFUSED_OPTIONS.get(name, {}).items():
+    for option, (refused, why) in type(params).async_refused_options.items():
         value = getattr(params, option, None)
         if value in refused:
             allowed = [v for v in type(params).model_fields[option].annotation.__args__ if v not in refused]

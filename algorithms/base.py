@@ -113,12 +113,20 @@ class ModelSize:
 
 
 class AlgorithmParams(BaseModel):
-    """Base of every method's hyperparameters (validated, unknown keys rejected)."""
+    """Base of every method's hyperparameters (validated, unknown keys rejected): subclass it and
+    declare your options as pydantic fields with defaults; ``name`` is the method's registered name
+    (set by the config, no need to declare it)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = ""
     # every client uploads the whole model (FedAvg, FedProx): the validation's lower bound of a
     # round then counts its upload; False: the upload may be as small as nothing
     uploads_whole_model: ClassVar[bool] = False
+    # why the method cannot run asynchronously (None: it can; the engine's FedBuff/FedAsync step
+    # then works on full model states unless the Server overrides ``async_step``)
+    synchronous_only: ClassVar[str | None] = None
+    # options with no asynchronous meaning: option -> (refused values, why)
+    async_refused_options: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = {}
 
     def check(self, model: ModelSize) -> list[str]:
         """Problems of these options against the model, one indented line each (``hetsim validate``
@@ -146,6 +154,29 @@ class Client:
     def receive(self, ctx: ClientContext, broadcast: Payload) -> None:
         """Load the client's model for this round into ``ctx.model`` (personalization rule)."""
         raise NotImplementedError
+
+    def batch_loss(self, ctx: ClientContext, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The local objective on one mini-batch, what :func:`algorithms.training.local_sgd` minimises
+        (default: cross-entropy of ``model(x)`` against ``y``). Override it to add terms without
+        copying the training loop: a linear term (SCAFFOLD's control variates, FedDyn), a
+        contrastive term against models kept in ``ctx.state`` (MOON), a distillation term against
+        a teacher (FedNTD). ``train_loss`` reports the mean of what it returns. A method that
+        overrides it trains sequentially under ``executor.batch_clients`` (the run says so)."""
+        import torch.nn.functional as F  # torch: the contract itself is importable without it
+
+        return F.cross_entropy(model(x), y)
+
+    @classmethod
+    def custom_loss(cls) -> bool:
+        """Whether this client class overrides :meth:`batch_loss`."""
+        return cls.batch_loss is not Client.batch_loss
+
+    def loss_of(self, ctx: ClientContext):
+        """What ``fit`` hands :func:`~algorithms.training.local_sgd` as ``loss``: :meth:`batch_loss`
+        bound to ``ctx`` where overridden, else None (cross-entropy, batched training allowed)."""
+        if not self.custom_loss():
+            return None
+        return lambda model, x, y: self.batch_loss(ctx, model, x, y)
 
     def fit(self, ctx: ClientContext, broadcast: Payload) -> ClientResult:
         """Train locally starting from ``ctx.model`` and build the upload."""
@@ -260,10 +291,16 @@ class Server:
 
 @dataclass(frozen=True)
 class AlgorithmSpec:
-    """Registry entry: the method's name, its hyperparameter model and its two halves."""
+    """A method: its name, its hyperparameter model and its two halves (what
+    :func:`engine.plugins.register_method` registers; the halves may be lazy references
+    ``"package.module:Class"`` until the registry resolves them)."""
 
     name: str
     params: type[AlgorithmParams]
-    client: type[Client]
-    server: type[Server]
+    client: type[Client] | str
+    server: type[Server] | str
     description: str = ""
+
+    def registry_identity(self) -> tuple:
+        """Its parts: two specs of the same parts are the same method."""
+        return (self.params, self.client, self.server)

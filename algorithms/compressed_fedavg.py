@@ -162,7 +162,7 @@ class CompressedFedAvgClient(Client):
     def fit(self, ctx: ClientContext, broadcast: Payload) -> ClientResult:
         p = self.params
         start = flat_params(ctx.model)
-        loss, seen = local_sgd(ctx)
+        loss, seen = local_sgd(ctx, loss=self.loss_of(ctx))
         delta = flat_params(ctx.model) - start
         c, res_norm = self.compress_delta(ctx, delta, p.compressor)
         extra = buffer_upload(ctx.model, p.buffers, ctx.state)

@@ -36,6 +36,7 @@ encoding that prices and ships them all; each compressor's own code is a short c
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -45,6 +46,8 @@ import torch.nn.functional as F
 
 from algorithms.base import FLOAT32_BYTES, INDEX_BYTES, INT8_BYTES, OFFSET_BYTES, SEED_BYTES
 from algorithms.params import BUILTIN_COMPRESSOR_COSTS, check_k, validate_op_costs
+from algorithms.plugins import COMPRESSORS as COMPRESSOR_REGISTRY
+from algorithms.plugins import compressor_costs, register_compressor
 
 # --------------------------------------------------------------------------------------------
 # Operation-count model
@@ -185,28 +188,20 @@ def _flat(a: torch.Tensor | np.ndarray) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 # The compressor base class and the registry
 # --------------------------------------------------------------------------------------------
-COMPRESSORS: dict[str, type["Compressor"]] = {}
-
-
-def register(cls: type["Compressor"]) -> type["Compressor"]:
-    """Class decorator: make ``cls`` available under ``cls.name``."""
-    if not cls.name or cls.name in COMPRESSORS:
-        raise ValueError(f"compressor name {cls.name!r} is empty or already registered")
-    COMPRESSORS[cls.name] = cls
-    return cls
+# name -> class, over the compressor registry (algorithms.plugins); the built-in classes below are
+# registered there by reference (algorithms/__init__.py), a user's with register_compressor
+COMPRESSORS: Mapping[str, type["Compressor"]] = COMPRESSOR_REGISTRY.mapping()
+register = register_compressor  # the class decorator
 
 
 def compressor_class(name: str) -> type["Compressor"]:
-    try:
-        return COMPRESSORS[name]
-    except KeyError:
-        raise ValueError(f"unknown compressor {name!r}; choose one of {sorted(COMPRESSORS)}") from None
+    return COMPRESSOR_REGISTRY.get(name)
 
 
 class Compressor:
     """One way to compress a flat float32 vector. Subclasses set ``name`` and ``COSTS`` and
     implement :meth:`compress`, :meth:`ops`, :meth:`positions` (unless every payload carries
-    explicit ``indices``) and the wire format; then ``@register`` them.
+    explicit ``indices``) and the wire format; then register them (``@register_compressor``).
 
     ``COSTS``: the op-count constants by key (config keys ``<name>_<key>``, overridable per
     experiment through :class:`OpCosts`). ``needs_seed`` / ``needs_round``: what
@@ -263,7 +258,6 @@ class Compressor:
 # --------------------------------------------------------------------------------------------
 # The compressors
 # --------------------------------------------------------------------------------------------
-@register
 class TopK(Compressor):
     """The K coordinates of largest magnitude. Payload: K float32 values + K int32 indices."""
 
@@ -330,7 +324,6 @@ def _check_seed(seed: int | None, name: str) -> int:
     return seed
 
 
-@register
 class RandomK(Compressor):
     """K coordinates chosen by a seed (values unscaled). Payload: K float32 values + the seed."""
 
@@ -378,7 +371,6 @@ def periodick_indices(d: int, k: int | float, round: int | None = None, *, offse
     return (torch.arange(kk, dtype=torch.int64) + int(offset)) % d
 
 
-@register
 class PeriodicK(Compressor):
     """Contiguous block of K coordinates at ``(round*K) mod d``, wrapping around.
     Payload: K float32 values + one int32 offset."""
@@ -418,7 +410,6 @@ class PeriodicK(Compressor):
         return _received(cls.name, arrays, numel, None, _values(arrays), {"offset": int(arrays["offset"][0])})
 
 
-@register
 class QSGD8(Compressor):
     """8-bit stochastic quantisation of every coordinate (QSGD-style, Alistarh et al. 2017).
 
@@ -520,7 +511,7 @@ class OpCosts:
     @staticmethod
     def keys() -> dict[str, float]:
         """Every config key with its default."""
-        return {f"{name}_{key}": v for name, cls in COMPRESSORS.items() for key, v in cls.COSTS.items()}
+        return {f"{name}_{key}": v for name, costs in compressor_costs().items() for key, v in costs.items()}
 
     def of(self, name: str) -> dict[str, float]:
         """The constants of compressor ``name`` (defaults with the overrides applied)."""

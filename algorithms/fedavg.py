@@ -38,7 +38,7 @@ class FedAvgClient(Client):
     def fit(self, ctx: ClientContext, broadcast: Payload) -> ClientResult:
         mu = self.prox_mu()
         center = flat_params(ctx.model) if mu > 0 else None
-        loss, seen = local_sgd(ctx, prox_center=center, prox_mu=mu)
+        loss, seen = local_sgd(ctx, prox_center=center, prox_mu=mu, loss=self.loss_of(ctx))
         return ClientResult(
             client_id=ctx.client_id,
             arch=ctx.arch,

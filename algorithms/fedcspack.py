@@ -383,7 +383,7 @@ class FedCSPACKClient(Client):
 
     def fit(self, ctx: ClientContext, broadcast: Payload) -> ClientResult:
         p = self.params
-        loss, seen = local_sgd(ctx)
+        loss, seen = local_sgd(ctx, loss=self.loss_of(ctx))
         local = flat_params(ctx.model)  # on the model's device: the scores are computed there
         prev = _as_flat32(broadcast.arrays["params"]).to(local.device)  # W_prev: pre-round global
         n = local.numel()

@@ -10,13 +10,14 @@ them needs lives here too: the one K validator (:func:`check_k`, also exported b
 from __future__ import annotations
 
 import math
-import sys
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar, Literal, Optional, Union
 
 import numpy as np
 from pydantic import Field, StrictFloat, StrictInt, field_validator, model_validator
 
 from algorithms.base import AlgorithmParams, ModelSize
+from algorithms.plugins import COMPRESSORS, METHODS, compressor_costs, method_params
 
 # The built-in compressors and their op-count constants by key (config keys ``<name>_<key>``,
 # e.g. ``topk_per_element``), calibrated in algorithms/compressors.py, whose classes take their
@@ -28,15 +29,6 @@ BUILTIN_COMPRESSOR_COSTS: dict[str, dict[str, float]] = {
     "qsgd8": {"per_element": 70.0},
 }
 
-
-def compressor_costs() -> dict[str, dict[str, float]]:
-    """Every registered compressor's op-count constants by name: the built-in ones, or, once
-    :mod:`algorithms.compressors` is loaded, its registry (which also holds the classes
-    registered since, e.g. by a plugin or a test)."""
-    registry = sys.modules.get("algorithms.compressors")
-    if registry is None:
-        return BUILTIN_COMPRESSOR_COSTS
-    return {name: dict(cls.COSTS) for name, cls in registry.COMPRESSORS.items()}
 
 
 ALL = "all"
@@ -115,9 +107,8 @@ def validate_k(k: Any) -> int | float:
 
 
 def validate_compressor(name: Any, field: str = "compressor") -> str:
-    allowed = sorted(compressor_costs())
-    if not isinstance(name, str) or name not in allowed:
-        raise ValueError(f"{field}={name!r} is not allowed: choose one of {allowed}")
+    if not isinstance(name, str) or name not in COMPRESSORS:  # a missing name asks installed plugins once
+        raise ValueError(f"{field}={name!r} is not allowed: choose one of {sorted(compressor_costs(scan=True))}")
     return name
 
 
@@ -125,14 +116,16 @@ def validate_op_costs(v: Any) -> dict[str, float]:
     """``op_costs``: overrides of the registered compressors' op-count constants by key
     ``<compressor>_<key>``; unknown keys and values that are not finite and >= 0 are rejected
     with the key, the value and what is allowed."""
-    keys = sorted(f"{name}_{key}" for name, costs in compressor_costs().items() for key in costs)
+    def keys(scan: bool = False) -> list[str]:
+        return sorted(f"{name}_{key}" for name, costs in compressor_costs(scan).items() for key in costs)
+
     if v is None:
         return {}
     if not isinstance(v, dict):
-        raise ValueError(f"op_costs={v!r} is not allowed: a mapping of {keys} to numbers")
+        raise ValueError(f"op_costs={v!r} is not allowed: a mapping of {keys()} to numbers")
     for key, x in v.items():
-        if key not in keys:
-            raise ValueError(f"op_costs.{key} is not allowed: the keys are {keys}")
+        if key not in keys() and key not in keys(scan=True):
+            raise ValueError(f"op_costs.{key} is not allowed: the keys are {keys()}")
         if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)) \
                 or not (math.isfinite(x) and x >= 0):
             raise ValueError(f"op_costs.{key}={x!r} is not allowed: must be a finite number >= 0")
@@ -253,6 +246,10 @@ class AscendParams(CompressionOptions):
     come from :class:`CompressionOptions`)."""
 
     name: Literal["ascend"] = "ascend"
+    async_refused_options: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = {
+        "reward": (("v1", "v2"), "rewards v1 and v2 close with the server's per-round figures (v1: the probe KL of "
+                                 "each round's broadcast; v2: each round's alignment ΔD), and an asynchronous server "
+                                 "has no rounds")}
     arms: tuple[str, ...] = Field(DEFAULT_ARMS, description="the bandit arms: compressors, e.g. [topk, randomk, "
                                   "periodick, qsgd8], and/or (compressor, K) pairs, e.g. [[topk, 0.01], [randomk, "
                                   "0.25]] (written 'topk@0.01'); a plain name uses k")
@@ -382,10 +379,17 @@ class AscendParams(CompressionOptions):
         return max(1, self.warmup * len(self.arms))
 
 
-ALGORITHM_PARAMS: dict[str, type[AlgorithmParams]] = {
-    "fedavg": FedAvgParams,
-    "fedprox": FedProxParams,
-    "fedavg_compressed": CompressedFedAvgParams,
-    "fedcspack": FedCSPACKParams,
-    "ascend": AscendParams,
-}
+class _ParamsView(Mapping):
+    """Method name -> params class, over the method registry (a plugin's method included)."""
+
+    def __getitem__(self, name: str) -> type[AlgorithmParams]:
+        return method_params(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(METHODS.names())
+
+    def __len__(self) -> int:
+        return len(METHODS.names())
+
+
+ALGORITHM_PARAMS: Mapping[str, type[AlgorithmParams]] = _ParamsView()

@@ -1,6 +1,8 @@
 """Local training and flat-vector helpers shared by every method (plain PyTorch)."""
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -172,17 +174,22 @@ def local_sgd(
     ctx: ClientContext,
     prox_center: torch.Tensor | None = None,
     prox_mu: float = 0.0,
+    loss: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[float, int]:
     """Run ``local_epochs`` (or ``local_steps`` steps) of mini-batch SGD on the client's data,
     in place on ``ctx.model`` (batches: :func:`batch_schedule`).
 
     Batches come from ``ctx.rng`` so training is identical on every executor.
     With ``prox_center`` the FedProx term ``mu/2 ||w - center||^2`` is added.
+    ``loss(model, x, y)``: the objective of one batch (default: cross-entropy of ``model(x)``), e.g.
+    a method's :meth:`~algorithms.base.Client.batch_loss` bound to ``ctx``.
     Returns (mean training loss, samples processed).
     With ``ctx.pretrained`` (``executor.batch_clients``) the training was already done for many
     clients at once (:mod:`algorithms.batched_training`): its result is loaded instead.
     """
     if ctx.pretrained is not None:
+        if loss is not None:
+            raise RuntimeError("batch_clients trained this client with cross-entropy, but fit asks for its own loss")
         return ctx.pretrained.apply(ctx, prox_center, prox_mu)
     model, s = ctx.model, ctx.train
     model.train()
@@ -198,25 +205,31 @@ def local_sgd(
         idx = torch.from_numpy(batch).to(device)
         xb, yb = ctx.train_x[idx], ctx.train_y[idx]
         opt.zero_grad()
-        loss = F.cross_entropy(model(xb), yb)
-        total_loss += loss.detach().double() * len(idx)
+        value = F.cross_entropy(model(xb), yb) if loss is None else loss(model, xb, yb)
+        total_loss += value.detach().double() * len(idx)
         if prox_center is not None and prox_mu > 0:
             w = torch.nn.utils.parameters_to_vector(params)
-            loss = loss + 0.5 * prox_mu * torch.sum((w - prox_center) ** 2)
-        loss.backward()
+            value = value + 0.5 * prox_mu * torch.sum((w - prox_center) ** 2)
+        value.backward()
         opt.step()
         seen += len(idx)
     return float(total_loss) / max(seen, 1), seen
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024):
-    """Returns (summed loss, number correct, number of samples)."""
+def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024,
+             outputs: bool = False):
+    """Returns (summed loss, number correct, number of samples), and with ``outputs`` the model's
+    outputs on all of ``x`` (one tensor, for the registered metrics) as a fourth value."""
     model.eval()
-    loss_sum, correct = 0.0, 0
+    loss_sum, correct, kept = 0.0, 0, []
     for start in range(0, len(y), batch_size):
         xb, yb = x[start : start + batch_size], y[start : start + batch_size]
         logits = model(xb)
         loss_sum += F.cross_entropy(logits, yb, reduction="sum").item()
         correct += int((logits.argmax(1) == yb).sum())
-    return loss_sum, correct, len(y)
+        if outputs:
+            kept.append(logits)
+    if not outputs:
+        return loss_sum, correct, len(y)
+    return loss_sum, correct, len(y), (torch.cat(kept) if kept else torch.zeros(0))

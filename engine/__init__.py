@@ -20,7 +20,9 @@ tests alike. The subpackages are the table of contents, lowest layer first
     run/         running an experiment: the public API, the run body, folders, validation
 
 Names are resolved on first use (PEP 562): ``import engine`` stays free of torch and Ray, so
-``hetsim --help`` starts in a few milliseconds; :data:`_EXPORTS` is the table.
+``hetsim --help`` starts in a few milliseconds; :data:`_EXPORTS` is the table. Your own methods,
+models, datasets, compressors, selection policies and metrics are registered through
+:mod:`engine.plugins` (docs/plugins.md).
 """
 from __future__ import annotations
 
@@ -54,6 +56,8 @@ __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
+    if name == "plugins":  # the extension API, a face of its own (``from engine import plugins``)
+        return importlib.import_module("engine.plugins")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'engine' has no attribute {name!r}")
@@ -63,4 +67,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+    return sorted([*globals(), *_EXPORTS, "plugins"])

@@ -17,9 +17,10 @@ import os
 import shutil
 from pathlib import Path
 
+from hardware_profiles.errors import PluginError, UserError  # in the lowest layer, which raises them too
 
-class UserError(Exception):
-    """A mistake in the user's input or environment; its message says how to fix it."""
+__all__ = ["UserError", "ConfigError", "PluginError", "CorruptRunFolderError", "EnvironmentFault",
+           "StorageFault", "storage_fault"]
 
 
 class ConfigError(UserError, ValueError):

@@ -43,6 +43,7 @@ ENGINE_LAYERS = (
     ("engine.checkpoint",),
     ("engine.ray",),
     ("engine.run",),
+    ("engine.plugins",),  # the extension API's face: it re-exports the contracts of every layer
 )
 
 

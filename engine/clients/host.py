@@ -24,6 +24,8 @@ import torch
 
 from algorithms import ALGORITHMS
 from algorithms.base import Broadcast, ClientContext, ClientResult, TrainSettings
+from algorithms.metrics import metric_values
+from algorithms.plugins import METRICS
 from algorithms.training import evaluate, round_lr
 from engine.clients.device import prepare_device, resolve_device
 from engine.clients.shards import load_shards, save_shards
@@ -31,6 +33,7 @@ from engine.clients.states import ClientStates
 from engine.config.schema import ExperimentConfig
 from engine.data.partition import FederatedData
 from engine.models.arch import arch_flops, build_arch_model, copy_models
+from hardware_profiles.errors import PluginError, user_frames
 
 LAST_TIMES = "last_times"  # the key of ``now[cid]`` that carries ctx.last_times (the rest: profile fields)
 
@@ -57,16 +60,31 @@ class HostSetup:
 class ClientFailure(RuntimeError):
     """A client's local work raised; names the client and the round."""
 
-    def __init__(self, client_id: int, round: int, cause: BaseException):
+    def __init__(self, client_id: int, round: int, cause: BaseException, frames: str = ""):
         self.client_id, self.round = client_id, round
-        super().__init__(f"client {client_id} failed in round {round}: {type(cause).__name__}: {cause}")
+        text = cause if isinstance(cause, PluginError) else f"{type(cause).__name__}: {cause}"
+        super().__init__(f"client {client_id} failed in round {round}: {text}" + (f"\n{frames}" if frames else ""))
 
     def __reduce__(self):  # picklable across Ray processes
-        return (_rebuild_failure, (self.client_id, self.round, str(self)))
+        return (_rebuild_failure, (type(self), self.client_id, self.round, str(self)))
 
 
-def _rebuild_failure(client_id, round, message):
-    err = ClientFailure.__new__(ClientFailure)
+class PluginClientFailure(ClientFailure, PluginError):
+    """A client failed in a plugin's code (its method, model or metric): the user's to fix; the
+    message ends with the plugin's own traceback frames."""
+
+
+def client_failure(client_id: int, round: int, cause: BaseException) -> ClientFailure:
+    """The failure of client ``client_id`` in ``round``: a :class:`PluginClientFailure` when the
+    plugin's code raised (frames of the user's files in the traceback, or a plugin error)."""
+    frames = user_frames(cause)
+    if frames or isinstance(cause, PluginError):
+        return PluginClientFailure(client_id, round, cause, frames)
+    return ClientFailure(client_id, round, cause)
+
+
+def _rebuild_failure(cls, client_id, round, message):
+    err = cls.__new__(cls)
     err.client_id, err.round = client_id, round
     RuntimeError.__init__(err, message)
     return err
@@ -112,6 +130,7 @@ class ClientHost:
             cfg.executor.device, where="this client host")
         prepare_device(self.device, cfg.executor.cuda_deterministic)
         self.client = ALGORITHMS[cfg.algorithm.name].client(cfg.algorithm)
+        self.metrics = {m: METRICS.get(m) for m in cfg.evaluation.metrics}  # evaluation.metrics
         data = setup.data
         # on-demand data: x / y hold only this round's clients' rows (see _load_rows)
         self._rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -169,7 +188,7 @@ class ClientHost:
             try:
                 results.append(self.run_client(round, int(c), broadcast, evaluate_clients))
             except Exception as err:
-                raise ClientFailure(int(c), round, err) from err
+                raise client_failure(int(c), round, err) from err
         return results
 
     def _load_rows(self, client_ids, with_test: bool) -> None:
@@ -223,14 +242,17 @@ class ClientHost:
         eval_metrics = {}
         if evaluate_client and self.cfg.evaluation.personalized:
             test_idx = torch.from_numpy(self._indices(cid, test=True)).to(self.device)
-            loss_sum, correct, n = evaluate(
-                model, self.x[test_idx], self.y[test_idx], self.cfg.evaluation.batch_size
-            )
+            y = self.y[test_idx]
+            res = evaluate(model, self.x[test_idx], y, self.cfg.evaluation.batch_size, outputs=bool(self.metrics))
+            loss_sum, correct, n = res[:3]
             eval_metrics = {
                 "pers_loss": loss_sum / max(n, 1),
                 "pers_acc": correct / n if n else float("nan"),
                 "test_samples": n,
             }
+            if self.metrics and n:
+                values = metric_values(self.metrics, res[3], y, f"client {cid}'s test set in round {round}")
+                eval_metrics.update({f"pers_{m}": v for m, v in values.items()})
         return _Started(ctx, payload, eval_metrics, train_idx, torch_seed)
 
     def _profile(self, cid: int):
@@ -275,7 +297,7 @@ class ClientHost:
             try:
                 st = started[c] = self._start_client(round, c, broadcast, evaluate_clients)
             except Exception as err:
-                raise ClientFailure(c, round, err) from err
+                raise client_failure(c, round, err) from err
             model = st.ctx.model  # the workspace: keep what this client received
             snapshots[c] = ({n: p.detach().clone() for n, p in model.named_parameters()},
                             {n: b.detach().clone() for n, b in model.named_buffers()}, model.training)
@@ -284,7 +306,7 @@ class ClientHost:
         s = self.train_settings
         for arch, members in by_arch.items():
             model = self.workspace[arch]
-            if len(members) < 2 or has_randomness(model):
+            if len(members) < 2 or has_randomness(model) or self.client.custom_loss():
                 continue
             try:
                 t0 = time.perf_counter()
@@ -300,7 +322,7 @@ class ClientHost:
                     momentum=s.momentum, weight_decay=s.weight_decay, prox_mu=self.client.prox_mu())
                 share = (time.perf_counter() - t0) / len(members)
             except Exception as err:
-                raise ClientFailure(members[0], round, err) from err
+                raise client_failure(members[0], round, err) from err
             for c, update in zip(members, updates):
                 update.rng_state = started[c].ctx.rng.bit_generator.state
                 started[c].ctx.pretrained = update
@@ -319,7 +341,7 @@ class ClientHost:
                 seed_torch(st.torch_seed)
                 results.append(self._finish_client(st, shares.get(c, 0.0)))
             except Exception as err:
-                raise ClientFailure(c, round, err) from err
+                raise client_failure(c, round, err) from err
         return results
 
     def notify_dropped(self, round: int, client_ids: list[int]) -> None:

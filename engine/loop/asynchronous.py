@@ -35,9 +35,9 @@ from algorithms.training import flat_state
 from engine.loop import guards, rows
 from engine.loop.callbacks import RoundRecord
 from engine.loop.evaluation import global_columns
+from engine.loop.selection import SALT_DISPATCH
 from hardware_profiles.energy import ENERGY_COLUMNS
 
-SALT_DISPATCH = 0xA5C7  # the seeded choice of whom to dispatch
 MAX_IDLE_RETRIES = 100_000  # nobody online for this many retries: the fleet can never run
 
 
@@ -96,8 +96,9 @@ class AsyncLoop:
         # every attempt draws new coins (a retry must not meet the same ones); wave = its number
         wave, self.wave = self.wave, self.wave + 1
         begin = clock.begin(wave, idle, start_s=self.now)
-        rng = np.random.default_rng([cfg.seed, wave, SALT_DISPATCH])
-        pick = np.sort(rng.permutation(np.flatnonzero(begin.run_mask))[:free])
+        # the selection policy picks among the idle clients that can start now (idle is sorted)
+        chosen = sim.selector.choose(wave, free, idle[begin.run_mask], SALT_DISPATCH, start_s=self.now)
+        pick = np.searchsorted(idle, chosen.ids)
         if len(pick) == 0:
             return
         start = begin.only(pick)
@@ -117,6 +118,7 @@ class AsyncLoop:
         outcome = SimpleNamespace(made_deadline=np.zeros(n, dtype=bool), drop_reason=np.full(n, "", dtype="<U13"))
         client_rows = rows.client_rows(-1, sim.profiles, ids, np.full(n, ""), results, timing.times,
                                        sent["bytes_down"], outcome, timing.timeline, self.now, timing.energy)
+        rows.add_selection_columns(client_rows, chosen)
         clock.spend(start, timing)  # a task's energy leaves the battery at its dispatch
         if sim.batteries is not None:
             rows.add_battery_columns(client_rows, start.level_start, sim.batteries.fraction(ids), start.charging[ids])
@@ -175,6 +177,10 @@ class AsyncLoop:
 
     def _handle(self, u: Update, r: int) -> list[Update] | None:
         """Resolve one event; returns the updates of a server step if one is applied now."""
+        # the server hears of the client now: what the clock measured of its task (selection history)
+        self.sim.selector.record(u.wave, np.array([u.client_id]), np.array([not u.lost]),
+                                 {"total_s": np.array([u.row["sim_total_s"]]),
+                                  "compute_s": np.array([u.row["sim_compute_s"]])}, [u.result])
         staleness = self.version - u.base
         u.row.update(base_version=u.base, staleness=staleness, dispatch_seq=u.seq, wave=u.wave,
                      resolved_s=self.now, arrived=not u.lost)
@@ -252,7 +258,7 @@ class AsyncLoop:
             round_s=self.now - self.last_step_s, sim_time_s=self.now - cfg.clock.start_s,
             bytes_down=np.array([b for _, b in dispatched], dtype=np.float64), nonfinite=nonfinite,
             personalized=[], global_columns=global_columns(cfg, list(sim.server.global_models()), r),
-            server_metrics=self.server_metrics, start_s=self.last_step_s)
+            server_metrics=self.server_metrics, start_s=self.last_step_s, metrics=tuple(cfg.evaluation.metrics))
         applied_mask = np.array([u.row["made_deadline"] for u in resolved], dtype=bool)
         for name in ENERGY_COLUMNS:
             row[name] = float(sum(u.row[name] for u in resolved))

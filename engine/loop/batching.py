@@ -27,8 +27,11 @@ class UnbatchedNotice:
     reaches no terminal, the manifest does)."""
 
     def __init__(self, batch_clients: bool, arch_names, client_arch: np.ndarray,
-                 models: dict[str, torch.nn.Module]):
+                 models: dict[str, torch.nn.Module], own_loss: str | None = None):
+        """``own_loss``: the method whose client defines its own ``batch_loss`` (batched training
+        minimises cross-entropy: every client trains one by one), None if it does not."""
         self.on = batch_clients
+        self.own_loss = own_loss
         self.arch_of = np.asarray(arch_names, dtype=object)[np.asarray(client_arch)]
         self.random: set[str] = set()
         if batch_clients:  # only batched runs import the batched training
@@ -40,7 +43,12 @@ class UnbatchedNotice:
 
     def check(self, executor, client_ids, when: str) -> None:
         """``when``: the round (or wave) the clients run in, for the message."""
-        if not self.on or len(self.said) == 2 or len(client_ids) == 0:
+        if not self.on or len(self.said) == 2 or len(client_ids) == 0 or "loss" in self.said:
+            return
+        if self.own_loss is not None:
+            self.said.add("loss")
+            self._say(f"executor.batch_clients: method {self.own_loss!r} defines its own batch_loss, which batched "
+                      "training (cross-entropy) cannot apply: its clients train one by one")
             return
         ids = np.asarray(client_ids, dtype=np.int64)
         archs = self.arch_of[ids]

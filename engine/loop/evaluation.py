@@ -13,6 +13,8 @@ import time
 import numpy as np
 import torch
 
+from algorithms.metrics import metric_values
+from algorithms.plugins import METRICS
 from algorithms.training import evaluate, flat_state, same_bits
 from engine.config.schema import ExperimentConfig
 from engine.loop.callbacks import RoundRecord, RunCallback, RunContext
@@ -27,7 +29,7 @@ def global_columns(cfg: ExperimentConfig, architectures: list[str], r: int) -> l
     models) in evaluation rounds, then the mean accuracy and loss (NaN when not evaluated)."""
     evaluated = cfg.evaluation.global_model and is_evaluation_round(cfg, r)
     per_arch = [f"global_acc_{a}" for a in architectures if a] if evaluated else []
-    return [*per_arch, "global_acc", "global_loss"]
+    return [*per_arch, "global_acc", "global_loss", *(f"global_{m}" for m in cfg.evaluation.metrics)]
 
 
 class GlobalEvaluation(RunCallback):
@@ -46,7 +48,8 @@ class GlobalEvaluation(RunCallback):
         self._mirrors: dict[str, torch.nn.Module] = {}
         # per architecture, the state last evaluated and its figures: a model a rollback restored
         # is the one evaluated the round before, not evaluated again
-        self._last: dict[str, tuple[torch.Tensor, tuple[float, int, int]]] = {}
+        self._last: dict[str, tuple[torch.Tensor, tuple[float, int, int, dict[str, float]]]] = {}
+        self.metrics = {m: METRICS.get(m) for m in cfg.evaluation.metrics}  # evaluation.metrics
 
     def on_round_end(self, run: RunContext, record: RoundRecord) -> None:
         if not (self.cfg.evaluation.global_model and is_evaluation_round(self.cfg, record.round)):
@@ -60,20 +63,26 @@ class GlobalEvaluation(RunCallback):
     def evaluate(self) -> dict[str, float]:
         x, y = self._global_test()
         out: dict[str, float] = {}
-        accs, losses = [], []
+        accs, losses, extra = [], [], {m: [] for m in self.metrics}
         for arch, model in self.server.global_models().items():
             state, last = flat_state(model), self._last.get(arch)
             if last is not None and same_bits(last[0], state):
-                loss_sum, correct, n = last[1]
+                loss_sum, correct, n, values = last[1]
             else:
-                loss_sum, correct, n = evaluate(self._on_device(arch, model), x, y, self.cfg.evaluation.batch_size)
-                self._last[arch] = (state, (loss_sum, correct, n))
+                res = evaluate(self._on_device(arch, model), x, y, self.cfg.evaluation.batch_size,
+                               outputs=bool(self.metrics))
+                loss_sum, correct, n = res[:3]
+                values = metric_values(self.metrics, res[3], y, "the global model") if self.metrics else {}
+                self._last[arch] = (state, (loss_sum, correct, n, values))
             accs.append(correct / n)
             losses.append(loss_sum / n)
+            for m, v in values.items():
+                extra[m].append(v)
             if arch:
                 out[f"global_acc_{arch}"] = correct / n
         out["global_acc"] = float(np.mean(accs))
         out["global_loss"] = float(np.mean(losses))
+        out.update({f"global_{m}": float(np.mean(v)) for m, v in extra.items()})
         return out
 
     def _global_test(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -32,10 +32,12 @@ CONDITION_COLUMNS = ("down_mbps", "up_mbps", "down_state", "up_state", "left_s")
 
 def round_row(r: int, *, selected, runnable, arrived: list[ClientResult], available, dropped,
               round_s: float, sim_time_s: float, bytes_down, nonfinite, personalized: list[ClientResult],
-              global_columns: list[str], server_metrics: dict[str, Any], start_s: float) -> dict[str, Any]:
+              global_columns: list[str], server_metrics: dict[str, Any], start_s: float,
+              metrics: tuple[str, ...] = ()) -> dict[str, Any]:
     """The rounds.parquet row, without ``wall_s`` (the loop adds it last). ``personalized``: the
     results whose personalized metrics count this round ([] when it is no evaluation round);
-    ``global_columns``: the ``global_*`` columns reserved for global evaluation (NaN until set)."""
+    ``global_columns``: the ``global_*`` columns reserved for global evaluation (NaN until set);
+    ``metrics``: the registered metrics evaluated (``evaluation.metrics``)."""
     row: dict[str, Any] = {
         "round": r,
         "num_selected": len(selected),
@@ -50,7 +52,7 @@ def round_row(r: int, *, selected, runnable, arrived: list[ClientResult], availa
         "train_loss": _mean([res.metrics.get("train_loss") for res in arrived]),
         "num_nonfinite": int(nonfinite.sum()),
     }
-    row.update(personalized_summary(personalized))
+    row.update(personalized_summary(personalized, metrics))
     row.update({name: float("nan") for name in global_columns})
     row.update({f"server_{k}": v for k, v in server_metrics.items()})
     row["round_start_s"] = start_s
@@ -110,6 +112,16 @@ def client_rows(r: int, profiles, selected, not_run, results: list[ClientResult]
     return rows
 
 
+def add_selection_columns(client_rows: list[dict[str, Any]], selection) -> None:
+    """A selection policy's ``score`` / ``reason`` per selected client (rows in selection order)."""
+    for column, values in (("selection_score", selection.score), ("selection_reason", selection.reason)):
+        if values is None:
+            continue
+        for i, row in enumerate(client_rows):
+            row[column] = values if isinstance(values, str) else (
+                float(values[i]) if column == "selection_score" else str(values[i]))
+
+
 def energy_summary(energy: dict[str, np.ndarray], outcome, low, batteries) -> dict[str, Any]:
     """The round's fleet energy (J; NaN when a client's power model is unknown), the part spent
     by clients whose update was not aggregated, and with batteries: drops for lack of charge and
@@ -138,19 +150,24 @@ def _mean(values) -> float:
     return float(np.mean(vals)) if vals else float("nan")
 
 
-def personalized_summary(results: list[ClientResult]) -> dict[str, float]:
+def personalized_summary(results: list[ClientResult], metrics: tuple[str, ...] = ()) -> dict[str, float]:
     """Personalized accuracy over the clients that evaluated (unweighted, sample-weighted,
-    worst, spread) and their mean loss; NaN when none did."""
+    worst, spread), their mean loss and the mean of each registered metric (``pers_<name>``);
+    NaN when none did."""
     accs = np.array([r.metrics["pers_acc"] for r in results if "pers_acc" in r.metrics], dtype=float)
     ns = np.array([r.metrics["test_samples"] for r in results if "pers_acc" in r.metrics], dtype=float)
     losses = [r.metrics["pers_loss"] for r in results if "pers_loss" in r.metrics]
+    nan = float("nan")
     if len(accs) == 0 or ns.sum() == 0:
-        nan = float("nan")
-        return {k: nan for k in PERSONALIZED_COLUMNS}
-    return {
+        return {k: nan for k in (*PERSONALIZED_COLUMNS, *(f"pers_{m}" for m in metrics))}
+    out = {
         "pers_acc": float(np.nanmean(accs)),
         "pers_acc_weighted": float(np.nansum(accs * ns) / ns.sum()),
         "pers_acc_worst": float(np.nanmin(accs)),
         "pers_acc_std": float(np.nanstd(accs)),
         "pers_loss": float(np.mean(losses)),
     }
+    for m in metrics:
+        values = np.array([r.metrics.get(f"pers_{m}", nan) for r in results], dtype=float)
+        out[f"pers_{m}"] = float(np.nanmean(values)) if np.isfinite(values).any() else nan
+    return out

@@ -28,7 +28,7 @@ from engine.loop.batching import UnbatchedNotice
 from engine.loop.callbacks import CallbackLike, CallbackList, RoundRecord, RunContext, Stop
 from engine.loop.evaluation import GlobalEvaluation, global_columns, is_evaluation_round
 from engine.loop.parts import build_parts
-from engine.loop.selection import select_clients
+from engine.loop.selection import ClientSelector
 from engine.trace import mark
 from hardware_profiles.round_clock import RoundClock
 
@@ -67,7 +67,8 @@ class Simulation:
         # (ctx.last_times, e.g. ASCEND's time_model: measured); checkpointed; None: not kept
         self.last_times: dict[int, dict[str, float]] | None = (
             {} if spec.client.reads_phase_times(cfg.algorithm) else None)
-        self.unbatched = UnbatchedNotice(cfg.executor.batch_clients, self.arch_names, self.client_arch, self.models)
+        self.unbatched = UnbatchedNotice(cfg.executor.batch_clients, self.arch_names, self.client_arch, self.models,
+                                         own_loss=cfg.algorithm.name if spec.client.custom_loss() else None)
         # The server aggregates on the CPU, where the uploads arrive (numpy) and a weighted sum
         # of a few vectors costs less than moving them; only global evaluation uses a GPU, when
         # this process holds one (in-process executor, or a driver actor with driver_gpus).
@@ -76,6 +77,8 @@ class Simulation:
         self.evaluation = GlobalEvaluation(cfg, self.data, self.server, self.eval_device)
         # the fleet's virtual time, conditions and batteries, one round at a time
         self.clock = RoundClock(self.profiles, cfg.clock, cfg.seed, self.conditions, self.batteries)
+        # which clients run: the configured policy (clients.selection), its view of the fleet and clock
+        self.selector = ClientSelector(cfg, n, self.data.client_num_train(), self.clock)
         self.next_round = 0  # the first round run() will run (a resumed run starts later)
         self.stop: Stop | None = None  # why the last run() ended early, if it did
         self.in_round = False  # True while a round runs (its state is then incomplete)
@@ -176,8 +179,8 @@ class Simulation:
         if self.asynchronous is not None:
             return self.asynchronous.step(r)
         cfg, wall0 = self.cfg, time.perf_counter()
-        selected, target = select_clients(cfg, self.data.num_clients, r)
-        start = self.clock.begin(r, selected)
+        selection, target = self.selector.select(r)
+        start = self.clock.begin(r, selection.ids)
         runnable, evaluating = start.runnable, is_evaluation_round(cfg, r)
         broadcast = self.server.broadcast(r)
         self.unbatched.check(self.executor, runnable, f"round {r}")
@@ -189,6 +192,7 @@ class Simulation:
         self.keep_last_times(r, runnable, timing.times)
         nonfinite = guards.reject_nonfinite(results, timing.outcome, cfg.train.on_nonfinite)
         made = timing.outcome.made_deadline
+        self.selector.record(r, runnable, made, timing.times, results)
         arrived = [res for res, ok in zip(results, made) if ok]
         # a non-finite upload is not put back into error-feedback residuals
         lost = [res.client_id for res, ok, bad in zip(results, made, nonfinite) if not ok and not bad]
@@ -199,6 +203,7 @@ class Simulation:
         round_s = self.clock.advance(start, timing, arrived=len(arrived), target=target)
         row, client_rows = self._rows(start, timing, results, arrived, nonfinite, sent, round_s, server_metrics,
                                       evaluating)
+        rows.add_selection_columns(client_rows, selection)
         self._realtime_sleep(r, round_s)
         row["wall_s"] = time.perf_counter() - wall0
         tables = self.server.drain_tables()
@@ -229,7 +234,7 @@ class Simulation:
             dropped=start.dropped & ~start.low, round_s=round_s, sim_time_s=self.sim_time_s,
             bytes_down=sent["bytes_down"], nonfinite=nonfinite, personalized=results if evaluating else [],
             global_columns=global_columns(cfg, list(self.server.global_models()), r),
-            server_metrics=server_metrics, start_s=start.start_s)
+            server_metrics=server_metrics, start_s=start.start_s, metrics=tuple(cfg.evaluation.metrics))
         row.update(rows.energy_summary(timing.energy, timing.outcome, start.low, batteries))
         client_rows = rows.client_rows(r, self.profiles, selected, start.not_run, results, timing.times,
                                        sent["bytes_down"], timing.outcome, timing.timeline, start.start_s,

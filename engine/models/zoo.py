@@ -3,7 +3,8 @@
 Public API
 ----------
 ``MODELS``                      name -> builder ``(input_shape, num_classes, **params) -> nn.Module``
-``DEFAULT_INPUT_SHAPES``        name -> the input shape the model was designed for
+                                (a view of the model registry, :mod:`engine.registry`)
+``DEFAULT_INPUT_SHAPES``        name -> the input shape the model was designed for (where registered)
 ``build_model(name, input_shape, num_classes, **params)``
 ``training_flops_per_sample(name, input_shape, num_classes, **params)``  (cached)
 ``count_parameters(model)``     number of trainable parameters
@@ -24,14 +25,15 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+from collections.abc import Mapping
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
 import torch.nn as nn
 
 from engine.cache import cached_number
-from engine.config.names import MODEL_NAMES
-from hardware_profiles.suggest import unknown
+from engine.registry import MODELS as MODEL_REGISTRY
+from engine.registry import build_registered_model
 
 __all__ = [
     "MODELS",
@@ -359,26 +361,29 @@ class MLP(nn.Module):
 # --------------------------------------------------------------------------- #
 # registry
 # --------------------------------------------------------------------------- #
-MODELS: dict[str, Callable[..., nn.Module]] = {
-    "cnn": CNN,
-    "lenet5": LeNet5,
-    "lenet5_half": LeNet5Half,
-    "cifar_cnn": CifarCNN,
-    "resnet18": cifar_resnet18,
-    "mlp": MLP,
-}
-_BUILTIN_MODELS = dict(MODELS)
-if tuple(MODELS) != MODEL_NAMES:  # config validation checks names against MODEL_NAMES
-    raise ImportError(f"engine/config/names.py lists {MODEL_NAMES}, MODELS has {tuple(MODELS)}")
+MODELS: Mapping[str, Callable[..., nn.Module]] = MODEL_REGISTRY.mapping()
 
-DEFAULT_INPUT_SHAPES: dict[str, tuple[int, ...]] = {
-    "cnn": (1, 28, 28),
-    "lenet5": (1, 32, 32),
-    "lenet5_half": (1, 32, 32),
-    "cifar_cnn": (3, 32, 32),
-    "resnet18": (3, 32, 32),
-    "mlp": (60,),
-}
+
+class _InputShapes(Mapping):
+    """Model name -> the input shape it was designed for (models registered with one)."""
+
+    def _known(self) -> list[str]:
+        return [n for n in MODEL_REGISTRY.names() if MODEL_REGISTRY.meta(n).get("input_shape") is not None]
+
+    def __getitem__(self, name: str) -> tuple[int, ...]:
+        shape = MODEL_REGISTRY.meta(name).get("input_shape")
+        if shape is None:
+            raise KeyError(name)
+        return shape
+
+    def __iter__(self):
+        return iter(self._known())
+
+    def __len__(self) -> int:
+        return len(self._known())
+
+
+DEFAULT_INPUT_SHAPES: Mapping[str, tuple[int, ...]] = _InputShapes()
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **params: Any) -> nn.Module:
@@ -389,11 +394,9 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **par
     Initialisation draws from torch's global RNG, so builds are reproducible
     after ``torch.manual_seed``.
     """
-    try:
-        builder = MODELS[name]
-    except (KeyError, TypeError):
-        raise ValueError(unknown("model", name, MODELS, "known models")) from None
-    return builder(_as_shape(input_shape), num_classes, **params)
+    if not isinstance(name, str) or name not in MODEL_REGISTRY:
+        raise ValueError(MODEL_REGISTRY.unknown(name))
+    return build_registered_model(name, _as_shape(input_shape), num_classes, **params)
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -446,7 +449,7 @@ def _training_flops_cached(
     def count() -> int:
         return _count_training_flops(name, input_shape, num_classes, frozen_params)
 
-    if MODELS.get(name) is not _BUILTIN_MODELS.get(name):  # a model of the caller's: count here
+    if MODEL_REGISTRY.origin(name).kind != "built-in":  # a model of the user's: counted here, not kept on disk
         return count()
     key = f"{name}|{input_shape}|{num_classes}|{frozen_params!r}|torch {torch.__version__}|{_source_digest()}"
     return int(cached_number("training_flops", key, count))

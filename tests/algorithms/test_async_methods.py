@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 import torch
 
-from algorithms.asynchronous import ASYNC_METHODS, SYNCHRONOUS_ONLY, client_state
+from algorithms.asynchronous import async_methods, client_state, synchronous_only
 from algorithms.compressed_fedavg import decode_upload
 from algorithms.fedcspack import aggregate_packs
 from algorithms.params import ALGORITHM_PARAMS
@@ -29,17 +29,17 @@ def config(tmp_path, *over):
 
 
 def test_every_method_of_the_table_validates_asynchronously_and_the_others_are_refused(tmp_path):
-    """ASYNC_METHODS is what the config accepts under asynchronous (with each method's defaults);
-    a method outside it is refused naming the reason in SYNCHRONOUS_ONLY."""
-    assert {"fedcspack", "ascend"} <= set(ASYNC_METHODS)
+    """async_methods() is what the config accepts under asynchronous (with each method's defaults);
+    a method outside it is refused naming the reason its params class gives (synchronous_only)."""
+    assert {"fedcspack", "ascend"} <= set(async_methods())
     for name in ALGORITHM_PARAMS:
         over = [f"algorithm.name={name}", "partition.public_fraction=0.1",
                 "asynchronous={concurrency: 4, buffer_size: 2}"]
-        if name in ASYNC_METHODS:
+        if name in async_methods():
             assert config(tmp_path, *over).asynchronous.concurrency == 4
         else:
             with pytest.raises(ConfigError, match=f"algorithm.name = '{name}' cannot run asynchronously: "
-                                                  f"{SYNCHRONOUS_ONLY[name][:20]}"):
+                                                  f"{synchronous_only(name)[:20]}"):
                 config(tmp_path, *over)
 
 

@@ -363,7 +363,8 @@ def test_a_new_compressor_is_one_class():
         assert CompressedFedAvgParams(compressor="toy_sign").compressor == "toy_sign"
         assert AscendParams(arms=["topk", "toy_sign"]).arms == ("topk", "toy_sign")
         assert "toy_sign" not in DEFAULT_ARMS and "toy_sign" not in AscendParams().arms  # never silently
-        with pytest.raises(ValueError, match="already registered"):
-            register(SignOfFirst)
+        register(SignOfFirst)  # the same class again: nothing happens
+        with pytest.raises(ValueError, match="'toy_sign' is already registered by .*test_compressors"):
+            register(type("SignOfFirst", (SignOfFirst,), {}))
     finally:
-        del COMPRESSORS["toy_sign"]
+        COMPRESSORS.registry.remove("toy_sign")

@@ -33,7 +33,7 @@ def test_apply_overrides_creates_sections_and_keeps_input():
         ("train.learning_rate=0.1", "train.learning_rate", ["unknown key", "allowed keys", "lr"]),
         ("dataset.name=imagenet", "dataset.name", ["imagenet", "allowed", "mnist5k"]),
         ("model.name=vgg", "model.name", ["vgg", "allowed", "lenet5"]),
-        ("algorithm.name=fedfoo", "algorithm", ["fedfoo", "fedavg"]),
+        ("algorithm.name=fedfoo", "algorithm.name", ["fedfoo", "fedavg"]),
         ("algorithm.mu=0.1", "algorithm.mu", ["unknown key"]),
         ("partition.scheme=random", "partition.scheme", ["random", "dirichlet"]),
         ("executor.kind=gpu", "executor.kind", ["gpu", "ray"]),

@@ -3,8 +3,9 @@ source x conditions) cell meant to work, and a refusal at validation, naming the
 and what is allowed, for every cell that is not.
 
 "Meant to work" comes from the code's own constants, not from a list here: a method runs
-asynchronously iff it is in :data:`algorithms.asynchronous.ASYNC_METHODS`, so a method added
-there flips its asynchronous cells to runs. Every cell runs in-process and on Ray, and each Ray
+asynchronously iff its params class says it can (:func:`algorithms.asynchronous.async_methods`),
+so a method registered with asynchronous support flips its asynchronous cells to runs. Every
+cell runs in-process and on Ray, and each Ray
 run's tables must equal its in-process twin's (the executors promise it:
 tests/engine/ray/test_ray_executor.py, tests/engine/test_async.py,
 tests/engine/data/test_ondemand.py). A Ray run starting its own actors costs 15-40 s on 2
@@ -27,7 +28,7 @@ import pandas as pd
 import pytest
 from helpers import REPO
 
-from algorithms.asynchronous import ASYNC_METHODS
+from algorithms.asynchronous import async_methods
 from algorithms.params import ALGORITHM_PARAMS
 from engine.config.schema import ExecutorConfig
 from engine.data.build import ON_DEMAND_PARAMS, ON_DEMAND_SCHEMES
@@ -53,9 +54,9 @@ RAY_ON = ["executor.kind=ray", "executor.num_actors=1", "ray.num_cpus=2", "execu
 
 def refusal(method: str, executor: str, mode: str, source: str, conditions: str) -> str | None:
     """None if the cell is meant to work, else the text its refusal must hold (field, value, allowed)."""
-    if mode == "async" and method not in ASYNC_METHODS:
+    if mode == "async" and method not in async_methods():
         return (f"algorithm.name = {method!r} cannot run asynchronously",
-                f"allowed with asynchronous: {', '.join(ASYNC_METHODS)}")
+                f"allowed with asynchronous: {', '.join(async_methods())}")
     return None
 
 

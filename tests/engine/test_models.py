@@ -200,17 +200,18 @@ def test_flops_of_builtin_models_are_kept_on_disk(tmp_path, monkeypatch):
 
 
 def test_flops_of_a_model_not_built_in_are_not_kept_on_disk(tmp_path, monkeypatch):
-    import engine.models.zoo as models
+    from engine.plugins import register_model, unregister
 
     monkeypatch.setenv("HETSIM_CACHE_DIR", str(tmp_path))
-    monkeypatch.setitem(models.MODELS, "mlp", lambda input_shape, num_classes: torch.nn.Sequential(
+    register_model("logreg_test", lambda input_shape, num_classes: torch.nn.Sequential(
         torch.nn.Flatten(), torch.nn.Linear(input_shape[0], num_classes)))
     training_flops_per_sample.cache_clear()
     try:
-        assert training_flops_per_sample("mlp", (64,), 10) == 3 * 64 * 10 * 2 - 64 * 10 * 2
+        assert training_flops_per_sample("logreg_test", (64,), 10) == 3 * 64 * 10 * 2 - 64 * 10 * 2
         assert not list(tmp_path.glob("training_flops-*.json"))
     finally:
         training_flops_per_sample.cache_clear()
+        unregister("model", "logreg_test")
 
 
 @pytest.mark.parametrize("name", ["cnn", "lenet5_half", "resnet18", "mlp"])

@@ -1,0 +1,362 @@
+"""User code in every process of a run: the config's ``plugins:``, and what a session registered.
+
+A ``plugins:`` entry is a module name (installed, or on ``PYTHONPATH``) or a path, relative to the
+config file like every path of a config: a ``.py`` file, a package folder (with ``__init__.py``),
+or a plain folder whose ``.py`` files are each imported. Importing one runs its registrations
+(:mod:`engine.plugins`). Every process that runs a part of an experiment imports the same
+plugins: the command line when it loads the config, and a Ray driver actor, client actor or Tune
+trial when it receives the config. A path's files travel with the config (:class:`PluginBundle`,
+carried inside a pickled :class:`~engine.config.schema.ExperimentConfig`), so a cluster node
+without the files (its own disk) writes them into its temporary folder, keyed by their digest, and
+imports them from there; a node that has them, unchanged, imports them in place (tracebacks then
+name the user's own files). Entries a session registered outside any plugin (a notebook cell)
+travel by value in the same bundle; installed packages' entry points are loaded again.
+
+Why not Ray's ``runtime_env`` (``py_modules``)? A job-level environment cannot be set on a Ray the
+user already started (a notebook, the tests' shared Ray), Tune's trial actors take no per-trial
+environment, and Ray unpickles an actor's arguments (the config) before any code of ours runs in
+it; carrying the files inside the config reaches every such process by one mechanism.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import socket
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from algorithms.registry import (
+    REGISTRIES,
+    Origin,
+    load_entry_point,
+    loaded_entry_points,
+    loading_from,
+    session_entries,
+)
+from hardware_profiles.errors import PluginError, is_users_file, user_frames
+
+MAX_PLUGIN_BYTES = 32 << 20  # a plugin's files travel to every process of a run
+SKIPPED_DIRS = ("__pycache__", ".git", ".venv", ".ipynb_checkpoints", "node_modules")
+_lock = threading.RLock()
+
+
+def is_path_entry(entry: str, base: Path | None = None) -> bool:
+    """Whether a ``plugins:`` entry names a file or folder (else a module name)."""
+    if entry.endswith(".py") or "/" in entry or os.sep in entry or entry.startswith(("~", ".", "$")):
+        return True
+    return base is not None and (base / entry).exists()
+
+
+def resolve_entries(entries: Any, base: Path | None) -> Any:
+    """``plugins:`` with each path made absolute against ``base`` (the config file's folder; None:
+    the working folder); module names unchanged. Anything but a list of strings is left for the
+    schema to refuse."""
+    if not isinstance(entries, list):
+        return entries
+    out = []
+    for e in entries:
+        if isinstance(e, str) and e.strip() and is_path_entry(e, base):
+            path = Path(os.path.expandvars(os.path.expanduser(e)))
+            out.append(str((base / path) if base is not None and not path.is_absolute() else path.absolute()))
+        else:
+            out.append(e)
+    return out
+
+
+@dataclass(frozen=True)
+class PluginSource:
+    """One ``plugins:`` entry with what it imports and, for a path, its files' contents."""
+
+    entry: str  # a module name, or an absolute path
+    kind: str  # "module", "file", "package" or "folder"
+    root: str  # the folder put on sys.path ("" for a module)
+    modules: tuple[str, ...]  # the top-level modules it imports
+    files: tuple[tuple[str, bytes], ...]  # (path relative to root, content); () for a module
+    digest: str
+
+    def __reduce__(self):
+        # unpickling activates it, before anything after it in the same pickle names its modules
+        return (_activated, (self.entry, self.kind, self.root, self.modules, self.files, self.digest))
+
+
+def _activated(*fields) -> PluginSource:
+    source = PluginSource(*fields)
+    activate(source)
+    return source
+
+
+_active: dict[str, PluginSource] = {}  # entry -> the source imported in this process
+
+
+def capture(entry: str, index: int = 0) -> PluginSource:
+    """Read a ``plugins:`` entry from this machine (a path's files and their digest)."""
+    where = f"plugins[{index}] = {entry!r}"
+    if not is_path_entry(entry):
+        return PluginSource(entry, "module", "", (entry,), (), hashlib.sha256(entry.encode()).hexdigest())
+    path = Path(entry)
+    if path.is_file():
+        if path.suffix != ".py":
+            raise PluginError(f"{where}: a plugin file is a Python module ending in .py")
+        kind, root, files = "file", path.parent, [path]
+        modules = (path.stem,)
+    elif path.is_dir():
+        package = (path / "__init__.py").is_file()
+        kind, root = ("package", path.parent) if package else ("folder", path)
+        files = sorted(_walk(path))
+        modules = (path.name,) if package else tuple(sorted(p.stem for p in path.glob("*.py")))
+        if not modules:
+            raise PluginError(f"{where}: the folder holds no .py file (a package has __init__.py; a plain "
+                              "folder's .py files are each imported)")
+    else:
+        raise PluginError(f"{where}: no such file or folder (a path in a config is relative to the config file; "
+                          "a module name has no '/' and no .py)")
+    for name in modules:
+        if not name.isidentifier():
+            raise PluginError(f"{where}: {name!r} is not a valid module name (letters, digits and '_'); rename it")
+    total = sum(f.stat().st_size for f in files)
+    if total > MAX_PLUGIN_BYTES:
+        raise PluginError(f"{where}: its files hold {total / 2**20:.0f} MiB; a plugin's files travel to every "
+                          f"process of a run (at most {MAX_PLUGIN_BYTES >> 20} MiB): keep data elsewhere "
+                          "(dataset.root) or install the plugin as a package")
+    contents = tuple((f.relative_to(root).as_posix(), f.read_bytes()) for f in files)
+    digest = hashlib.sha256()
+    for rel, data in contents:
+        digest.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
+    return PluginSource(str(path), kind, str(root), modules, contents, digest.hexdigest())
+
+
+def _walk(folder: Path):
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = [d for d in dirnames if d not in SKIPPED_DIRS and not d.startswith(".")]
+        for name in filenames:
+            if not name.endswith((".pyc", ".pyo")) and not name.startswith("."):
+                yield Path(dirpath) / name
+
+
+def load_plugins(entries: list[str]) -> list[PluginSource]:
+    """Import the ``plugins:`` entries (resolved: paths absolute) in this process, once each;
+    returns their sources. An entry whose files are not on this machine but were shipped here
+    with a config is already active. Raises :class:`PluginError` naming the entry."""
+    out = []
+    for i, entry in enumerate(entries):
+        with _lock:
+            source = _active.get(entry)
+            if source is None:  # once per process: later runs get what was imported
+                source = capture(entry, i)
+                activate(source, i)
+        out.append(source)
+    return out
+
+
+def activate(source: PluginSource, index: int | None = None) -> None:
+    """Import ``source`` in this process (a path's files from where they are, or from a copy
+    written into the temporary folder where they are absent or differ); idempotent."""
+    with _lock:
+        done = _active.get(source.entry)
+        where = f"plugins[{index}] = {source.entry!r}" if index is not None else f"plugin {source.entry!r}"
+        if done is not None:
+            if done.digest != source.digest:
+                raise PluginError(f"{where}: this process {_here()} imported other contents of it earlier; "
+                                  "a process imports a plugin once (start a new one for the changed files)")
+            return
+        root = _root_for(source)
+        if root and root not in sys.path:
+            sys.path.append(root)  # last: a plugin never shadows an installed module
+        origin = Origin("plugin", source.entry)
+        for name in source.modules:
+            _import(name, root, where, origin)
+        _active[source.entry] = source
+
+
+def _root_for(source: PluginSource) -> str:
+    """Where the source's files are imported from: their own folder if it holds them unchanged,
+    else a copy under this machine's temporary folder (written once per digest)."""
+    if source.kind == "module":
+        return ""
+    if all(_same_file(Path(source.root) / rel, data) for rel, data in source.files):
+        return source.root
+    dest = Path(tempfile.gettempdir()) / f"hetsim-plugins-{os.getuid()}" / source.digest[:24]
+    if not dest.is_dir():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=dest.parent))
+        for rel, data in source.files:
+            target = staging / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        try:
+            os.rename(staging, dest)
+        except OSError:  # another process of this node wrote it first: same digest, same files
+            import shutil  # only on that race
+
+            shutil.rmtree(staging, ignore_errors=True)
+    return str(dest)
+
+
+def _same_file(path: Path, data: bytes) -> bool:
+    try:
+        return path.stat().st_size == len(data) and path.read_bytes() == data
+    except OSError:
+        return False
+
+
+def _import(name: str, root: str, where: str, origin: Origin) -> None:
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        if root and not _under(getattr(loaded, "__file__", None), root):
+            raise PluginError(f"{where}: its module name {name!r} is taken by {_where_from(loaded)}, imported "
+                              "earlier in this process; rename the file")
+        return
+    if root:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not _under(spec.origin, root):
+            taken = spec.origin if spec is not None else "?"
+            raise PluginError(f"{where}: its module name {name!r} is taken by {taken} (found first on sys.path); "
+                              "rename the file")
+    before = {kind: set(reg.names(scan=False)) for kind, reg in REGISTRIES.items()}
+    try:
+        with loading_from(origin):
+            importlib.import_module(name)
+    except PluginError as err:
+        _forget(before)
+        raise PluginError(f"{where}: {err}") from None
+    except ModuleNotFoundError as err:
+        _forget(before)
+        if err.name == name and not root:
+            raise PluginError(f"{where}: no module named {name!r} {_here()} (a module name must be installed or on "
+                              "PYTHONPATH there; a file is given as a path ending in .py)") from None
+        raise PluginError(f"{where}: importing it failed {_here()}: {type(err).__name__}: {err}"
+                          f"{_frames(err)}") from None
+    except Exception as err:  # noqa: BLE001 - any failure of the user's module is the user's to fix
+        _forget(before)
+        raise PluginError(f"{where}: importing it failed: {type(err).__name__}: {err}{_frames(err)}") from None
+
+
+def _frames(err: BaseException) -> str:
+    frames = user_frames(err)
+    return f"\n{frames}" if frames else ""
+
+
+def _forget(before: dict[str, set[str]]) -> None:
+    """Undo what a plugin that failed to import had registered already."""
+    for kind, reg in REGISTRIES.items():
+        for name in set(reg.names(scan=False)) - before.get(kind, set()):
+            reg.remove(name)
+
+
+def _under(path: str | None, root: str) -> bool:
+    return bool(path) and os.path.realpath(path).startswith(os.path.join(os.path.realpath(root), ""))
+
+
+def _where_from(module: Any) -> str:
+    return getattr(module, "__file__", None) or f"the built-in module {module.__name__!r}"
+
+
+def _here() -> str:
+    """This process, for messages from processes other than the caller's: its node and pid."""
+    ray = sys.modules.get("ray")  # asked, never imported: Ray stays in engine/ray
+    node = ""
+    try:
+        if ray is not None and ray.is_initialized():
+            node = f"node {ray.get_runtime_context().get_node_id()[:12]} "
+    except Exception:  # noqa: BLE001 - only a message's detail
+        node = ""
+    return f"on {node}({socket.gethostname()}, pid {os.getpid()})"
+
+
+def active_sources() -> list[PluginSource]:
+    return list(_active.values())
+
+
+# ---------------------------------------------------------------- the bundle a config carries
+@dataclass(frozen=True)
+class SessionEntry:
+    kind: str  # the registry's kind
+    name: str
+    obj: Any  # what was registered (pickled by value where it is not importable elsewhere)
+    meta: dict
+    token: str
+    source: str  # its origin's source, for messages
+
+
+@dataclass(frozen=True)
+class PluginBundle:
+    """What another process needs to see the registries this one sees for a config: the config's
+    plugin sources (activated when unpickled, first), the session's own entries and the installed
+    packages' entry points this process loaded."""
+
+    sources: tuple[PluginSource, ...]
+    session: tuple[SessionEntry, ...]
+    entry_points: tuple[tuple[str, str, str], ...]
+
+    @property
+    def empty(self) -> bool:
+        return not (self.sources or self.session or self.entry_points)
+
+    def __reduce__(self):
+        return (_unpacked, (self.sources, self.session, self.entry_points))
+
+    def describe(self) -> list[dict[str, Any]]:
+        """For manifest.json: each source (entry, kind, digest) and session entry (kind, name, where)."""
+        return ([{"plugin": s.entry, "kind": s.kind, "modules": list(s.modules), "sha256": s.digest}
+                 for s in self.sources]
+                + [{"package": f"{d} {n} = {v}"} for d, n, v in self.entry_points]
+                + [{"session": f"{e.kind} {e.name!r}", "from": e.source} for e in self.session])
+
+
+def _unpacked(sources, session, entry_points) -> PluginBundle:
+    bundle = PluginBundle(tuple(sources), tuple(session), tuple(entry_points))
+    adopt(bundle)
+    return bundle
+
+
+def bundle_for(entries: list[str] | tuple[str, ...]) -> PluginBundle:
+    """The bundle of a config whose ``plugins:`` are ``entries`` (imported now if they are not yet)."""
+    sources = tuple(load_plugins(list(entries))) if entries else ()
+    session = tuple(SessionEntry(kind, e.name, e.ref, dict(e.meta), e.token, e.origin.source)
+                    for kind, e in session_entries())
+    return PluginBundle(sources, session, tuple(loaded_entry_points()))
+
+
+def adopt(bundle: PluginBundle) -> None:
+    """Make this process's registries hold what ``bundle`` carries (its sources are active already:
+    they activate when unpickled)."""
+    known = {(d, n, v) for d, n, v in loaded_entry_points()}
+    for dist, name, value in bundle.entry_points:
+        if (dist, name, value) not in known:
+            try:
+                load_entry_point(dist, name, value)
+            except PluginError as err:
+                raise PluginError(f"{err} {_here()} (the installed plugin package {dist!r} must be installed on "
+                                  "every node of the cluster)") from None
+    for e in bundle.session:
+        registry = REGISTRIES[e.kind]
+        if registry.token_of(e.name) != e.token:
+            registry.add(e.name, e.obj, origin=Origin("session", e.source), token=e.token, **e.meta)
+
+
+def shipped_by_value() -> list[Any]:
+    """The modules of the session's entries that another process cannot import: neither hetsim's,
+    nor installed, nor a plugin source's (e.g. a helper module beside a notebook). A Ray caller
+    pickles them by value (``ray.cloudpickle.register_pickle_by_value``)."""
+    plugin_modules = {m for s in _active.values() for m in s.modules}
+    out = {}
+    for _, e in session_entries():
+        for obj in _parts(e.ref):
+            name = getattr(obj, "__module__", None)
+            module = sys.modules.get(name) if name else None
+            if module is None or name == "__main__" or name.split(".")[0] in plugin_modules:
+                continue
+            if is_users_file(getattr(module, "__file__", "") or ""):
+                out[name] = module
+    return list(out.values())
+
+
+def _parts(obj: Any) -> list[Any]:
+    parts = getattr(obj, "registry_identity", None)
+    return [p for p in parts() if not isinstance(p, str)] if callable(parts) else [obj]
