@@ -80,15 +80,6 @@ class PluginSource:
     files: tuple[tuple[str, bytes], ...]  # (path relative to root, content); () for a module
     digest: str
 
-    def __reduce__(self):
-        # unpickling activates it, before anything after it in the same pickle names its modules
-        return (_activated, (self.entry, self.kind, self.root, self.modules, self.files, self.digest))
-
-
-def _activated(*fields) -> PluginSource:
-    source = PluginSource(*fields)
-    activate(source)
-    return source
 
 
 _active: dict[str, PluginSource] = {}  # entry -> the source imported in this process
@@ -273,7 +264,7 @@ def active_sources() -> list[PluginSource]:
     return list(_active.values())
 
 
-# ---------------------------------------------------------------- the bundle a config carries
+# ---------------------------------------------------------------- what a pickled config carries
 @dataclass(frozen=True)
 class SessionEntry:
     kind: str  # the registry's kind
@@ -284,66 +275,119 @@ class SessionEntry:
     source: str  # its origin's source, for messages
 
 
-@dataclass(frozen=True)
-class PluginBundle:
-    """What another process needs to see the registries this one sees for a config: the config's
-    plugin sources (activated when unpickled, first), the session's own entries and the installed
-    packages' entry points this process loaded."""
-
-    sources: tuple[PluginSource, ...]
-    session: tuple[SessionEntry, ...]
-    entry_points: tuple[tuple[str, str, str], ...]
-
-    @property
-    def empty(self) -> bool:
-        return not (self.sources or self.session or self.entry_points)
-
-    def __reduce__(self):
-        return (_unpacked, (self.sources, self.session, self.entry_points))
-
-    def describe(self) -> list[dict[str, Any]]:
-        """For manifest.json: each source (entry, kind, digest) and session entry (kind, name, where)."""
-        return ([{"plugin": s.entry, "kind": s.kind, "modules": list(s.modules), "sha256": s.digest}
-                 for s in self.sources]
-                + [{"package": f"{d} {n} = {v}"} for d, n, v in self.entry_points]
-                + [{"session": f"{e.kind} {e.name!r}", "from": e.source} for e in self.session])
-
-
-def _unpacked(sources, session, entry_points) -> PluginBundle:
-    bundle = PluginBundle(tuple(sources), tuple(session), tuple(entry_points))
-    adopt(bundle)
-    return bundle
-
-
-def bundle_for(entries: list[str] | tuple[str, ...]) -> PluginBundle:
-    """The bundle of a config whose ``plugins:`` are ``entries`` (imported now if they are not yet)."""
-    sources = tuple(load_plugins(list(entries))) if entries else ()
+def pack(entries: list[str] | tuple[str, ...], obj: Any) -> tuple[tuple, bytes] | None:
+    """What another process needs to unpickle ``obj`` and see the registries this one sees: the
+    ``plugins:`` sources (plain data), and one cloudpickle of the session's own entries, the
+    installed packages' entry points this process loaded, and ``obj``; None when there is none
+    of the three (``obj`` then pickles as usual)."""
+    sources = tuple(_source_fields(s) for s in load_plugins(list(entries))) if entries else ()
     session = tuple(SessionEntry(kind, e.name, e.ref, dict(e.meta), e.token, e.origin.source)
                     for kind, e in session_entries())
-    return PluginBundle(sources, session, tuple(loaded_entry_points()))
+    points = tuple(loaded_entry_points())
+    if not (sources or session or points):
+        return None
+    import cloudpickle  # by value: a notebook's classes, and helper modules no other process has
+
+    for module in shipped_by_value():
+        cloudpickle.register_pickle_by_value(module)
+    return sources, cloudpickle.dumps((session, points, obj))
 
 
-def adopt(bundle: PluginBundle) -> None:
-    """Make this process's registries hold what ``bundle`` carries (its sources are active already:
-    they activate when unpickled)."""
-    known = {(d, n, v) for d, n, v in loaded_entry_points()}
-    for dist, name, value in bundle.entry_points:
+def _source_fields(s: PluginSource) -> tuple:
+    return (s.entry, s.kind, s.root, s.modules, s.files, s.digest)
+
+
+def unpack(sources: tuple, blob: bytes) -> Any:
+    """Inverse of :func:`pack` in the receiving process: the sources imported, the session's
+    entries registered, ``obj`` returned; if any of it fails here, a :class:`NotLoaded` that
+    raises the :class:`PluginError` (naming the plugin and this node) when it is used: Ray
+    unpickles an actor's arguments before the actor's code runs, and an error there would reach
+    the caller as a dead actor without its cause."""
+    import pickle  # cloudpickle's output loads with the standard unpickler
+
+    try:
+        for i, fields in enumerate(sources):
+            activate(PluginSource(*fields), i)
+        session, points, obj = pickle.loads(blob)
+        adopt(session, points)
+        return obj
+    except PluginError as err:
+        return NotLoaded(str(err))
+    except Exception as err:  # noqa: BLE001 - e.g. a plugin's module missing here: said by whoever uses it
+        return NotLoaded(f"the plugins of this run cannot be loaded {_here()}: {type(err).__name__}: {err}")
+
+
+class NotLoaded:
+    """Stands in for what could not be unpickled because a plugin failed to load in this process."""
+
+    def __init__(self, message: str):
+        self.message = message
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise PluginError(self.message)
+
+    def check(self) -> None:
+        raise PluginError(self.message)
+
+
+class Carrier:
+    """The plugins of a config's ``plugins:`` entries (and the session's own entries), to travel
+    inside something that is not a config (a sweep's trial arguments): unpickling it loads them;
+    :meth:`check` raises if that failed."""
+
+    def __init__(self, entries: list[str] | tuple[str, ...] = ()):
+        self.entries = tuple(entries)
+
+    def __reduce__(self):
+        packed = pack(self.entries, None)
+        return (Carrier, (self.entries,)) if packed is None else (_unpacked_carrier, (self.entries, *packed))
+
+    def check(self) -> None:
+        """Nothing: the plugins loaded (see :class:`NotLoaded`)."""
+
+
+def _unpacked_carrier(entries, sources, blob) -> Carrier | NotLoaded:
+    loaded = unpack(sources, blob)
+    return loaded if isinstance(loaded, NotLoaded) else Carrier(entries)
+
+
+def adopt(session: tuple[SessionEntry, ...], points: tuple[tuple[str, str, str], ...]) -> None:
+    """Make this process's registries hold a session's entries and the entry points it loaded."""
+    known = set(loaded_entry_points())
+    for dist, name, value in points:
         if (dist, name, value) not in known:
             try:
                 load_entry_point(dist, name, value)
             except PluginError as err:
                 raise PluginError(f"{err} {_here()} (the installed plugin package {dist!r} must be installed on "
                                   "every node of the cluster)") from None
-    for e in bundle.session:
+    for e in session:
         registry = REGISTRIES[e.kind]
         if registry.token_of(e.name) != e.token:
             registry.add(e.name, e.obj, origin=Origin("session", e.source), token=e.token, **e.meta)
 
 
+def describe_plugins(entries: list[str] | tuple[str, ...]) -> list[dict[str, Any]]:
+    """For manifest.json: each plugin source (entry, kind, modules, digest), the installed packages'
+    entry points loaded and the session's own entries (kind, name, where defined)."""
+    sources = load_plugins(list(entries)) if entries else []
+    return ([{"plugin": s.entry, "kind": s.kind, "modules": list(s.modules), "sha256": s.digest} for s in sources]
+            + [{"package": f"{d} {n} = {v}"} for d, n, v in loaded_entry_points()]
+            + [{"session": f"{kind} {e.name!r}", "from": e.origin.source} for kind, e in session_entries()])
+
+
+def plugins_key(entries: list[str] | tuple[str, ...]) -> tuple:
+    """What decides whether a warm process can run a config's plugins: their digests and the
+    session's entries (a process imports a plugin once)."""
+    sources = load_plugins(list(entries)) if entries else []
+    return (tuple((s.entry, s.digest) for s in sources), tuple(e.token for _, e in session_entries()))
+
+
 def shipped_by_value() -> list[Any]:
     """The modules of the session's entries that another process cannot import: neither hetsim's,
-    nor installed, nor a plugin source's (e.g. a helper module beside a notebook). A Ray caller
-    pickles them by value (``ray.cloudpickle.register_pickle_by_value``)."""
+    nor installed, nor a plugin source's (e.g. a helper module beside a notebook)."""
     plugin_modules = {m for s in _active.values() for m in s.modules}
     out = {}
     for _, e in session_entries():

@@ -41,7 +41,7 @@ from engine.config.hints import friendly, tier_problems
 from engine.config.paths import expand_path, missing_paths, resolve_paths
 from engine.config.yamlio import check_values, parse_yaml, read_yaml_file
 from engine.errors import ConfigError, PluginError
-from engine.plugin_sources import bundle_for, load_plugins, resolve_entries
+from engine.plugin_sources import NotLoaded, load_plugins, pack, resolve_entries, unpack
 from engine.registry import DATASETS, MODELS
 from hardware_profiles.clock import RoundPolicy
 from hardware_profiles.sampler import ProfileSpec
@@ -475,15 +475,18 @@ class ExperimentConfig(Section):
         return self.model_dump(mode="json")
 
     def __reduce_ex__(self, protocol):
-        # With plugins (or a session's own registrations), the plugins travel first: unpickling the
-        # bundle imports them, so the classes the rest names (a plugin's params) exist (engine.plugin_sources)
-        bundle = bundle_for(self.plugins)
-        if bundle.empty:
+        # with plugins (or a session's own registrations) they travel with the config and are
+        # imported before the rest is unpickled, which may name their classes (engine.plugin_sources)
+        packed = pack(self.plugins, self.__getstate__())
+        if packed is None:
             return super().__reduce_ex__(protocol)
-        return (_restored_config, (bundle, self.__getstate__()))
+        return (_restored_config, packed)
 
 
-def _restored_config(bundle, state: dict[str, Any]) -> ExperimentConfig:
+def _restored_config(sources: tuple, blob: bytes) -> ExperimentConfig | NotLoaded:
+    state = unpack(sources, blob)
+    if isinstance(state, NotLoaded):  # raises the plugin's error where the config is first used
+        return state
     cfg = ExperimentConfig.__new__(ExperimentConfig)
     cfg.__setstate__(state)
     return cfg

@@ -19,6 +19,7 @@ from engine.clients.device import set_ray_gpu_ids
 from engine.config.schema import ExperimentConfig
 from engine.errors import UserError
 from engine.gcpause import imports_without_gc, own_process
+from engine.plugin_sources import NotLoaded
 from engine.ray.cluster import ExecutorError
 from engine.trace import mark
 
@@ -47,6 +48,12 @@ class ClientActor:
         mark("client actor: up")
         own_process()
         set_ray_gpu_ids([str(g) for g in ray.get_gpu_ids()])
+        # a config whose plugins do not load here: said by setup(), whose error reaches the caller
+        # with its type (an error here would reach it as a dead actor, without its cause)
+        self._not_loaded = cfg if isinstance(cfg, NotLoaded) else None
+        if self._not_loaded is not None:
+            self.release()
+            return
         with imports_without_gc():  # torch, the method, the models: see engine.gcpause
             self.reset(cfg, threads)
         mark("client actor: imports done")
@@ -63,6 +70,7 @@ class ClientActor:
 
         torch.set_num_threads(threads)
         ALGORITHMS[cfg.algorithm.name]
+        self._not_loaded = None
         self._host_class = ClientHost
         self.threads = threads
         self.release()
@@ -75,6 +83,8 @@ class ClientActor:
 
     def setup(self, setup) -> int:
         """Build the host from the shipped data (a device error keeps its type for the caller)."""
+        if self._not_loaded is not None:
+            self._not_loaded.check()
         check_data_on_node(setup.data)
         self.host = self._host_class(setup, threads=self.threads)
         mark("client actor: host ready")

@@ -24,6 +24,7 @@ from engine.config.schema import ExperimentConfig
 from engine.errors import UserError
 from engine.gcpause import imports_without_gc, own_process
 from engine.loop.callbacks import CallbackLike, CallbackList, RoundRecord, RunCallback, RunContext, Stop
+from engine.plugin_sources import NotLoaded
 from engine.ray.cluster import DriverDiedError, ExecutorError, init_ray
 from engine.ray.executor import pool_key
 from engine.results.manifest import read_manifest, update_manifest, utc_now
@@ -54,12 +55,16 @@ class DriverActor:
         self._relay = _Relay()
         self._executor = None
         self._warm = None  # a finished run's executor with its actors parked (executor.keep_warm)
-        if cfg is not None:  # started early: the client actors start now
+        # started early: the client actors start now (unless the config's plugins do not load
+        # here: run() then raises their error, which reaches the caller with its type)
+        if cfg is not None and not isinstance(cfg, NotLoaded):
             self._executor = _new_executor(cfg)
 
     def run(self, body: Callable, cfg: ExperimentConfig, path: str, command: list[str],
             resume: bool = False, warnings=None) -> str:
         """``body(cfg, path, callbacks, command, executor=, resume=, warnings=)``: the run."""
+        if isinstance(cfg, NotLoaded):
+            cfg.check()
         self._relay.records, self._relay.stop_request = [], None  # none left from a previous run
         executor, self._executor = self._executor, None
         if executor is None and self._warm is not None:
@@ -242,6 +247,7 @@ def run_on_driver_actor(
             result = Path(ray.get(done))
         except ray.exceptions.RayTaskError as err:
             if isinstance(err.cause, UserError):  # a user mistake or the environment (full disk): plain message
+                _failed_before_the_body(Path(path), err.cause)
                 raise err.cause from None
             raise err.as_instanceof_cause() from None
         status = _manifest_status(result)
@@ -259,6 +265,16 @@ def run_on_driver_actor(
         else:
             ray.kill(driver)
         cbs.run_end(run, status)
+
+
+def _failed_before_the_body(path: Path, err: BaseException) -> None:
+    """A run the driver refused before its body started (its plugins do not load there): the
+    folder's ``starting`` manifest says ``failed`` and why, as the body would have."""
+    try:
+        if read_manifest(path).get("status") == "starting":
+            update_manifest(path, status="failed", error=str(err), finished=utc_now())
+    except (OSError, ValueError):
+        pass
 
 
 def _stop_after_the_round(driver, done, path: Path) -> None:

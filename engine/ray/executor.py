@@ -38,7 +38,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from engine.clients.device import DeviceError
 from engine.config.schema import ExperimentConfig
+from engine.errors import PluginError
 from engine.execution.base import Executor, RoundReply
+from engine.plugin_sources import plugins_key
 from engine.ray.client_actor import DataNotOnNodeError, client_actor_class
 from engine.ray.cluster import ExecutorError, init_ray
 from engine.ray.pool import plan_pool, plan_when_free
@@ -58,15 +60,16 @@ def pool_key(cfg: ExperimentConfig) -> tuple:
     once (engine.clients.device.prepare_device): runs with equal keys can share warm actors."""
     ex = cfg.executor
     return (cfg.ray.address, cfg.clients.num_clients, ex.num_actors, ex.clients_per_actor, ex.cpus_per_actor,
-            ex.threads_per_actor, ex.gpus_per_actor, ex.device, ex.cuda_deterministic)
+            ex.threads_per_actor, ex.gpus_per_actor, ex.device, ex.cuda_deterministic,
+            plugins_key(cfg.plugins))  # a process imports a plugin once
 
 
 def _plain_error(err: BaseException):
-    """The :class:`engine.clients.device.DeviceError` or :class:`DataNotOnNodeError` an actor's
-    start-up raised, if that is what failed (both are the user's to fix)."""
+    """The :class:`engine.clients.device.DeviceError`, :class:`DataNotOnNodeError` or plugin error
+    an actor's start-up raised, if that is what failed (each is the user's to fix)."""
     as_cause = getattr(err, "as_instanceof_cause", None)  # a RayTaskError from ready()
     inner = as_cause() if as_cause is not None else err
-    for kind in (DeviceError, DataNotOnNodeError):
+    for kind in (DeviceError, DataNotOnNodeError, PluginError):
         if isinstance(inner, kind):
             return kind(*inner.args)  # the plain message, without Ray's traceback header
     return None
