@@ -89,7 +89,7 @@ def run_in_folder(
 def _execute_run(*args, **kwargs) -> Path:
     """:func:`engine.run.body.execute_run`, imported where the body runs: the caller of a Ray run
     hands this to the driver actor (by reference) without importing torch, which would delay
-    its Ray start-up by a second or more (issue 34)."""
+    its Ray start-up by a second or more."""
     with imports_without_gc():  # once per process: a driver actor's start-up (engine.gcpause)
         # torch: only the process that runs the round loop needs it (see the docstring)
         from engine.run.body import execute_run

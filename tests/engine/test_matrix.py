@@ -1,4 +1,4 @@
-"""The feature matrix (issue 36): one small run for every (method x executor x sync/async x data
+"""The feature matrix: one small run for every (method x executor x sync/async x data
 source x conditions) cell meant to work, and a refusal at validation, naming the field, the value
 and what is allowed, for every cell that is not.
 

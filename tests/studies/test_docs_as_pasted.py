@@ -1,5 +1,5 @@
 """The README's and docs' shell and Python blocks, run as pasted, from a folder outside the
-repository (issue 39).
+repository.
 
 Every fenced ``bash``/``sh``/``shell`` and ``python`` block of README.md and docs/*.md runs, in file
 order, in one fresh folder per file (so a block may use what an earlier one wrote, as a reader
