@@ -26,7 +26,7 @@ figure prints its median and range. Figures:
               one process ÷ a hand-written pool of 2 processes, the speed-up this machine's two
               cores give any engine, and bare pool ÷ Ray (> 1: Ray rounds faster than the pool).
               With ``--flower PYTHON`` (an environment with ``flwr[simulation]`` that also sees
-              torch; docs/benchmarks.md), the same job as a Flower simulation (bench/flower_job.py)
+              torch; docs/studies/benchmarks.md), the same job as a Flower simulation (bench/flower_job.py)
               in each repeat: whole process, rounds, Ray job ÷ Flower job, and rounds 2-5 of
               Flower ÷ those of the Ray job (Flower starts its actors inside round 1).
 * ``rayjob``  the Ray job's whole process alone (with its ``--timeline``): the one ``ray`` figure
