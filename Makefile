@@ -6,19 +6,19 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PYTHON ?= python3
 
-.PHONY: run test test-quick lint setup bench clean
+.PHONY: run test test-quick lint docs setup bench clean
 
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,docs]'
 	touch $(STAMP)
 
 setup: $(STAMP)
 
 # PYTHONDONTWRITEBYTECODE: dropped here as for the suite (below); else every process of a run
 # compiles the project again (four for a Ray run: ~0.75 s of the reference Ray job's wall time,
-# docs/benchmarks.md)
+# docs/studies/benchmarks.md)
 run: $(STAMP)
 	env -u PYTHONDONTWRITEBYTECODE $(VENV)/bin/hetsim run $(ARGS)
 
@@ -38,5 +38,10 @@ test-quick: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+# the docs site, offline, into site/ (open site/index.html); --strict: a broken link, anchor or
+# API reference fails the build. The config reference is generated from the schema as it builds.
+docs: $(STAMP)
+	env -u PYTHONDONTWRITEBYTECODE PYTHONPATH=$(CURDIR) NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .pytest_cache site

@@ -1,6 +1,6 @@
 """FedCSPACK: double-weight sparse packs (AAAI 2026, arXiv 2601.01840).
 
-Specification: ``shared/specs/fedcspack.md``. In short: after local training a client cuts its
+The method's reference: docs/fedcspack.md. In short: after local training a client cuts its
 flat trainable-parameter vector into packs of ``pack_size`` values, shares only the packs whose
 cosine to the pre-round global model is below the whole-model cosine ``theta_a`` (optionally
 capped to the K most-drifted ones), each with a double weight ``|cos + KL|``; the server

@@ -1,5 +1,5 @@
 """One run of the ASCEND v3 study's main cell, in-process: its CPU seconds and a fingerprint of
-its tables (issue #34, study throughput).
+its tables (study throughput).
 
     PYTHONPATH=. .venv/bin/python bench/bench_ascend_run.py --rounds 10          # fingerprint + CPU
     PYTHONPATH=. .venv/bin/python bench/bench_ascend_run.py --rounds 60          # the study's full run

@@ -1,4 +1,4 @@
-"""What building a config once saves (issue 38): validation then the run's set-up (its
+"""What building a config once saves: validation then the run's set-up (its
 :class:`Simulation` and its in-process client host, no rounds) of ``--cases`` configs of a sweep
 in one process; ``--models``: what building a model costs against copying a built one.
 

@@ -1,4 +1,4 @@
-"""Checkpoint benchmarks (issue 11): size, write and restore time, memory, per-round overhead.
+"""Checkpoint benchmarks: size, write and restore time, memory, per-round overhead.
 
     .venv/bin/python bench/bench_checkpoint.py                 # everything below
     .venv/bin/python bench/bench_checkpoint.py overhead        # or one of: overhead, scale

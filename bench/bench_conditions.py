@@ -1,4 +1,4 @@
-"""Resolving one round's times through conditions over virtual time (issue 21's goal).
+"""Resolving one round's times through conditions over virtual time (against its goal).
 
     .venv/bin/python bench/bench_conditions.py            # 10,000 selected clients, one core
 

@@ -1,4 +1,4 @@
-"""On-disk Parquet tables split iid / dirichlet / shards (issue 36): set-up and a round's reads.
+"""On-disk Parquet tables split iid / dirichlet / shards: set-up and a round's reads.
 
     .venv/bin/python bench/bench_disk_partitions.py                   # 1M rows x 16 features, 1,000 clients
     .venv/bin/python bench/bench_disk_partitions.py --rows 200000 --clients 100 --selected 10

@@ -1,4 +1,4 @@
-"""Ray dispatch cost per client per round (issue 23, "Ray at scale").
+"""Ray dispatch cost per client per round (Ray at scale).
 
     .venv/bin/python bench/bench_dispatch.py                  # 2 actors, 200 clients a round, 1M params
     .venv/bin/python bench/bench_dispatch.py --per-round 200 --rounds 10 --actors 2

@@ -1,5 +1,5 @@
-"""What the energy ledger and the batteries cost a round (issue 22's goal: <= 2 % of a round's
-engine time).
+"""What the energy ledger and the batteries cost a round (the goal: <= 2 % of a
+round's engine time).
 
     .venv/bin/python bench/bench_energy.py                      # 200 clients, 40 selected a round
     .venv/bin/python bench/bench_energy.py --clients 5000 --participation 0.2

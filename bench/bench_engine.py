@@ -1,4 +1,4 @@
-"""Engine benchmarks (issue 3): overhead, Ray speed-up, memory at scale.
+"""Engine benchmarks: overhead, Ray speed-up, memory at scale.
 
     .venv/bin/python bench/bench_engine.py            # all three, printed side by side
     .venv/bin/python bench/bench_engine.py overhead   # or one of: overhead, speedup, memory

@@ -1,4 +1,4 @@
-"""GPU benchmarks and checks (issue 16), one short script for a GPU machine.
+"""GPU benchmarks and checks, one short script for a GPU machine.
 
     python bench/bench_gpu.py                  # everything this machine can run (~3-5 min on a GPU)
     python bench/bench_gpu.py --json out.json  # also write every figure as JSON

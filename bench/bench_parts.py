@@ -1,4 +1,4 @@
-"""Part files of a long run and how fast it stops (issue 28): files and SIGTERM exit time.
+"""Part files of a long run and how fast it stops: files and SIGTERM exit time.
 
     .venv/bin/python bench/bench_parts.py                      # 10,000 rounds, merged parts
     .venv/bin/python bench/bench_parts.py --rounds 2000 --legacy   # and parts never merged (before)

@@ -1,4 +1,4 @@
-"""A million registered clients on one machine (issue 23): memory, set-up and seconds per round.
+"""A million registered clients on one machine: memory, set-up and seconds per round.
 
     .venv/bin/python bench/bench_scale.py                       # lazy synthetic 10k/100k/1M + 1M table
     .venv/bin/python bench/bench_scale.py synthetic --clients 10000 100000

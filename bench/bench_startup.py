@@ -1,11 +1,11 @@
-"""Start-up and fixed costs (issue 15): every figure next to its goal, interleaved repeats.
+"""Start-up and fixed costs: every figure next to its goal, interleaved repeats.
 
     .venv/bin/python bench/bench_startup.py                  # all figures, 3 repeats (~3 min)
     .venv/bin/python bench/bench_startup.py cli ray          # some of: cli ray rayjob attach light sweep
     .venv/bin/python bench/bench_startup.py --repeats 5 --timeline
     .venv/bin/python bench/bench_startup.py cli ray --timeline --baseline /tmp/before
                       # the same figures of another checkout (e.g. `git worktree add /tmp/before
-                      # ed5cf72`), interleaved with this one's: before/after on one machine state
+                      # <commit>`), interleaved with this one's: before/after on one machine state
     .venv/bin/python bench/bench_startup.py rayjob --repeats 10 --baseline /tmp/a --baseline /tmp/b
                       # several baselines, each labelled by its folder's name
     .venv/bin/python bench/bench_startup.py rayjob --compile --repeats 15 --baseline /tmp/before
@@ -26,7 +26,7 @@ figure prints its median and range. Figures:
               one process ÷ a hand-written pool of 2 processes, the speed-up this machine's two
               cores give any engine, and bare pool ÷ Ray (> 1: Ray rounds faster than the pool).
               With ``--flower PYTHON`` (an environment with ``flwr[simulation]`` that also sees
-              torch; docs/benchmarks.md), the same job as a Flower simulation (bench/flower_job.py)
+              torch; docs/studies/benchmarks.md), the same job as a Flower simulation (bench/flower_job.py)
               in each repeat: whole process, rounds, Ray job ÷ Flower job, and rounds 2-5 of
               Flower ÷ those of the Ray job (Flower starts its actors inside round 1).
 * ``rayjob``  the Ray job's whole process alone (with its ``--timeline``): the one ``ray`` figure
@@ -152,11 +152,11 @@ try:
     from engine import load_config
     from engine.execution.inprocess import InProcessExecutor
     from engine.loop.simulation import Simulation
-    from engine.results import RunWriter
+    from engine.results.tables import RunWriter
 except ImportError:  # a baseline tree from before engine/ had subpackages
     from engine.config import load_config
     from engine.executor import InProcessExecutor
-    from engine.results import RunWriter
+    from engine.results.tables import RunWriter
     from engine.simulation import Simulation
 cfg = load_config(None, {REFERENCE_JOB!r})
 sim = Simulation(cfg, executor=InProcessExecutor(threads=1))
@@ -358,7 +358,7 @@ PACKAGES = ("engine", "algorithms", "hardware_profiles", "hetsim", "sweeps")
 
 def bytecode_state(tree: Path) -> str:
     """How many of the tree's own modules have a bytecode cache: a fresh process compiles the
-    others from source (~0.75 s more for the Ray job's four processes at 27k lines, 2026-12-04),
+    others from source (the Ray job's four processes each compile the project again),
     which a shell with PYTHONDONTWRITEBYTECODE=1 never writes."""
     sources = [f for pkg in PACKAGES for f in (tree / pkg).rglob("*.py")]
     cached = sum(any(f.parent.joinpath("__pycache__").glob(f"{f.stem}.*.pyc")) for f in sources)

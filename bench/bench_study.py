@@ -1,5 +1,5 @@
 """Study throughput: runs per hour of a fixed 40-run grid, cold against warm, and how close the
-rounds come to a bare PyTorch loop on the same shapes (issue 34).
+rounds come to a bare PyTorch loop on the same shapes.
 
     .venv/bin/python bench/bench_study.py                    # all modes (~8 min on 2 cores)
     .venv/bin/python bench/bench_study.py --modes pool sweep --rounds 20

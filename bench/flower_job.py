@@ -3,7 +3,7 @@
     FLOWER_PY bench/flower_job.py --out result.json
 
 Run by the Python of a separate environment with ``flwr[simulation]`` (Flower pins its own Ray,
-2.55.1 for flwr 1.42, beside ours 2.60), which also sees torch; see docs/benchmarks.md. The same
+2.55.1 for flwr 1.42, beside ours 2.60), which also sees torch; see docs/studies/benchmarks.md. The same
 work as ``hetsim run`` of the reference job: FedAvg with Flower's own strategy, the engine's
 CNN (``engine.models.zoo.CNN``), the 5,000 ``mnist5k`` images, 20 IID clients of 150 training
 samples, 1 local epoch of batch 16 with plain SGD (lr 0.05), all clients every round, 5 rounds,

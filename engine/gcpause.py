@@ -1,9 +1,8 @@
 """A process's start-up imports without the cyclic garbage collector.
 
 Importing torch and the engine creates ~200k long-lived objects, and CPython runs full
-collections over the growing heap while they are created: 0.27-0.30 s of CPU of a 1.5 s import in
-a Ray worker (``import ray`` first, then torch, the client actor's modules and the methods; five
-processes each way, 2026-12-04, docs/benchmarks.md). A run starts three or more such processes
+collections over the growing heap while they are created: a fifth of a Ray worker's import time
+goes to those collections (docs/studies/benchmarks.md has the figures). A run starts three or more such processes
 (the command, the driver actor, its client actors) on a machine that may have two cores.
 
 :func:`imports_without_gc` pauses the collector around those imports, then freezes what they

@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from engine.results import TERMINAL_WIDTH  # noqa: F401 - the commands' table width (textwrap only behind it)
+from engine.results.text import TERMINAL_WIDTH  # noqa: F401 - the commands' table width (textwrap only behind it)
 
 LATEST = "latest"
 DEFAULT_RUNS = "runs"  # output.dir of the default experiment

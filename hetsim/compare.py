@@ -22,7 +22,9 @@ import yaml
 
 import sweeps
 from engine import UserError
-from engine.results import TERMINAL_WIDTH, fold_table, load_run, method_cell, wrap
+from engine.results import load_run
+from engine.results.manifest import method_cell
+from engine.results.text import TERMINAL_WIDTH, fold_table, wrap
 from hetsim import plots
 from hetsim.common import human_bytes, is_sweep_folder
 from hetsim.page import Page

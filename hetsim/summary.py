@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from engine.results import method_label
+from engine.results.manifest import method_label
 from hetsim.common import human_bytes
 
 NA = "n/a"

@@ -7,7 +7,7 @@ pack-size sweep, in the reference setting of the paper's code.
     .venv/bin/python studies/fedcspack_study.py --dataset fashion_mnist --parts main,cap --seeds 0,1,2
     .venv/bin/python studies/fedcspack_study.py --smoke            # seconds: the pipeline only
 
-Setting (specs/fedcspack.md): Dirichlet(0.3), 20 clients, participation 0.3, 3 local epochs,
+Setting (the paper's; docs/fedcspack.md): Dirichlet(0.3), 20 clients, participation 0.3, 3 local epochs,
 batch 16, lr 0.05, pack size 1024, reference CNN. Personalized accuracy is each selected
 client's model (after its personalization rule) on its own test split, as in the paper; the
 global accuracy is the global model on the held-out test set. Accuracies are averaged over the

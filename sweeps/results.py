@@ -35,7 +35,8 @@ import pandas as pd
 from engine import ConfigError, UserError, load_config
 from engine.config.schema import apply_overrides
 from engine.config.yamlio import parse_yaml
-from engine.results import ROUND_COLUMNS, RunFolderError, Storage, load_run, method_cell, open_storage, read_table
+from engine.results import ROUND_COLUMNS, RunFolderError, Storage, load_run, open_storage, read_table
+from engine.results.manifest import method_cell
 from engine.results.text import TERMINAL_WIDTH, fold_table, wrap
 from sweeps.search import TRIAL_INDEX
 from sweeps.spec import expand_params, trial_seed

@@ -8,8 +8,7 @@ trials are not rerun (also those Tune's saved state missed, see :func:`trial_or_
 from their last checkpoint (from round 0 without one), errored ones are kept as errors unless ``retry_errored``
 (then they continue the same way, keeping their trial id).
 
-Whether a trial fits the cluster and where results are stored: :mod:`sweeps.cluster`. What the sweep
-prints (quiet by default: no Tune tables, one progress bar) and Tune's hooks: :mod:`sweeps.callbacks`."""
+Fitting the cluster and storage: :mod:`sweeps.cluster`; what a sweep prints, Tune's hooks: :mod:`sweeps.callbacks`."""
 from __future__ import annotations
 
 import itertools
@@ -32,7 +31,8 @@ from ray.tune import ExperimentAnalysis  # noqa: E402
 from ray.tune.schedulers import ASHAScheduler  # noqa: E402
 
 from engine.ray.cluster import check_while_ray_starts, init_ray, joins_cluster  # noqa: E402
-from engine.results import Storage, check_writable, read_table  # noqa: E402
+from engine.results import Storage, read_table  # noqa: E402
+from engine.storage.locations import check_writable  # noqa: E402
 from engine.trace import mark  # noqa: E402
 from sweeps.callbacks import (  # noqa: E402
     ACTIVE,

@@ -26,7 +26,8 @@ from typing import Any
 from ray.tune.logger import TBXLoggerCallback
 from ray.tune.result import AUTO_RESULT_KEYS
 
-from engine.results import DirectoryMirror, Storage
+from engine.results import Storage
+from engine.storage.locations import DirectoryMirror
 
 # Tune's bookkeeping and the trainable's scheduler helpers: not rounds.parquet columns
 NOT_ROUND_KEYS = frozenset(AUTO_RESULT_KEYS) | {"done", "rounds_done", "trial_id", "experiment_tag",

@@ -23,7 +23,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from engine.results import Storage, is_uri
+from engine.results import Storage
+from engine.storage.locations import is_uri
 
 # tracker -> (module it needs, distribution that provides it)
 PACKAGES = {"tensorboard": ("tensorboardX", "tensorboardX"), "mlflow": ("mlflow", "mlflow-skinny")}

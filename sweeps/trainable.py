@@ -54,13 +54,16 @@ from ray import tune
 from ray.tune import PlacementGroupFactory
 
 from engine import RunCallback, load_config, validate_experiment
+from engine.atomic import write_json_atomic
 from engine.checkpoint.folder import CHECKPOINTS, checkpoint_name, list_checkpoints
 from engine.checkpoint.snapshot import read_meta
 from engine.clients.device import set_ray_gpu_ids
 from engine.ray.executor import RayExecutor
-from engine.results import DirectoryMirror, Storage, StorageError, read_table, update_manifest, write_json_atomic
+from engine.results import Storage, StorageError, read_table
+from engine.results.manifest import update_manifest
 from engine.run.api import run_in_folder
 from engine.run.body import execute_run
+from engine.storage.locations import DirectoryMirror
 from engine.trace import mark
 from sweeps.results import SEARCHER_PREFIX, searcher_values
 from sweeps.space import plain

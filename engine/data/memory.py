@@ -1,4 +1,4 @@
-"""The memory an eager dataset will take, estimated before it is built (issue 37).
+"""The memory an eager dataset will take, estimated before it is built.
 
 An eager ``synthetic`` dataset generates every client's rows up front: a million clients hold
 ~63M rows and peak at ~32 GiB while they are generated and partitioned. Validation estimates that

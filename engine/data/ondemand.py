@@ -1,4 +1,4 @@
-"""Federated data built client by client, when a client takes part (issue 23).
+"""Federated data built client by client, when a client takes part.
 
 An eager dataset (:class:`engine.data.partition.FederatedData`) holds every sample of every
 client in memory before the first round; a million clients of ``synthetic`` would need 15 GB.

@@ -16,7 +16,7 @@ import numpy as np
 
 from algorithms.base import Broadcast, ClientResult
 
-if TYPE_CHECKING:  # the client host imports torch; the Ray executor's module must not (issue 34)
+if TYPE_CHECKING:  # the client host imports torch; the Ray executor's module must not
     from engine.clients.host import HostSetup
 
 

@@ -312,7 +312,7 @@ def _check_driver_gpus(ray, node_id: str, driver_gpus: float) -> None:
 
 def _resume_round(path: Path) -> int:
     # torch (the checkpoint format): Ray deserializes the driver actor by importing this module,
-    # and torch there would delay the client actors it starts by a second or more (issue 34)
+    # and torch there would delay the client actors it starts by a second or more
     from engine.checkpoint.folder import latest_checkpoint
     from engine.checkpoint.snapshot import read_meta
 

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from engine.clients.host import HostSetup
 
 # No torch at import (checkpoint format, client host): the driver actor imports this module to
-# start the client actors, and a second of torch there delays their start (issue 34).
+# start the client actors, and a second of torch there delays their start.
 
 CHUNK_BYTES = 64 << 20  # checkpoint shards travel between nodes in pieces of this size
 

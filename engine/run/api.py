@@ -33,6 +33,12 @@ def run_experiment(
 ) -> Path | str:
     """Validate ``cfg``, create its run folder, run it; returns the folder's path.
 
+    Args:
+        cfg: the experiment (:func:`engine.config.schema.load_config` builds one).
+        run_dir: the run folder (a path or a URI); default: one named from ``cfg.output``.
+        callbacks: see every finished round and may add metrics or stop the run.
+        command: the command line recorded in the manifest (default: ``sys.argv``).
+
     Validation (:func:`engine.run.validate.validate_experiment`) comes first, so a config error
     leaves no folder behind; its warnings are logged and recorded in ``manifest.json``. The
     folder is ``run_dir`` or one named from ``cfg.output`` (:func:`make_run_dir`).
@@ -89,7 +95,7 @@ def run_in_folder(
 def _execute_run(*args, **kwargs) -> Path:
     """:func:`engine.run.body.execute_run`, imported where the body runs: the caller of a Ray run
     hands this to the driver actor (by reference) without importing torch, which would delay
-    its Ray start-up by a second or more (issue 34)."""
+    its Ray start-up by a second or more."""
     with imports_without_gc():  # once per process: a driver actor's start-up (engine.gcpause)
         # torch: only the process that runs the round loop needs it (see the docstring)
         from engine.run.body import execute_run
@@ -155,6 +161,13 @@ def resume_run(
 ) -> Path:
     """Continue an unfinished run from its newest checkpoint (from round 0 if it has none).
 
+    Args:
+        run_dir: the run folder to continue.
+        cfg: the config to continue with; default: the folder's own ``config.yaml``.
+        callbacks: as for :func:`run_experiment`.
+        command: the command line recorded in the manifest.
+        overrides: ``key=value`` items or a dict over the config.
+
     Rounds after the checkpoint are recomputed and their rows from the first attempt dropped,
     so every table holds each round once; ``manifest.json`` lists the resume under
     ``resumes``. ``cfg``/``overrides`` may change only fields that cannot change results
@@ -178,11 +191,19 @@ def simulate(
 ) -> Run:
     """Run an experiment and return it loaded into pandas: the one call a notebook needs.
 
-    ``config``: an :class:`ExperimentConfig`, a dict, a YAML path, or None (the default
-    experiment); ``overrides``: ``["rounds=5", ...]`` or ``{"train.lr": 0.01}``, checked like
-    the file. The run folder is written as by :func:`run_experiment` (``run_dir``, else from
-    ``output``); the returned :class:`engine.results.tables.Run` has ``rounds``, ``clients`` and
-    ``profiles`` as DataFrames and ``path``.
+    The run folder is written as by :func:`run_experiment`.
+
+    Args:
+        config: an :class:`ExperimentConfig`, a dict, a YAML path, or None (the default experiment).
+        overrides: ``["rounds=5", ...]`` or ``{"train.lr": 0.01}``, checked like the file.
+        run_dir: the run folder; default: one named from the config's ``output``.
+        callbacks: see every finished round (:class:`engine.loop.callbacks.RunCallback` or ``f(record)``).
+
+    Returns:
+        The run, loaded: ``rounds``, ``clients`` and ``profiles`` as DataFrames, ``path``, ``manifest``.
+
+    Raises:
+        ConfigError: the config or an override is invalid (nothing is written).
     """
     if isinstance(config, ExperimentConfig):
         cfg = load_config(config.to_dict(), overrides) if overrides else config

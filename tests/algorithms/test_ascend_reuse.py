@@ -1,4 +1,4 @@
-"""ASCEND's reused forwards (issue #34, study throughput): every figure a reused forward gives
+"""ASCEND's reused forwards (study throughput): every figure a reused forward gives
 is the one the forward itself would give, bit for bit (the paths compared with the reuse off)."""
 import math
 

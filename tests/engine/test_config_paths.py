@@ -1,6 +1,6 @@
 """Paths in a config are relative to the file that names them; shipped traces by ``builtin:NAME``;
 a missing file is named first (as given and as resolved); the shipped studies validate from any
-folder (issue 39); tests/studies/test_studies_anywhere.py runs the study scripts from one."""
+folder; tests/studies/test_studies_anywhere.py runs the study scripts from one."""
 import os
 from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""The feature matrix (issue 36): one small run for every (method x executor x sync/async x data
+"""The feature matrix: one small run for every (method x executor x sync/async x data
 source x conditions) cell meant to work, and a refusal at validation, naming the field, the value
 and what is allowed, for every cell that is not.
 
@@ -229,9 +229,10 @@ def test_a_cell_not_meant_to_work_is_refused_at_validation(cell, table, tmp_path
     from engine.errors import ConfigError
 
     if cell is None:  # every cell runs: the refusals left are options of a method, not cells
-        from algorithms.asynchronous import SYNCHRONOUS_ONLY
+        from algorithms.asynchronous import synchronous_only
+        from algorithms.params import ALGORITHM_PARAMS
 
-        assert not SYNCHRONOUS_ONLY
+        assert not [m for m in ALGORITHM_PARAMS if synchronous_only(m) is not None]
         base = overrides(("ascend", "inprocess", "async", "memory", "off"), *table)
         with pytest.raises(ConfigError) as err:
             load_config(None, [*base, "algorithm.reward=v1"])
@@ -348,7 +349,7 @@ def render() -> str:
     lines += ["", "## Refusals", ""]
     for why, where in reasons.items():
         lines.append(f"* {', '.join(sorted(set(where)))}: \"{' … '.join(why)}\" "
-                     "(the reason is `SYNCHRONOUS_ONLY` in `algorithms/asynchronous.py`).")
+                     "(the reason is the method's `AlgorithmParams.synchronous_only`).")
     lines += [
         "",
         "## Data sources and partition schemes",

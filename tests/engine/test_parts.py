@@ -1,5 +1,5 @@
 """A config is built once per run (validation and run share the parts), and a warm process reuses
-the data of earlier runs without changing a result (issues 34, 38)."""
+the data of earlier runs without changing a result."""
 import collections
 import pickle
 

@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 import engine
-from engine.results import WALL_COLUMNS, load_run, read_manifest, update_manifest, write_manifest
+from engine.results import WALL_COLUMNS, load_run, read_manifest
+from engine.results.manifest import update_manifest, write_manifest
 
 TINY = {"dataset.name": "digits", "model.name": "mlp", "clients.num_clients": 6, "rounds": 2,
         "clients.profiles": {}}
@@ -34,6 +35,32 @@ def test_the_face_holds_the_names_a_user_needs_and_no_plumbing():
     for name in ("execute_run", "Simulation", "init_ray", "RayExecutor", "write_checkpoint", "apply_overrides"):
         with pytest.raises(AttributeError, match=name):
             getattr(engine, name)
+
+
+def test_the_results_face_holds_what_a_user_reads_results_with_and_no_plumbing():
+    import engine.results
+
+    assert set(engine.results._EXPORTS) == {
+        "Run", "load_run", "read_table", "RunFolderError", "read_manifest", "run_status", "SCHEMA_VERSION",
+        "ROUND_COLUMNS", "CLIENT_COLUMNS", "PROFILE_COLUMNS", "FAULT_COLUMNS", "WALL_COLUMNS",
+        "open_storage", "Storage", "StorageError", "StorageUnreachable"}
+    # plumbing comes from its own module
+    for name in ("RunWriter", "update_manifest", "write_manifest", "fold_table", "is_uri", "redact"):
+        with pytest.raises(AttributeError, match=name):
+            getattr(engine.results, name)
+    assert {"RunWriter", "load_run"} <= set(dir(engine.results.tables))
+
+
+def test_the_results_face_reads_a_run_folder(tmp_path):
+    from engine.results import ROUND_COLUMNS, Run, RunFolderError, read_table, run_status
+
+    run = engine.simulate({"output": {"dir": str(tmp_path)}}, TINY)
+    again = load_run(run.path)
+    assert isinstance(again, Run) and run_status(again.manifest) == "finished"
+    assert set(ROUND_COLUMNS) <= set(again.rounds.columns)
+    pd.testing.assert_frame_equal(read_table(run.path, "rounds"), again.rounds)
+    with pytest.raises(RunFolderError):
+        load_run(tmp_path / "not-a-run")
 
 
 def test_importing_the_face_imports_neither_torch_nor_ray():

@@ -52,7 +52,7 @@ for name in ALGORITHM_PARAMS:
 
 
 def test_a_ray_runs_start_up_path_imports_no_torch():
-    # issue 34: torch at the top of these cost the Ray job 0.5-1 s. The caller's imports, its
+    # torch at the top of these would delay the Ray job's start by a second or so. The caller's imports, its
     # static checks, up to Ray's start (the data checks import torch beside it, in a thread)
     caller = """
 from hetsim.cli import cmd_run

@@ -1,5 +1,5 @@
 """The round clock (hardware_profiles.round_clock): begin, time and advance one round, as the
-synchronous loop drives it, against the rules it composes (issue 38)."""
+synchronous loop drives it, against the rules it composes."""
 import copy
 
 import numpy as np

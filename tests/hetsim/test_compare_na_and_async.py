@@ -1,4 +1,4 @@
-"""The compare, what-if and sweep tables say async and say why (issue 39): an asynchronous run or
+"""The compare, what-if and sweep tables say async and say why: an asynchronous run or
 trial is labelled by its mode ("fedbuff, async"), and an empty cell reads ``n/a [k]`` with a
 footnote giving the run summary's reason. Real small runs; a what-if folder laid out as a sweep
 leaves it (no Ray)."""
@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from engine import load_config, run_experiment
-from engine.results import method_cell
+from engine.results.manifest import method_cell
 from hetsim.cli import main
 from hetsim.compare import compare_table, load_entries, shown_table
 from hetsim.summary import why_no_accuracy

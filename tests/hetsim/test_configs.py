@@ -1,4 +1,4 @@
-"""The example files in configs/ (issue 37): each is what `hetsim init` writes (one source,
+"""The example files in configs/: each is what `hetsim init` writes (one source,
 hetsim/templates.py), `hetsim validate -c` takes it as it is, and `hetsim run -c` runs it,
 shortened to 2 rounds (server steps for FedBuff) with `--set rounds=2`."""
 import re

@@ -1,4 +1,4 @@
-"""A newcomer's first hour (issue #39): "did you mean" for unknown names, units in values,
+"""A newcomer's first hour: "did you mean" for unknown names, units in values,
 `network` replacing the default's `bandwidth`, `hetsim list` and `hetsim init`."""
 import pytest
 

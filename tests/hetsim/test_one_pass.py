@@ -1,4 +1,4 @@
-"""Validation collects every mistake of a file in one pass, each with its "did you mean" (issue 39)."""
+"""Validation collects every mistake of a file in one pass, each with its "did you mean"."""
 import pytest
 
 from hetsim.cli import main

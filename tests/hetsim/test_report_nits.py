@@ -1,4 +1,4 @@
-"""Report nits of issue 39: a download line identical to the upload line stays visible and is
+"""Report nits: a download line identical to the upload line stays visible and is
 named; tier counts that differ between panels say what they count; legends sit outside the
 axes, never over a curve's end; accuracy axes span at least 10 points; the compare page has one
 name. Figures are inspected as matplotlib objects (no PNG), on one small real run."""

@@ -1,4 +1,4 @@
-"""Run names and summaries (issue 39): an asynchronous run is named and summarised by its mode and
+"""Run names and summaries: an asynchronous run is named and summarised by its mode and
 counts server steps; energy, battery drops and drops by reason are in every summary; every ``n/a``
 says why. Real small runs: synchronous with a deadline, asynchronous, batteries."""
 import json
@@ -8,7 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from engine.results import load_run, method_label
+from engine.results import load_run
+from engine.results.manifest import method_label
 from hetsim.cli import main, summary_table
 from hetsim.report import summary_items
 from hetsim.summary import joules

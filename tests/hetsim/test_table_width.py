@@ -1,5 +1,5 @@
 """The tables `hetsim whatif`, `hetsim show` and `hetsim sweep` print fit 100 columns; `--wide`
-prints them whole (issue 39). Real run folders, a what-if folder laid out as a sweep leaves it."""
+prints them whole. Real run folders, a what-if folder laid out as a sweep leaves it."""
 import json
 from pathlib import Path
 

@@ -1,5 +1,5 @@
 """Every shipped study (``studies/*.py``) runs from a folder outside the repository at its
-smallest setting and writes real results under that folder (issue 39).
+smallest setting and writes real results under that folder.
 
 The scripts run as a user starts them (``python /path/to/studies/X.py --smoke``, the working
 folder a fresh temporary one), two at a time: together they are a few seconds of CPU each.

@@ -1,4 +1,4 @@
-"""`hetsim sweep --grid KEY=v1,v2`: a spec's dimension shrunk or replaced from the command line (issue 39)."""
+"""`hetsim sweep --grid KEY=v1,v2`: a spec's dimension shrunk or replaced from the command line."""
 
 import pytest
 from helpers import REPO

@@ -1,4 +1,4 @@
-"""The eager data's memory, estimated at validation (issue 37): a million clients of eager
+"""The eager data's memory, estimated at validation: a million clients of eager
 ``synthetic`` are refused with a message naming ``dataset.params.lazy: true`` before anything is
 built; the estimate is the generator's own row count and the peak tracemalloc measures."""
 import tracemalloc

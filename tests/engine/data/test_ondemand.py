@@ -1,4 +1,4 @@
-"""On-demand federated data (issue 23): lazy ``synthetic`` generated per client from (seed, id),
+"""On-demand federated data: lazy ``synthetic`` generated per client from (seed, id),
 Parquet tables read per client from an on-disk row cache; the same splits as the eager builder,
 nothing but counts held for the fleet, identical tables on both executors."""
 import inspect
@@ -405,7 +405,7 @@ def test_a_column_of_encoded_images_is_decoded_channels_first_in_memory_and_on_d
                                       "features: img}"]))
 
 
-# ---------------------------------------------------------------- on-disk tables with label schemes (issue 36)
+# ---------------------------------------------------------------- on-disk tables with label schemes
 
 
 def _scheme_cfg(table, cache, scheme, *extra, on_disk=True, split=True):
