@@ -5,12 +5,10 @@ config file like every path of a config: a ``.py`` file, a package folder (with 
 or a plain folder whose ``.py`` files are each imported. Importing one runs its registrations
 (:mod:`engine.plugins`). Every process that runs a part of an experiment imports the same
 plugins: the command line when it loads the config, and a Ray driver actor, client actor or Tune
-trial when it receives the config. A path's files travel with the config (:class:`PluginBundle`,
-carried inside a pickled :class:`~engine.config.schema.ExperimentConfig`), so a cluster node
-without the files (its own disk) writes them into its temporary folder, keyed by their digest, and
-imports them from there; a node that has them, unchanged, imports them in place (tracebacks then
-name the user's own files). Entries a session registered outside any plugin (a notebook cell)
-travel by value in the same bundle; installed packages' entry points are loaded again.
+trial when it receives the config. A path's files travel inside the pickled config
+(:mod:`engine.plugin_transport`), so a cluster node without the files (its own disk) writes them
+into its temporary folder, keyed by their digest, and imports them from there; a node that has
+them, unchanged, imports them in place (tracebacks then name the user's own files).
 
 Why not Ray's ``runtime_env`` (``py_modules``)? A job-level environment cannot be set on a Ray the
 user already started (a notebook, the tests' shared Ray), Tune's trial actors take no per-trial
@@ -31,15 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from algorithms.registry import (
-    REGISTRIES,
-    Origin,
-    load_entry_point,
-    loaded_entry_points,
-    loading_from,
-    session_entries,
-)
-from hardware_profiles.errors import PluginError, is_users_file, user_frames
+from algorithms.registry import REGISTRIES, Origin, loading_from
+from hardware_profiles.errors import PluginError, user_frames
 
 MAX_PLUGIN_BYTES = 32 << 20  # a plugin's files travel to every process of a run
 SKIPPED_DIRS = ("__pycache__", ".git", ".venv", ".ipynb_checkpoints", "node_modules")
@@ -153,7 +144,7 @@ def activate(source: PluginSource, index: int | None = None) -> None:
         where = f"plugins[{index}] = {source.entry!r}" if index is not None else f"plugin {source.entry!r}"
         if done is not None:
             if done.digest != source.digest:
-                raise PluginError(f"{where}: this process {_here()} imported other contents of it earlier; "
+                raise PluginError(f"{where}: this process {here()} imported other contents of it earlier; "
                                   "a process imports a plugin once (start a new one for the changed files)")
             return
         root = _root_for(source)
@@ -219,9 +210,9 @@ def _import(name: str, root: str, where: str, origin: Origin) -> None:
     except ModuleNotFoundError as err:
         _forget(before)
         if err.name == name and not root:
-            raise PluginError(f"{where}: no module named {name!r} {_here()} (a module name must be installed or on "
+            raise PluginError(f"{where}: no module named {name!r} {here()} (a module name must be installed or on "
                               "PYTHONPATH there; a file is given as a path ending in .py)") from None
-        raise PluginError(f"{where}: importing it failed {_here()}: {type(err).__name__}: {err}"
+        raise PluginError(f"{where}: importing it failed {here()}: {type(err).__name__}: {err}"
                           f"{_frames(err)}") from None
     except Exception as err:  # noqa: BLE001 - any failure of the user's module is the user's to fix
         _forget(before)
@@ -248,7 +239,7 @@ def _where_from(module: Any) -> str:
     return getattr(module, "__file__", None) or f"the built-in module {module.__name__!r}"
 
 
-def _here() -> str:
+def here() -> str:
     """This process, for messages from processes other than the caller's: its node and pid."""
     ray = sys.modules.get("ray")  # asked, never imported: Ray stays in engine/ray
     node = ""
@@ -262,145 +253,3 @@ def _here() -> str:
 
 def active_sources() -> list[PluginSource]:
     return list(_active.values())
-
-
-# ---------------------------------------------------------------- what a pickled config carries
-@dataclass(frozen=True)
-class SessionEntry:
-    kind: str  # the registry's kind
-    name: str
-    obj: Any  # what was registered (pickled by value where it is not importable elsewhere)
-    meta: dict
-    token: str
-    source: str  # its origin's source, for messages
-
-
-def pack(entries: list[str] | tuple[str, ...], obj: Any) -> tuple[tuple, bytes] | None:
-    """What another process needs to unpickle ``obj`` and see the registries this one sees: the
-    ``plugins:`` sources (plain data), and one cloudpickle of the session's own entries, the
-    installed packages' entry points this process loaded, and ``obj``; None when there is none
-    of the three (``obj`` then pickles as usual)."""
-    sources = tuple(_source_fields(s) for s in load_plugins(list(entries))) if entries else ()
-    session = tuple(SessionEntry(kind, e.name, e.ref, dict(e.meta), e.token, e.origin.source)
-                    for kind, e in session_entries())
-    points = tuple(loaded_entry_points())
-    if not (sources or session or points):
-        return None
-    import cloudpickle  # by value: a notebook's classes, and helper modules no other process has
-
-    for module in shipped_by_value():
-        cloudpickle.register_pickle_by_value(module)
-    return sources, cloudpickle.dumps((session, points, obj))
-
-
-def _source_fields(s: PluginSource) -> tuple:
-    return (s.entry, s.kind, s.root, s.modules, s.files, s.digest)
-
-
-def unpack(sources: tuple, blob: bytes) -> Any:
-    """Inverse of :func:`pack` in the receiving process: the sources imported, the session's
-    entries registered, ``obj`` returned; if any of it fails here, a :class:`NotLoaded` that
-    raises the :class:`PluginError` (naming the plugin and this node) when it is used: Ray
-    unpickles an actor's arguments before the actor's code runs, and an error there would reach
-    the caller as a dead actor without its cause."""
-    import pickle  # cloudpickle's output loads with the standard unpickler
-
-    try:
-        for i, fields in enumerate(sources):
-            activate(PluginSource(*fields), i)
-        session, points, obj = pickle.loads(blob)
-        adopt(session, points)
-        return obj
-    except PluginError as err:
-        return NotLoaded(str(err))
-    except Exception as err:  # noqa: BLE001 - e.g. a plugin's module missing here: said by whoever uses it
-        return NotLoaded(f"the plugins of this run cannot be loaded {_here()}: {type(err).__name__}: {err}")
-
-
-class NotLoaded:
-    """Stands in for what could not be unpickled because a plugin failed to load in this process."""
-
-    def __init__(self, message: str):
-        self.message = message
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise PluginError(self.message)
-
-    def check(self) -> None:
-        raise PluginError(self.message)
-
-
-class Carrier:
-    """The plugins of a config's ``plugins:`` entries (and the session's own entries), to travel
-    inside something that is not a config (a sweep's trial arguments): unpickling it loads them;
-    :meth:`check` raises if that failed."""
-
-    def __init__(self, entries: list[str] | tuple[str, ...] = ()):
-        self.entries = tuple(entries)
-
-    def __reduce__(self):
-        packed = pack(self.entries, None)
-        return (Carrier, (self.entries,)) if packed is None else (_unpacked_carrier, (self.entries, *packed))
-
-    def check(self) -> None:
-        """Nothing: the plugins loaded (see :class:`NotLoaded`)."""
-
-
-def _unpacked_carrier(entries, sources, blob) -> Carrier | NotLoaded:
-    loaded = unpack(sources, blob)
-    return loaded if isinstance(loaded, NotLoaded) else Carrier(entries)
-
-
-def adopt(session: tuple[SessionEntry, ...], points: tuple[tuple[str, str, str], ...]) -> None:
-    """Make this process's registries hold a session's entries and the entry points it loaded."""
-    known = set(loaded_entry_points())
-    for dist, name, value in points:
-        if (dist, name, value) not in known:
-            try:
-                load_entry_point(dist, name, value)
-            except PluginError as err:
-                raise PluginError(f"{err} {_here()} (the installed plugin package {dist!r} must be installed on "
-                                  "every node of the cluster)") from None
-    for e in session:
-        registry = REGISTRIES[e.kind]
-        if registry.token_of(e.name) != e.token:
-            registry.add(e.name, e.obj, origin=Origin("session", e.source), token=e.token, **e.meta)
-
-
-def describe_plugins(entries: list[str] | tuple[str, ...]) -> list[dict[str, Any]]:
-    """For manifest.json: each plugin source (entry, kind, modules, digest), the installed packages'
-    entry points loaded and the session's own entries (kind, name, where defined)."""
-    sources = load_plugins(list(entries)) if entries else []
-    return ([{"plugin": s.entry, "kind": s.kind, "modules": list(s.modules), "sha256": s.digest} for s in sources]
-            + [{"package": f"{d} {n} = {v}"} for d, n, v in loaded_entry_points()]
-            + [{"session": f"{kind} {e.name!r}", "from": e.origin.source} for kind, e in session_entries()])
-
-
-def plugins_key(entries: list[str] | tuple[str, ...]) -> tuple:
-    """What decides whether a warm process can run a config's plugins: their digests and the
-    session's entries (a process imports a plugin once)."""
-    sources = load_plugins(list(entries)) if entries else []
-    return (tuple((s.entry, s.digest) for s in sources), tuple(e.token for _, e in session_entries()))
-
-
-def shipped_by_value() -> list[Any]:
-    """The modules of the session's entries that another process cannot import: neither hetsim's,
-    nor installed, nor a plugin source's (e.g. a helper module beside a notebook)."""
-    plugin_modules = {m for s in _active.values() for m in s.modules}
-    out = {}
-    for _, e in session_entries():
-        for obj in _parts(e.ref):
-            name = getattr(obj, "__module__", None)
-            module = sys.modules.get(name) if name else None
-            if module is None or name == "__main__" or name.split(".")[0] in plugin_modules:
-                continue
-            if is_users_file(getattr(module, "__file__", "") or ""):
-                out[name] = module
-    return list(out.values())
-
-
-def _parts(obj: Any) -> list[Any]:
-    parts = getattr(obj, "registry_identity", None)
-    return [p for p in parts() if not isinstance(p, str)] if callable(parts) else [obj]

@@ -41,7 +41,8 @@ from engine.config.hints import friendly, tier_problems
 from engine.config.paths import expand_path, missing_paths, resolve_paths
 from engine.config.yamlio import check_values, parse_yaml, read_yaml_file
 from engine.errors import ConfigError, PluginError
-from engine.plugin_sources import NotLoaded, load_plugins, pack, resolve_entries, unpack
+from engine.plugin_sources import load_plugins, resolve_entries
+from engine.plugin_transport import NotLoaded, pack, unpack
 from engine.registry import DATASETS, MODELS
 from hardware_profiles.clock import RoundPolicy
 from hardware_profiles.sampler import ProfileSpec

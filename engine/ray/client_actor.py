@@ -19,7 +19,7 @@ from engine.clients.device import set_ray_gpu_ids
 from engine.config.schema import ExperimentConfig
 from engine.errors import UserError
 from engine.gcpause import imports_without_gc, own_process
-from engine.plugin_sources import NotLoaded
+from engine.plugin_transport import NotLoaded
 from engine.ray.cluster import ExecutorError
 from engine.trace import mark
 

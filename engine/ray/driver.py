@@ -24,7 +24,7 @@ from engine.config.schema import ExperimentConfig
 from engine.errors import UserError
 from engine.gcpause import imports_without_gc, own_process
 from engine.loop.callbacks import CallbackLike, CallbackList, RoundRecord, RunCallback, RunContext, Stop
-from engine.plugin_sources import NotLoaded
+from engine.plugin_transport import NotLoaded
 from engine.ray.cluster import DriverDiedError, ExecutorError, init_ray
 from engine.ray.executor import pool_key
 from engine.results.manifest import read_manifest, update_manifest, utc_now

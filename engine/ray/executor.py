@@ -40,7 +40,7 @@ from engine.clients.device import DeviceError
 from engine.config.schema import ExperimentConfig
 from engine.errors import PluginError
 from engine.execution.base import Executor, RoundReply
-from engine.plugin_sources import plugins_key
+from engine.plugin_transport import plugins_key
 from engine.ray.client_actor import DataNotOnNodeError, client_actor_class
 from engine.ray.cluster import ExecutorError, init_ray
 from engine.ray.pool import plan_pool, plan_when_free
