@@ -33,6 +33,7 @@ T = TypeVar("T")
 ENTRY_POINT_GROUP = "hetsim.plugins"
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 OUR_PACKAGES = ("hardware_profiles", "algorithms", "engine", "sweeps", "hetsim")
+PLUGIN_DOCS = "docs/plugins.md"
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,9 @@ class Registry(Generic[T]):
             raise PluginError(f"{self.kind} name {name!r} is not allowed: a non-empty name of letters, digits, "
                               "'_', '.' and '-', starting with a letter or '_'")
         lazy = isinstance(obj, str)
-        origin = origin or _loading.get() or _origin_of(obj)
+        if origin is None:  # hetsim's own objects are built in, whatever import brought them in
+            own = _origin_of(obj)
+            origin = own if own.kind == "built-in" else (_loading.get() or own)
         with self._lock:
             old = self._entries.get(name)
             if old is not None:
@@ -207,8 +210,10 @@ class Registry(Generic[T]):
         return entry
 
     def unknown(self, name: Any) -> str:
-        """``unknown <kind> 'x'; did you mean 'y'? allowed: ...`` (as every unknown name is worded)."""
-        return unknown(self.kind, name, self.names())
+        """``unknown <kind> 'x'; did you mean 'y'? allowed: ...`` (as every unknown name is worded),
+        and where a name of the user's own comes from."""
+        return (f"{unknown(self.kind, name, self.names())}; one of your own: register it in a module or file "
+                f"named under plugins: ({PLUGIN_DOCS})")
 
     def get(self, name: str) -> T:
         """The object registered as ``name`` (a lazy reference is imported and checked now)."""
@@ -225,6 +230,19 @@ class Registry(Generic[T]):
 
     def origin(self, name: str) -> Origin:
         return self.entry(name).origin
+
+    def name_of(self, obj: Any) -> str | None:
+        """The name ``obj`` (or a spec of which it is a part) is registered under, None if none;
+        only resolved entries are looked at (nothing is imported)."""
+        for entry in list(self._entries.values()):
+            if not entry.resolved:
+                continue
+            if entry.obj is obj or entry.ref is obj:
+                return entry.name
+            parts = getattr(entry.obj, "registry_identity", None)
+            if callable(parts) and any(p is obj for p in parts()):
+                return entry.name
+        return None
 
     def token_of(self, name: str) -> str | None:
         """The token of ``name``'s entry (the same entry in every process), None if it has none here."""

@@ -94,6 +94,36 @@ def register_dataset(name: str, loader: F | str | None = None):
     return add if loader is None else add(loader)
 
 
+# ---------------------------------------------------------------- objects given in Python
+def name_for(kind: str, obj: Any) -> str:
+    """The config name of ``obj`` for ``kind`` ("algorithm", "model", "dataset", "selection policy",
+    "metric"): a name as it is; an object already registered (a spec, a decorated half, a model
+    class, ...) by its name; any other object registered now under its ``__name__`` (a notebook's
+    class), as :func:`engine.plugins.register_model` and its siblings would."""
+    from algorithms.base import AlgorithmSpec  # the contract: imported with the method registry
+    from algorithms.plugins import register_method, register_metric, register_selector
+    from algorithms.registry import REGISTRIES
+
+    if isinstance(obj, str):
+        return obj
+    registry = REGISTRIES[kind]
+    name = registry.name_of(obj)
+    if name is not None:
+        return name
+    if kind == "algorithm":
+        if not isinstance(obj, AlgorithmSpec):
+            raise PluginError(f"algorithm={describe(obj)}: give a registered method's name, an AlgorithmSpec, or a "
+                              "Client/Server class registered with @register_method")
+        return register_method(obj).name
+    name = getattr(obj, "__name__", None)
+    if not isinstance(name, str):
+        raise PluginError(f"{kind} {describe(obj)}: give a name, or an object with a __name__ to register it under")
+    add = {"model": register_model, "dataset": register_dataset, "selection policy": register_selector,
+           "metric": register_metric}[kind]
+    add(name, obj)
+    return name
+
+
 # ---------------------------------------------------------------- the built-ins
 for _name, _ref, _shape in (
     ("cnn", "engine.models.zoo:CNN", (1, 28, 28)),

@@ -42,6 +42,7 @@ EPILOG = """examples:
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--config", help="experiment YAML (default: the built-in default experiment)")
+    start_cli.add_plugin_arg(p)
     p.add_argument(
         "--set",
         dest="overrides",
@@ -124,8 +125,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _load(args):
     from engine import load_config  # pydantic, numpy, yaml: not for --help
+    from engine.plugin_sources import load_plugins, resolve_entries  # (as load_config)
 
-    return load_config(args.config, args.overrides)
+    extra = resolve_entries(list(getattr(args, "plugins", [])), None)
+    load_plugins(extra)  # first: the config may name what they register
+    cfg = load_config(args.config, args.overrides)
+    if extra:  # the run's other processes import them too
+        cfg = load_config(cfg.to_dict(), {"plugins": list(dict.fromkeys([*cfg.plugins, *extra]))})
+    return cfg
 
 
 def cmd_validate(args) -> int:

@@ -7,7 +7,7 @@ from pathlib import Path
 from engine import UserError  # light: the error classes
 from hetsim.templates import TEMPLATES, render
 
-TOPICS = ("datasets", "models", "algorithms", "tiers", "presets")
+TOPICS = ("datasets", "models", "algorithms", "compressors", "selectors", "metrics", "tiers", "presets")
 EPILOG_LINES = """  hetsim list tiers                            # device and network tiers with their figures
   hetsim init async -o exp.yaml                # a commented starter config (sync, async, energy, conditions)
 """
@@ -18,6 +18,8 @@ def add_commands(sub) -> None:
     p = sub.add_parser("list", help="list what a config may name: " + ", ".join(TOPICS),
                        description="One line per entry, with a short description.")
     p.add_argument("topic", metavar="TOPIC", help=" | ".join(TOPICS))
+    p.add_argument("-c", "--config", help="also list what this config's plugins: register")
+    add_plugin_arg(p)
     p.set_defaults(func=cmd_list)
 
     p = sub.add_parser("init", help="write a commented starter config",
@@ -30,9 +32,16 @@ def add_commands(sub) -> None:
     p.set_defaults(func=cmd_init)
 
 
-def cmd_list(args) -> int:
-    from engine.run.listing import list_entries  # imports the registries (torch for models and algorithms)
+def add_plugin_arg(p) -> None:
+    p.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="MODULE_OR_PATH",
+                   help="import a plugin first: a module name, or a .py file or folder (relative to the working "
+                   "folder); repeatable (docs/plugins.md)")
 
+
+def cmd_list(args) -> int:
+    from engine.run.listing import list_entries, load_listed_plugins  # the registries (torch for some topics)
+
+    load_listed_plugins(args.config, args.plugins)
     entries = list_entries(args.topic)
     width = max(len(name) for name, _ in entries)
     for name, text in entries:

@@ -5,7 +5,8 @@ command runs. The input paths are the trace files of ``clients.profiles.conditio
 ``table``, the tier ``catalog`` file, ``dataset.root`` and ``dataset.params.path``. ``~`` and
 ``$VAR`` are expanded; absolute paths and URIs (``s3://``) are kept; ``builtin:NAME`` names a
 trace shipped in ``hardware_profiles/traces/``. A ``--set`` value, or a mapping given in Python,
-is relative to the working folder. Output locations (``output.dir``, ``executor.state_spill_dir``,
+is relative to the working folder. So are the path entries of ``plugins`` (a ``.py`` file or a
+folder; a module name stays as it is). Output locations (``output.dir``, ``executor.state_spill_dir``,
 ``dataset.params.cache_dir``) are where results go and stay relative to the working folder.
 
 :func:`resolve_paths` rewrites a raw mapping and says where each path came from;
@@ -20,6 +21,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
+from engine.plugin_sources import resolve_entries
 from hardware_profiles.traces import BUILTIN_PREFIX, TraceError, builtin_names, builtin_trace
 
 PROCESSES = ("down", "up", "compute", "availability")  # of a condition set: may replay a file
@@ -119,6 +121,9 @@ def resolve_paths(raw: Any, base_dir: str | Path | None = None, source: str | No
         if resolved != value:
             origins.setdefault(key, (value, where))
             container[k] = resolved
+    if isinstance(out, dict) and "plugins" in out:  # a single entry is a one-entry list
+        entries = [out["plugins"]] if isinstance(out["plugins"], str) else out["plugins"]
+        out["plugins"] = resolve_entries(entries, base)
     return out, origins
 
 

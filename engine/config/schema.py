@@ -41,7 +41,7 @@ from engine.config.hints import friendly, tier_problems
 from engine.config.paths import expand_path, missing_paths, resolve_paths
 from engine.config.yamlio import check_values, parse_yaml, read_yaml_file
 from engine.errors import ConfigError, PluginError
-from engine.plugin_sources import load_plugins, resolve_entries
+from engine.plugin_sources import load_plugins
 from engine.plugin_transport import NotLoaded, pack, unpack
 from engine.registry import DATASETS, MODELS
 from hardware_profiles.clock import RoundPolicy
@@ -666,13 +666,11 @@ def load_config(
                               f"(seed:, rounds:, dataset:, ...), got a {type(raw).__name__}")
         # the file's paths are relative to its folder; --set values to the working folder (below)
         raw, origins = resolve_paths(raw, path.resolve().parent, str(path))
-        raw = _with_plugin_paths(raw, path.resolve().parent)
     else:
         raw = copy.deepcopy(dict(source))
     if overrides:
         raw = apply_overrides(raw, overrides)
     raw, origins = resolve_paths(raw, None, None, origins)
-    raw = _with_plugin_paths(raw, None)
     _import_plugins(raw)
     profiles = (raw.get("clients") or {}).get("profiles") if isinstance(raw.get("clients"), dict) else None
     problems = (check_values(raw) + bool_problems(ExperimentConfig, raw, "") + missing_paths(raw, origins)
@@ -684,14 +682,6 @@ def load_config(
     if problems:
         raise ConfigError("invalid experiment config:\n" + "\n".join(problems))
     return cfg
-
-
-def _with_plugin_paths(raw: dict[str, Any], base: Path | None) -> dict[str, Any]:
-    """``plugins`` with its paths made absolute (a single string is a one-entry list)."""
-    if "plugins" not in raw:
-        return raw
-    entries = [raw["plugins"]] if isinstance(raw["plugins"], str) else raw["plugins"]
-    return {**raw, "plugins": resolve_entries(entries, base)}
 
 
 def _import_plugins(raw: dict[str, Any]) -> None:

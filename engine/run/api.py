@@ -7,12 +7,15 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 from engine.clients.device import check_device_request
 from engine.config.schema import ExperimentConfig, load_config
 from engine.errors import CorruptRunFolderError, UserError
 from engine.gcpause import imports_without_gc
 from engine.loop.callbacks import CallbackLike
+from engine.plugin_sources import load_plugins, resolve_entries
+from engine.registry import name_for
 from engine.results.manifest import read_manifest
 from engine.results.tables import Run, load_run
 from engine.run.folders import check_can_resume, check_not_in_use, make_run_dir
@@ -188,6 +191,12 @@ def simulate(
     *,
     run_dir: str | Path | None = None,
     callbacks: list[CallbackLike] | None = None,
+    plugins: list[str | Path] | None = None,
+    algorithm: Any = None,
+    model: Any = None,
+    dataset: Any = None,
+    selection: Any = None,
+    metrics: list[Any] | None = None,
 ) -> Run:
     """Run an experiment and return it loaded into pandas: the one call a notebook needs.
 
@@ -198,15 +207,50 @@ def simulate(
         overrides: ``["rounds=5", ...]`` or ``{"train.lr": 0.01}``, checked like the file.
         run_dir: the run folder; default: one named from the config's ``output``.
         callbacks: see every finished round (:class:`engine.loop.callbacks.RunCallback` or ``f(record)``).
+        plugins: module names or ``.py`` files/folders (relative to the working folder) added to the
+            config's ``plugins:``: imported here and in every process of the run.
+        algorithm, model, dataset, selection: a registered name, or the object itself (an
+            ``AlgorithmSpec`` or a class registered with ``@register_method``; an ``nn.Module`` class;
+            a loader; a ``SelectionPolicy`` class), registered under its ``__name__`` if it is not yet.
+            Objects defined in a notebook travel to Ray by value.
+        metrics: names or functions ``fn(outputs, targets) -> float``, added to ``evaluation.metrics``.
 
     Returns:
         The run, loaded: ``rounds``, ``clients`` and ``profiles`` as DataFrames, ``path``, ``manifest``.
 
     Raises:
         ConfigError: the config or an override is invalid (nothing is written).
+        PluginError: a plugin or an object given cannot be registered or imported.
     """
-    if isinstance(config, ExperimentConfig):
-        cfg = load_config(config.to_dict(), overrides) if overrides else config
-    else:
-        cfg = load_config(config, overrides)
+    entries = resolve_entries([str(p) for p in plugins or ()], None)
+    load_plugins(entries)  # first: the config may name what they register
+    cfg = config if isinstance(config, ExperimentConfig) else load_config(config)
+    objects = _object_overrides(cfg, entries, algorithm, model, dataset, selection, metrics)
+    if objects:  # the objects first, then the overrides (which may set the options they bring)
+        cfg = load_config(cfg.to_dict(), objects)
+    if overrides:
+        cfg = load_config(cfg.to_dict(), overrides)
     return load_run(run_experiment(cfg, run_dir, callbacks, command=[]))
+
+
+def _object_overrides(cfg: ExperimentConfig, entries: list[str], algorithm, model, dataset, selection,
+                      metrics) -> dict[str, Any]:
+    """The overrides the objects given to :func:`simulate` stand for (registering them if need be);
+    a method or policy other than the config's replaces its section (the old options are its own)."""
+    out: dict[str, Any] = {}
+    if entries:
+        out["plugins"] = list(dict.fromkeys([*cfg.plugins, *entries]))
+    for key, kind, obj, current in (("algorithm", "algorithm", algorithm, cfg.algorithm.name),
+                                    ("clients.selection", "selection policy", selection, cfg.clients.selection.name)):
+        if obj is not None:
+            name = name_for(kind, obj)
+            out[key] = {**(cfg.algorithm if key == "algorithm" else cfg.clients.selection).model_dump(),
+                        "name": name} if name == current else {"name": name}
+    if model is not None:
+        out["model.name"] = name_for("model", model)
+    if dataset is not None:
+        out["dataset.name"] = name_for("dataset", dataset)
+    if metrics:
+        out["evaluation.metrics"] = list(dict.fromkeys([*cfg.evaluation.metrics,
+                                                        *(name_for("metric", m) for m in metrics)]))
+    return out

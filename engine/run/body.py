@@ -28,6 +28,7 @@ from engine.errors import CorruptRunFolderError, StorageFault, storage_fault
 from engine.execution.inprocess import InProcessExecutor
 from engine.loop.callbacks import CallbackLike, RoundRecord, RunCallback, RunContext, around_recorder
 from engine.loop.simulation import Simulation
+from engine.plugin_transport import describe_plugins
 from engine.results.manifest import SCHEMA_VERSION, ManifestKeeper, process_identity, read_manifest, utc_now
 from engine.results.tables import HISTORY_TABLES, RunWriter, read_table, set_aside
 from engine.trace import mark
@@ -257,6 +258,7 @@ def _new_manifest(cfg: ExperimentConfig, command: list[str], warnings: list[str]
         "loop_pid": os.getpid(),  # (= pid; kept for readers of schema 1)
         "warnings": list(warnings or []),
         "versions": versions(),
+        **({"plugins": plugins} if (plugins := describe_plugins(cfg.plugins)) else {}),
     }
 
 

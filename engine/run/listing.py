@@ -1,12 +1,16 @@
-"""What a config may name, one line each: ``hetsim list datasets|models|algorithms|tiers|presets``.
+"""What a config may name, one line each: ``hetsim list datasets|models|algorithms|compressors|
+selectors|metrics|tiers|presets``.
 
 Each topic reads its registry (nothing is copied here), so a newly registered dataset, model,
-method, tier or preset is listed without a change to this file.
+method, compressor, selection policy, metric, tier or preset is listed without a change to this
+file; an entry that is not built in says where it came from (its plugin, package or module).
 """
 from __future__ import annotations
 
 import re
-from typing import Callable
+import sys
+from pathlib import Path
+from typing import Any, Callable
 
 from engine.errors import UserError
 from hardware_profiles.suggest import unknown
@@ -20,22 +24,52 @@ def first_sentence(doc: str | None) -> str:
     return (text[:m.start()] if m else text).strip()
 
 
-def _datasets() -> list[tuple[str, str]]:
-    from engine.data.datasets import DATASETS  # numpy only; loaders import torchvision when called
+def _registered(registry, describe: Callable[[Any], str]) -> list[tuple[str, str]]:
+    """One line per entry: its description (resolving it, e.g. importing a method's module for its
+    docstring) and, unless built in, where it came from."""
+    out = []
+    for name in registry.names():
+        origin = registry.origin(name)
+        where = "" if origin.kind == "built-in" else f" [{origin}]"
+        out.append((name, (describe(registry.get(name)) + where).strip()))
+    return out
 
-    return [(name, first_sentence(fn.__doc__)) for name, fn in DATASETS.items()]
+
+def _datasets() -> list[tuple[str, str]]:
+    from engine.registry import DATASETS  # numpy only; loaders import torchvision when called
+
+    return _registered(DATASETS, lambda fn: first_sentence(fn.__doc__))
 
 
 def _models() -> list[tuple[str, str]]:
-    from engine.models.zoo import MODELS  # torch: only this topic needs it
+    from engine.registry import MODELS  # its entries import torch: only this topic needs it
 
-    return [(name, first_sentence(cls.__doc__)) for name, cls in MODELS.items()]
+    return _registered(MODELS, lambda cls: first_sentence(cls.__doc__))
 
 
 def _algorithms() -> list[tuple[str, str]]:
-    from algorithms import ALGORITHMS  # imports each method's module (torch) for its description
+    from algorithms.plugins import METHODS  # imports each method's module (torch) for its description
 
-    return [(name, ALGORITHMS[name].description) for name in ALGORITHMS]
+    return _registered(METHODS, lambda spec: spec.description or first_sentence(spec.server.__doc__)
+                       or first_sentence(sys.modules[spec.server.__module__].__doc__))
+
+
+def _compressors() -> list[tuple[str, str]]:
+    from algorithms.plugins import COMPRESSORS  # torch: only this topic needs it
+
+    return _registered(COMPRESSORS, lambda cls: first_sentence(cls.__doc__))
+
+
+def _selectors() -> list[tuple[str, str]]:
+    from algorithms.plugins import SELECTORS  # numpy: only this topic needs it
+
+    return _registered(SELECTORS, lambda cls: first_sentence(cls.__doc__))
+
+
+def _metrics() -> list[tuple[str, str]]:
+    from algorithms.plugins import METRICS  # the built-ins import torch
+
+    return _registered(METRICS, lambda fn: first_sentence(fn.__doc__))
 
 
 def _tiers() -> list[tuple[str, str]]:
@@ -63,7 +97,26 @@ def _presets() -> list[tuple[str, str]]:
 
 
 TOPICS: dict[str, Callable[[], list[tuple[str, str]]]] = {
-    "datasets": _datasets, "models": _models, "algorithms": _algorithms, "tiers": _tiers, "presets": _presets}
+    "datasets": _datasets, "models": _models, "algorithms": _algorithms, "compressors": _compressors,
+    "selectors": _selectors, "metrics": _metrics, "tiers": _tiers, "presets": _presets}
+
+
+def load_listed_plugins(config: str | None, plugins: list[str]) -> None:
+    """Import the plugins ``hetsim list`` is asked about: a config's ``plugins:`` (only that key is
+    read, relative to the config file) and the ``--plugin`` entries (relative to the working folder)."""
+    from engine.config.paths import resolve_paths  # yaml, pydantic: only with -c or --plugin
+    from engine.config.yamlio import read_yaml_file
+    from engine.plugin_sources import load_plugins, resolve_entries
+
+    if config is not None:
+        path = Path(config)
+        raw = read_yaml_file(path)
+        entries = resolve_paths({"plugins": raw.get("plugins", [])} if isinstance(raw, dict) else {},
+                                path.resolve().parent)[0].get("plugins", [])
+        if entries:
+            load_plugins(entries)
+    if plugins:
+        load_plugins(resolve_entries(list(plugins), None))
 
 
 def list_entries(topic: str) -> list[tuple[str, str]]:
