@@ -44,7 +44,7 @@ class Origin:
     source: str  # the defining module; the plugins: entry; the distribution and its entry point
 
     def __str__(self) -> str:
-        return self.source if self.kind in ("built-in", "session") else f"{self.source} ({self.kind})"
+        return self.source if self.kind in ("built-in", "session") else f"{self.kind} {self.source}"
 
 
 # set while a plugin module or an entry point is imported: what it registers comes from there
@@ -358,7 +358,7 @@ def load_entry_points() -> bool:
 
 def load_entry_point(dist: str, name: str, value: str) -> None:
     """Import one entry point (a module, or a callable that registers when called)."""
-    origin = Origin("package", f"{dist} [{ENTRY_POINT_GROUP}] {name} = {value}")
+    origin = Origin("package", dist)
     from importlib.metadata import EntryPoint  # the group's entry-point type: only with a plugin package
 
     with loading_from(origin):
@@ -370,8 +370,9 @@ def load_entry_point(dist: str, name: str, value: str) -> None:
             raise
         except Exception as err:  # noqa: BLE001 - any failure of the package's code is the package's
             frames = user_frames(err, installed=True)
-            raise PluginError(f"the installed plugin {origin.source!r} failed to load: {type(err).__name__}: "
-                              f"{err}" + (f"\n{frames}" if frames else "")) from None
+            raise PluginError(f"the installed plugin package {dist!r} ({ENTRY_POINT_GROUP} entry point {name} = "
+                              f"{value}) failed to load: {type(err).__name__}: {err}"
+                              + (f"\n{frames}" if frames else "")) from None
 
 
 def loaded_entry_points() -> list[tuple[str, str, str]]:

@@ -169,9 +169,9 @@ def checked_selection(name: str, chosen: Any, view: SelectionView) -> Selection:
     where = f"selection policy {name!r} in round {view.round}"
     if len(ids) > view.count:
         raise ValueError(f"{where} chose {len(ids)} clients; at most {view.count} may be chosen (view.count)")
-    if len(np.unique(ids)) != len(ids):
-        raise ValueError(f"{where} chose client(s) {np.unique(ids[np.unique(ids, return_counts=True)[1] > 1])[:5]} "
-                         "more than once")
+    values, counts = np.unique(ids, return_counts=True)
+    if (counts > 1).any():
+        raise ValueError(f"{where} chose client(s) {values[counts > 1][:5].tolist()} more than once")
     pool = view.candidates
     outside = ids[(ids < 0) | (ids >= view.num_clients)] if pool is None else ids[~np.isin(ids, pool)]
     if len(outside):

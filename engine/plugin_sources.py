@@ -54,7 +54,8 @@ def resolve_entries(entries: Any, base: Path | None) -> Any:
     for e in entries:
         if isinstance(e, str) and e.strip() and is_path_entry(e, base):
             path = Path(os.path.expandvars(os.path.expanduser(e)))
-            out.append(str((base / path) if base is not None and not path.is_absolute() else path.absolute()))
+            path = (base / path) if base is not None and not path.is_absolute() else path.absolute()
+            out.append(os.path.normpath(path))
         else:
             out.append(e)
     return out
@@ -122,18 +123,70 @@ def _walk(folder: Path):
 
 
 def load_plugins(entries: list[str]) -> list[PluginSource]:
-    """Import the ``plugins:`` entries (resolved: paths absolute) in this process, once each;
-    returns their sources. An entry whose files are not on this machine but were shipped here
-    with a config is already active. Raises :class:`PluginError` naming the entry."""
+    """Import the ``plugins:`` entries (resolved: paths absolute) in this process; returns their
+    sources. An entry imported before is imported again only if its files changed since (a plugin
+    edited in a notebook's session, or fixed before a resume); one whose files are not on this
+    machine but were shipped here with a config is active already. Raises :class:`PluginError`
+    naming the entry."""
     out = []
     for i, entry in enumerate(entries):
         with _lock:
             source = _active.get(entry)
-            if source is None:  # once per process: later runs get what was imported
+            if source is not None and source.kind != "module" and _changed(source):
+                forget(source)
+                source = None
+            if source is None:
                 source = capture(entry, i)
                 activate(source, i)
         out.append(source)
     return out
+
+
+def _changed(source: PluginSource) -> bool:
+    """Whether a path entry's files on this machine differ from what was imported (if they are here)."""
+    path = Path(source.entry)
+    if not path.exists() or not _stats_known(source):
+        return False
+    now = _stats(source)
+    if now == _file_stats.get(source.entry):
+        return False
+    fresh = capture(source.entry)
+    _file_stats[source.entry] = now
+    return fresh.digest != source.digest
+
+
+_file_stats: dict[str, tuple] = {}  # entry -> (file, mtime, size) of what was imported from its own folder
+
+
+def _stats(source: PluginSource) -> tuple:
+    root = Path(source.root)
+    out = []
+    for f in sorted(_walk(Path(source.entry))) if Path(source.entry).is_dir() else [Path(source.entry)]:
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        out.append((f.relative_to(root).as_posix(), st.st_mtime_ns, st.st_size))
+    return tuple(out)
+
+
+def _stats_known(source: PluginSource) -> bool:
+    if source.entry not in _file_stats:
+        _file_stats[source.entry] = _stats(source)
+    return True
+
+
+def forget(source: PluginSource) -> None:
+    """Undo ``source``'s import in this process: its modules and what it registered."""
+    prefixes = tuple(f"{m}." for m in source.modules)
+    for name in [n for n in sys.modules if n in source.modules or n.startswith(prefixes)]:
+        del sys.modules[name]
+    for reg in REGISTRIES.values():
+        for name in reg.names(scan=False):
+            if reg.origin(name) == Origin("plugin", source.entry):
+                reg.remove(name)
+    _active.pop(source.entry, None)
+    _file_stats.pop(source.entry, None)
 
 
 def activate(source: PluginSource, index: int | None = None) -> None:
@@ -154,6 +207,8 @@ def activate(source: PluginSource, index: int | None = None) -> None:
         for name in source.modules:
             _import(name, root, where, origin)
         _active[source.entry] = source
+        if root == source.root:  # imported from its own files: an edit of them is seen (load_plugins)
+            _file_stats[source.entry] = _stats(source)
 
 
 def _root_for(source: PluginSource) -> str:

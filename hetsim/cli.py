@@ -191,6 +191,7 @@ def cmd_run(args) -> int:
     # the config's checks and Ray's start run with the collector paused (engine.gcpause)
     with imports_without_gc():  # torch, pandas and Ray behind these: only a run needs them
         from engine import resume_run
+        from engine.errors import PluginError
         from engine.ray.cluster import DriverDiedError, ExecutorError
         from engine.results import load_run, run_status
         from engine.run.api import prepare_run, resume_config, run_in_folder
@@ -216,6 +217,10 @@ def cmd_run(args) -> int:
         return 130
     except RunStateError as err:
         print(f"hetsim: {err}", file=sys.stderr)
+        return 2
+    except PluginError as err:  # the run folder is marked failed; fixed, the run continues from it
+        print(f"hetsim: {err}\nthe run in {path} is marked failed; once your plugin is fixed, continue it with: "
+              f"hetsim run --resume {path}", file=sys.stderr)
         return 2
     except (ExecutorError, DriverDiedError) as err:  # their messages say how to continue
         if isinstance(err, UserError):

@@ -30,6 +30,7 @@ from ray import tune  # noqa: E402
 from ray.tune import ExperimentAnalysis  # noqa: E402
 from ray.tune.schedulers import ASHAScheduler  # noqa: E402
 
+from engine.plugin_transport import Carrier  # noqa: E402
 from engine.ray.cluster import check_while_ray_starts, init_ray, joins_cluster  # noqa: E402
 from engine.results import Storage, read_table  # noqa: E402
 from engine.storage.locations import check_writable  # noqa: E402
@@ -84,7 +85,10 @@ def _trainable(resolved: ResolvedSweep):
     # torch (sweeps.trainable imports the Ray executor): not when this module is imported
     from sweeps.trainable import trial_resources
 
-    bound = tune.with_parameters(trial_or_reuse, sweep=resolved.to_dict())
+    # the base config's plugins (and a session's own registrations) travel with the trials' arguments:
+    # a trial on a node without their files imports them from there (engine.plugin_transport)
+    bound = tune.with_parameters(trial_or_reuse, sweep={**resolved.to_dict(),
+                                                        "plugins": Carrier(resolved.base_cfg.plugins)})
     return tune.with_resources(bound, trial_resources(resolved))
 
 
@@ -127,6 +131,9 @@ trial_or_reuse.__mixins__ = (ClosesItsRunFolder,)  # Tune's hook for a function 
 def _trial_or_reuse(params: dict[str, Any], sweep: dict[str, Any]) -> None:
     # torch: as in _trainable
     from sweeps.trainable import TrialFolder, TuneReporter, hetsim_trial
+
+    if "plugins" in sweep:
+        sweep["plugins"].check()  # the plugins loaded in this trial's process (else their error, naming it)
 
     folder = TrialFolder(tune.get_context().get_trial_id())
     rounds = _finished_rounds(folder)

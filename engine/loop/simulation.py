@@ -20,6 +20,7 @@ from engine.clients.device import prepare_device, resolve_device
 from engine.clients.host import LAST_TIMES, HostSetup
 from engine.config.schema import ExperimentConfig
 from engine.data.partition import FederatedData
+from engine.errors import PluginError, UserError
 from engine.execution.base import Executor
 from engine.execution.inprocess import InProcessExecutor
 from engine.loop import guards, rows
@@ -30,9 +31,21 @@ from engine.loop.evaluation import GlobalEvaluation, global_columns, is_evaluati
 from engine.loop.parts import build_parts
 from engine.loop.selection import ClientSelector
 from engine.trace import mark
+from hardware_profiles.errors import user_frames
 from hardware_profiles.round_clock import RoundClock
 
 log = logging.getLogger("hetsim")
+
+
+def plugin_failure(err: BaseException, where: str) -> PluginError | None:
+    """``err`` as a :class:`PluginError` naming ``where`` and the user's own frames, if the user's
+    code (a plugin's method, selection policy, metric) raised it; None for hetsim's own errors."""
+    if isinstance(err, UserError):
+        return None
+    frames = user_frames(err)
+    if not frames:
+        return None
+    return PluginError(f"{where}: your plugin's code raised {type(err).__name__}: {err}\n{frames}")
 
 
 class Simulation:
@@ -129,7 +142,13 @@ class Simulation:
             status = "finished"
             while self.next_round < self.cfg.rounds:
                 self.in_round = True
-                record = self.run_round(self.next_round)
+                try:
+                    record = self.run_round(self.next_round)
+                except Exception as err:  # noqa: BLE001 - a plugin's own code raised: the user's to fix
+                    failure = plugin_failure(err, f"round {self.next_round}")
+                    if failure is None:
+                        raise
+                    raise failure from err
                 self.next_round += 1
                 self.in_round = False
                 self.stop = cbs.round_end(run, record)
