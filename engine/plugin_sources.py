@@ -197,7 +197,7 @@ def activate(source: PluginSource, index: int | None = None) -> None:
         where = f"plugins[{index}] = {source.entry!r}" if index is not None else f"plugin {source.entry!r}"
         if done is not None:
             if done.digest != source.digest:
-                raise PluginError(f"{where}: this process {here()} imported other contents of it earlier; "
+                raise PluginError(f"{where}: this process{_at(here())} imported other contents of it earlier; "
                                   "a process imports a plugin once (start a new one for the changed files)")
             return
         root = _root_for(source)
@@ -265,13 +265,18 @@ def _import(name: str, root: str, where: str, origin: Origin) -> None:
     except ModuleNotFoundError as err:
         _forget(before)
         if err.name == name and not root:
-            raise PluginError(f"{where}: no module named {name!r} {here()} (a module name must be installed or on "
-                              "PYTHONPATH there; a file is given as a path ending in .py)") from None
-        raise PluginError(f"{where}: importing it failed {here()}: {type(err).__name__}: {err}"
+            raise PluginError(f"{where}: no module named {name!r}{_at(here())} (a module name must be installed or "
+                              "on PYTHONPATH there; a file is given as a path ending in .py)") from None
+        raise PluginError(f"{where}: importing it failed{_at(here())}: {type(err).__name__}: {err}"
                           f"{_frames(err)}") from None
     except Exception as err:  # noqa: BLE001 - any failure of the user's module is the user's to fix
         _forget(before)
-        raise PluginError(f"{where}: importing it failed: {type(err).__name__}: {err}{_frames(err)}") from None
+        raise PluginError(f"{where}: importing it failed{_at(here())}: {type(err).__name__}: {err}"
+                          f"{_frames(err)}") from None
+
+
+def _at(where: str) -> str:
+    return f" {where}" if where else ""
 
 
 def _frames(err: BaseException) -> str:
@@ -295,12 +300,13 @@ def _where_from(module: Any) -> str:
 
 
 def here() -> str:
-    """This process, for messages from processes other than the caller's: its node and pid."""
+    """Where this process is, for messages from a Ray worker ("on node <id> (<host>, pid <n>)");
+    "" in the process the user started (its messages need no such detail)."""
     ray = sys.modules.get("ray")  # asked, never imported: Ray stays in engine/ray
-    node = ""
+    if ray is None or not sys.argv or not sys.argv[0].endswith("default_worker.py"):
+        return ""
     try:
-        if ray is not None and ray.is_initialized():
-            node = f"node {ray.get_runtime_context().get_node_id()[:12]} "
+        node = f"node {ray.get_runtime_context().get_node_id()[:12]} " if ray.is_initialized() else ""
     except Exception:  # noqa: BLE001 - only a message's detail
         node = ""
     return f"on {node}({socket.gethostname()}, pid {os.getpid()})"

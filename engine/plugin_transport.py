@@ -69,7 +69,7 @@ def unpack(sources: tuple, blob: bytes) -> Any:
     except PluginError as err:
         return NotLoaded(str(err))
     except Exception as err:  # noqa: BLE001 - e.g. a plugin's module missing here: said by whoever uses it
-        return NotLoaded(f"the plugins of this run cannot be loaded {here()}: {type(err).__name__}: {err}")
+        return NotLoaded(f"the plugins of this run cannot be loaded {here() or 'here'}: {type(err).__name__}: {err}")
 
 
 class NotLoaded:
@@ -116,8 +116,8 @@ def adopt(session: tuple[SessionEntry, ...], points: tuple[tuple[str, str, str],
             try:
                 load_entry_point(dist, name, value)
             except PluginError as err:
-                raise PluginError(f"{err} {here()} (the installed plugin package {dist!r} must be installed on "
-                                  "every node of the cluster)") from None
+                raise PluginError(f"{err} {here() or 'here'} (the installed plugin package {dist!r} must be installed "
+                                  "on every node of the cluster)") from None
     for e in session:
         registry = REGISTRIES[e.kind]
         if registry.token_of(e.name) != e.token:

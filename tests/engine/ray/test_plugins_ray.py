@@ -1,0 +1,127 @@
+"""Plugins on Ray: the example plugins (a method package, a selection policy file) on client and driver
+actors, in a two-trial sweep and from a notebook's ``__main__``, with tables equal to the in-process
+run's; a plugin the actors cannot import, and one that fails in a round, end with exit 2 naming it.
+A cluster whose worker has its own disk: tests/engine/ray/test_cluster.py."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pandas as pd
+import pytest
+import yaml
+from helpers import REPO
+from helpers.tabular import comparable_tables
+
+import engine
+from hetsim.cli import main
+from sweeps import load_sweep
+
+EXAMPLES = REPO / "examples"
+EXPERIMENT = EXAMPLES / "selectors" / "experiment.yaml"  # power_of_choice.py + the fedavgm package folder
+SMALL = ["--set", "rounds=3", "--set", "checkpoint.every=0"]
+ON_RAY = ["--set", "executor.kind=ray", "--set", "executor.num_actors=1"]
+
+
+@pytest.fixture(scope="module")
+def local_ray(ray_session):
+    return ray_session  # the suite's shared 2-CPU Ray (tests/conftest.py)
+
+
+@pytest.mark.ray
+def test_the_example_plugins_run_on_ray_actors_with_the_in_process_tables(tmp_path, local_ray):
+    assert main(["run", "-c", str(EXPERIMENT), "-q", "-o", str(tmp_path / "here"), *SMALL]) == 0
+    assert main(["run", "-c", str(EXPERIMENT), "-q", "-o", str(tmp_path / "ray"), *SMALL, *ON_RAY]) == 0
+    here, there = engine.load_run(tmp_path / "here"), engine.load_run(tmp_path / "ray")
+    assert there.manifest["executor"]["kind"] == "ray" and there.manifest["plugins"] == here.manifest["plugins"]
+    for name, table in comparable_tables(there).items():
+        pd.testing.assert_frame_equal(table, comparable_tables(here)[name], obj=name)
+    assert there.clients["selection_reason"].notna().all() and there.rounds["server_velocity_norm"].notna().all()
+
+
+@pytest.mark.ray
+def test_a_two_trial_sweep_of_a_plugin_methods_option(tmp_path, local_ray):
+    spec = {"name": "beta", "base": str(EXPERIMENT), "space": {"algorithm.beta": {"grid": [0.0, 0.5]}},
+            "overrides": ["rounds=2", "checkpoint.every=0"], "max_concurrent_trials": 1}
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(spec))
+    assert main(["sweep", str(spec_file), "--storage", str(tmp_path / "sw"), "-q"]) == 0
+    trials = load_sweep(tmp_path / "sw").trials.set_index("beta")
+    assert (trials["status"] == "finished").all() and len(trials) == 2
+    for beta in (0.0, 0.5):  # each trial's result is the direct run's
+        assert main(["run", "-c", str(EXPERIMENT), "-q", "-o", str(tmp_path / f"direct{beta}"), "--set", "rounds=2",
+                     "--set", f"algorithm.beta={beta}"]) == 0
+        direct = engine.load_run(tmp_path / f"direct{beta}").rounds["global_acc"].iloc[-1]
+        assert trials.loc[beta, "final_global_acc"] == direct
+
+
+@pytest.mark.ray
+def test_a_notebooks_own_classes_run_on_ray_by_value(tmp_path):
+    """examples/notebook.py defines its method and model in __main__ and runs them in-process and
+    on Ray (its own local Ray), asserting equal tables."""
+    out = subprocess.run([sys.executable, str(EXAMPLES / "notebook.py"), "--ray", f"--out={tmp_path}"],
+                         capture_output=True, text=True, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Ray: the same tables" in out.stdout
+    run = engine.load_run(tmp_path / "notebook-ray")
+    assert run.manifest["algorithm"] == "server_momentum" and run.config["model"]["name"] == "TinyNet"
+    assert {e["session"] for e in run.manifest["plugins"]} >= {"algorithm 'server_momentum'", "model 'TinyNet'"}
+
+
+NOT_ON_WORKERS = """
+    import sys
+
+    if "default_worker.py" in sys.argv[0]:  # a Ray worker: as a node without the plugin's dependency
+        raise ImportError("libfancy.so: cannot open shared object file")
+
+    from engine import plugins
+
+    plugins.register_metric("always_one", lambda outputs, targets: 1.0)
+"""
+
+FAILS_IN_FIT = """
+    from engine import plugins
+    from engine.plugins import AlgorithmParams
+
+    fedavg = __import__("algorithms.fedavg", fromlist=["FedAvgClient"])
+
+
+    class Client(fedavg.FedAvgClient):
+        def fit(self, ctx, broadcast):
+            if ctx.round == 1:
+                raise ValueError(f"client {ctx.client_id} has no data for round 1")
+            return super().fit(ctx, broadcast)
+
+
+    plugins.register_method("fit_fails", params=AlgorithmParams, client=Client, server=fedavg.FedAvgServer)
+"""
+
+
+@pytest.mark.ray
+def test_a_plugin_the_actors_cannot_import_or_that_fails_in_a_round_ends_with_exit_2(tmp_path, local_ray, capsys):
+    (tmp_path / "fancy_metric.py").write_text(textwrap.dedent(NOT_ON_WORKERS))
+    exp = tmp_path / "exp.yaml"
+    exp.write_text("plugins: [fancy_metric.py]\nevaluation: {metrics: [always_one]}\ndataset: {name: digits}\n"
+                   "model: {name: mlp}\nclients: {num_clients: 6, profiles: {}}\nrounds: 2\n")
+    assert main(["run", "-c", str(exp), "-q", "-o", str(tmp_path / "refused"), *ON_RAY]) == 2
+    err = capsys.readouterr().err
+    assert f"plugins[0] = '{tmp_path / 'fancy_metric.py'}': importing it failed on node " in err, err
+    assert "ImportError: libfancy.so: cannot open shared object file" in err and "Traceback" not in err
+    assert f'File "{tmp_path / "fancy_metric.py"}", line 5, in <module>' in err
+    refused = engine.load_run(tmp_path / "refused")
+    assert refused.manifest["status"] == "failed" and refused.rounds.empty  # before the first round
+
+    (tmp_path / "fit_fails.py").write_text(textwrap.dedent(FAILS_IN_FIT))
+    assert main(["run", "-q", "-o", str(tmp_path / "failed"), "--plugin", str(tmp_path / "fit_fails.py"),
+                 "--set", "algorithm.name=fit_fails", "--set", "rounds=3", "--set", "dataset.name=digits",
+                 "--set", "model.name=mlp", "--set", "clients.num_clients=6", "--set", "clients.profiles={}",
+                 *ON_RAY]) == 2
+    err = capsys.readouterr().err
+    assert "failed in round 1: ValueError: client" in err and "has no data for round 1" in err, err
+    assert f'File "{tmp_path / "fit_fails.py"}", line 11, in fit' in err and "Traceback" not in err
+    assert f"hetsim run --resume {tmp_path / 'failed'}" in err
+    failed = engine.load_run(tmp_path / "failed")
+    assert failed.manifest["status"] == "failed" and list(failed.rounds["round"]) == [0]
