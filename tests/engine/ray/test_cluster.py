@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 import yaml
+from helpers import REPO
 from helpers.cluster import (
     PrivateDiskCluster,
     S3Server,
@@ -232,6 +233,80 @@ def test_a_ray_run_joined_to_the_cluster_hosts_clients_on_both_nodes_without_a_s
         if ray.is_initialized():
             ray.shutdown()
     print(f"ray runs joined to the 2-node cluster: {time.perf_counter() - t0:.1f} s")
+
+
+LICENSED = """
+import os
+
+from engine import plugins
+
+if not os.path.exists({licence!r}):  # on a node whose disk lacks the licence (the worker's)
+    raise ImportError("licence file {licence} is missing on this node")
+plugins.register_metric("licensed_metric", lambda outputs, targets: 0.5)
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_plugins_only_the_head_has_reach_the_worker_nodes_actors_and_trials(tmp_path, private_disk_cluster, capsys,
+                                                                          monkeypatch):
+    """The example plugins (a method package folder, a selection policy file) and their config live
+    under the private folder: on the head's disk, not on the worker's. A Ray run with an actor on
+    each node equals the in-process run; a 2-trial sweep runs a trial on each node; a plugin that
+    cannot be imported on the worker is refused before the first round, naming the worker's node."""
+    import shutil
+
+    import ray
+
+    from engine.errors import PluginError
+    from engine.ray.driver import release_warm_actors
+
+    cluster = private_disk_cluster
+    folder = cluster.private_dir / "plugins"
+    shutil.copytree(REPO / "examples" / "fedavgm" / "hetsim_fedavgm", folder / "hetsim_fedavgm")
+    shutil.copy(REPO / "examples" / "selectors" / "power_of_choice.py", folder)
+    exp = folder / "exp.yaml"
+    exp.write_text("plugins: [power_of_choice.py, hetsim_fedavgm]\n"
+                   "clients: {selection: {name: power_of_choice, d: 6}}\nalgorithm: {name: fedavgm, beta: 0.5}\n")
+    small = ["dataset.name=digits", "model.name=mlp", "clients.num_clients=6", "clients.participation=1.0",
+             "rounds=2", "clients.profiles={availability: 1.0, dropout: 0.0}", "checkpoint.every=0"]
+    on_cluster = ["executor.kind=ray", "executor.num_actors=2", "executor.cpus_per_actor=1",
+                  f"ray.address={cluster.address}"]
+    t0 = time.perf_counter()
+    try:
+        run = load_run(run_experiment(load_config(exp, [*small, *on_cluster]), tmp_path / "joined"))
+        nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        assert len(nodes) == 2 and set(run.manifest["executor"]["actor_nodes"]) == nodes
+        local = load_run(run_experiment(load_config(exp, small), tmp_path / "local"))
+        for name, table in comparable_tables(run).items():
+            pd.testing.assert_frame_equal(table, comparable_tables(local)[name], obj=name)
+        assert run.clients["selection_reason"].notna().all()
+
+        licence = cluster.private_dir / "licence.txt"
+        licence.write_text("ok")
+        (folder / "licensed.py").write_text(LICENSED.format(licence=str(licence)))
+        head = ray.get_runtime_context().get_node_id()
+        worker = next(n for n in nodes if n != head)
+        with pytest.raises(PluginError, match=rf"plugins\[0\] = '{folder / 'licensed.py'}': importing it failed on "
+                                              rf"node {worker[:12]} .*licence file .* is missing on this node"):
+            run_experiment(load_config(None, [f"plugins=[{folder / 'licensed.py'}]", *small, *on_cluster,
+                                              "evaluation.metrics=[licensed_metric]"]), tmp_path / "refused")
+        assert load_run(tmp_path / "refused").rounds.empty
+    finally:
+        release_warm_actors()
+        if ray.is_initialized():
+            ray.shutdown()
+    spec_file = folder / "sweep.yaml"  # the base beside it, in the private folder
+    spec_file.write_text(yaml.safe_dump({
+        "name": "plugins", "base": "exp.yaml", "space": {"algorithm.beta": {"grid": [0.0, 0.5]}},
+        "overrides": [*small, "clock={mode: realtime, max_sleep_s: 0.4, time_scale: 1e6}"],
+        "max_concurrent_trials": 2}))
+    proc, elapsed = _sweep_on(cluster, spec_file, str(tmp_path / "sw"), capsys, monkeypatch)
+    assert proc.returncode == 0, proc.stderr[-4000:] + cluster.logs()
+    trials = load_sweep(tmp_path / "sw").trials
+    assert (trials["status"] == "finished").all() and trials["node_id"].nunique() == 2, trials
+    print(f"plugins on the 2-node cluster: a joined run, a refusal and a 2-trial sweep in "
+          f"{time.perf_counter() - t0:.1f} s")
 
 
 def _finished_trials(storage: Path) -> dict[str, str]:
