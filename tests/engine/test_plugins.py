@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 import torch
 from helpers import REPO
+from helpers.plugins import isolated_plugins
 
 import engine
 from engine import plugins
@@ -27,17 +28,11 @@ TINY = {"dataset.name": "digits", "model.name": "mlp", "clients.num_clients": 6,
         "clients.profiles": {}, "checkpoint.every": 1}
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def session_names():
-    """What a test registers in the session is forgotten after it (plugin files stay imported)."""
-    from algorithms.registry import REGISTRIES
-
-    before = {kind: set(reg.names(scan=False)) for kind, reg in REGISTRIES.items()}
-    yield
-    for kind, reg in REGISTRIES.items():
-        for name in set(reg.names(scan=False)) - before[kind]:
-            if reg.origin(name).kind == "session":
-                reg.remove(name)
+    """What a test registers or imports as a plugin is forgotten after it."""
+    with isolated_plugins():
+        yield
 
 
 def write(folder: Path, name: str, text: str) -> Path:

@@ -22,6 +22,7 @@ from helpers.cluster import (
     moto_missing,
     mount_namespace,
 )
+from helpers.plugins import isolated_plugins
 from helpers.sweeps import BASE, GRID  # the same tiny experiment
 from helpers.tabular import comparable_tables, write_leaf
 
@@ -235,6 +236,17 @@ def test_a_ray_run_joined_to_the_cluster_hosts_clients_on_both_nodes_without_a_s
     print(f"ray runs joined to the 2-node cluster: {time.perf_counter() - t0:.1f} s")
 
 
+def share_of_zeros(outputs, targets):
+    """A metric this test module registers in its session: it reaches the worker node by value."""
+    return float((outputs.argmax(1) == 0).double().mean())
+
+
+@pytest.fixture
+def forget_plugins():
+    with isolated_plugins():  # what a test imports as plugins is not left to the next test file
+        yield
+
+
 LICENSED = """
 import os
 
@@ -249,19 +261,22 @@ plugins.register_metric("licensed_metric", lambda outputs, targets: 0.5)
 @pytest.mark.ray
 @pytest.mark.slow
 def test_plugins_only_the_head_has_reach_the_worker_nodes_actors_and_trials(tmp_path, private_disk_cluster, capsys,
-                                                                          monkeypatch):
+                                                                          monkeypatch, forget_plugins):
     """The example plugins (a method package folder, a selection policy file) and their config live
     under the private folder: on the head's disk, not on the worker's. A Ray run with an actor on
-    each node equals the in-process run; a 2-trial sweep runs a trial on each node; a plugin that
-    cannot be imported on the worker is refused before the first round, naming the worker's node."""
+    each node (and a metric this module registers, by value) equals the in-process run; a 2-trial
+    sweep runs a trial on each node; a plugin that cannot be imported on the worker is refused
+    before the first round, naming the worker's node."""
     import shutil
 
     import ray
 
+    from engine import plugins
     from engine.errors import PluginError
     from engine.ray.driver import release_warm_actors
 
     cluster = private_disk_cluster
+    plugins.register_metric("share_of_zeros", share_of_zeros)
     folder = cluster.private_dir / "plugins"
     shutil.copytree(REPO / "examples" / "fedavgm" / "hetsim_fedavgm", folder / "hetsim_fedavgm")
     shutil.copy(REPO / "examples" / "selectors" / "power_of_choice.py", folder)
@@ -274,13 +289,15 @@ def test_plugins_only_the_head_has_reach_the_worker_nodes_actors_and_trials(tmp_
                   f"ray.address={cluster.address}"]
     t0 = time.perf_counter()
     try:
-        run = load_run(run_experiment(load_config(exp, [*small, *on_cluster]), tmp_path / "joined"))
+        run = load_run(run_experiment(load_config(exp, [*small, *on_cluster, "evaluation.metrics=[share_of_zeros]"]),
+                                      tmp_path / "joined"))
         nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
         assert len(nodes) == 2 and set(run.manifest["executor"]["actor_nodes"]) == nodes
-        local = load_run(run_experiment(load_config(exp, small), tmp_path / "local"))
+        local = load_run(run_experiment(load_config(exp, [*small, "evaluation.metrics=[share_of_zeros]"]),
+                                        tmp_path / "local"))
         for name, table in comparable_tables(run).items():
             pd.testing.assert_frame_equal(table, comparable_tables(local)[name], obj=name)
-        assert run.clients["selection_reason"].notna().all()
+        assert run.clients["selection_reason"].notna().all() and run.clients["pers_share_of_zeros"].notna().any()
 
         licence = cluster.private_dir / "licence.txt"
         licence.write_text("ok")

@@ -13,16 +13,26 @@ import pandas as pd
 import pytest
 import yaml
 from helpers import REPO
+from helpers.plugins import isolated_plugins
 from helpers.tabular import comparable_tables
 
 import engine
+from algorithms.fedavg import FedAvgClient, FedAvgServer
+from engine import plugins
 from hetsim.cli import main
 from sweeps import load_sweep
 
 EXAMPLES = REPO / "examples"
+
 EXPERIMENT = EXAMPLES / "selectors" / "experiment.yaml"  # power_of_choice.py + the fedavgm package folder
 SMALL = ["--set", "rounds=3", "--set", "checkpoint.every=0"]
 ON_RAY = ["--set", "executor.kind=ray", "--set", "executor.num_actors=1"]
+
+
+@pytest.fixture(autouse=True)
+def forget_plugins():
+    with isolated_plugins():  # the plugins a test imports are not left to the next test file
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +65,38 @@ def test_a_two_trial_sweep_of_a_plugin_methods_option(tmp_path, local_ray):
                      "--set", f"algorithm.beta={beta}"]) == 0
         direct = engine.load_run(tmp_path / f"direct{beta}").rounds["global_acc"].iloc[-1]
         assert trials.loc[beta, "final_global_acc"] == direct
+
+
+class ScaledParams(plugins.AlgorithmParams):
+    shrink: float = 0.0
+
+
+class ShrinkingServer(FedAvgServer):
+    """FedAvg, then the global model shrunk towards zero by ``shrink`` (defined in this test
+    module: a session's own class, which trials get by value)."""
+
+    def aggregate(self, round, results):
+        super().aggregate(round, results)
+        for model in self.models.values():
+            plugins.load_flat_state(model, plugins.flat_state(model) * (1.0 - self.params.shrink))
+        return {"shrink": self.params.shrink}
+
+
+@pytest.mark.ray
+def test_a_sessions_own_method_runs_in_a_sweeps_trials(tmp_path, local_ray):
+    from sweeps.runner import run_sweep
+
+    plugins.register_method(plugins.AlgorithmSpec("shrinking", ScaledParams, FedAvgClient, ShrinkingServer))
+    base = {"rounds": 2, "dataset": {"name": "digits"}, "model": {"name": "mlp"},
+            "algorithm": {"name": "shrinking"}, "clients": {"num_clients": 6, "profiles": {}},
+            "checkpoint": {"every": 0}}
+    sweep = run_sweep({"name": "shrink", "base": base, "space": {"algorithm.shrink": {"grid": [0.0, 0.5]}},
+                       "max_concurrent_trials": 1}, storage=tmp_path / "sw", quiet=True)
+    trials = sweep.trials.set_index("shrink")
+    assert (trials["status"] == "finished").all(), trials[["status", "error"]]
+    direct = engine.simulate(base, {"algorithm.shrink": 0.5}, run_dir=tmp_path / "direct")
+    assert trials.loc[0.5, "final_global_acc"] == direct.rounds["global_acc"].iloc[-1]
+    assert sweep.rounds.groupby("shrink")["server_shrink"].first().to_dict() == {0.0: 0.0, 0.5: 0.5}
 
 
 @pytest.mark.ray
