@@ -69,6 +69,8 @@ def _resolve_method(spec: AlgorithmSpec | str, what: str) -> AlgorithmSpec:
         spec = import_reference(spec, what)
         if not isinstance(spec, AlgorithmSpec):
             raise PluginError(f"{what}: {describe(spec)} is not an algorithms.base.AlgorithmSpec")
+    if not isinstance(spec.client, str) and not isinstance(spec.server, str):
+        return spec  # the registered spec itself (e.g. algorithms.fedavg.FEDAVG_SPEC)
     client = import_reference(spec.client, what) if isinstance(spec.client, str) else spec.client
     server = import_reference(spec.server, what) if isinstance(spec.server, str) else spec.server
     return AlgorithmSpec(spec.name, spec.params, client, server, spec.description)

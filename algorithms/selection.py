@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class SelectionParams(BaseModel):
     """Base of a selection policy's options (validated, unknown keys rejected), as a method's params."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    name: str = "uniform"
+    name: str = Field("uniform", description="a registered selection policy (`hetsim list selectors`)")
 
 
 class ClientHistory:

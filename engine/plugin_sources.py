@@ -75,6 +75,7 @@ class PluginSource:
 
 
 _active: dict[str, PluginSource] = {}  # entry -> the source imported in this process
+_roots_added: dict[str, str] = {}  # entry -> the folder its activation put on sys.path
 
 
 def capture(entry: str, index: int = 0) -> PluginSource:
@@ -187,6 +188,9 @@ def forget(source: PluginSource) -> None:
                 reg.remove(name)
     _active.pop(source.entry, None)
     _file_stats.pop(source.entry, None)
+    root = _roots_added.pop(source.entry, None)
+    if root is not None and root not in _roots_added.values() and root in sys.path:
+        sys.path.remove(root)
 
 
 def activate(source: PluginSource, index: int | None = None) -> None:
@@ -203,6 +207,7 @@ def activate(source: PluginSource, index: int | None = None) -> None:
         root = _root_for(source)
         if root and root not in sys.path:
             sys.path.append(root)  # last: a plugin never shadows an installed module
+            _roots_added[source.entry] = root
         origin = Origin("plugin", source.entry)
         for name in source.modules:
             _import(name, root, where, origin)

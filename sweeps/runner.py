@@ -85,10 +85,8 @@ def _trainable(resolved: ResolvedSweep):
     # torch (sweeps.trainable imports the Ray executor): not when this module is imported
     from sweeps.trainable import trial_resources
 
-    # the base config's plugins (and a session's own registrations) travel with the trials' arguments:
-    # a trial on a node without their files imports them from there (engine.plugin_transport)
-    bound = tune.with_parameters(trial_or_reuse, sweep={**resolved.to_dict(),
-                                                        "plugins": Carrier(resolved.base_cfg.plugins)})
+    plugins = Carrier(resolved.base_cfg.plugins)  # they travel with the trials, to nodes without their files too
+    bound = tune.with_parameters(trial_or_reuse, sweep={**resolved.to_dict(), "plugins": plugins})
     return tune.with_resources(bound, trial_resources(resolved))
 
 
@@ -132,8 +130,7 @@ def _trial_or_reuse(params: dict[str, Any], sweep: dict[str, Any]) -> None:
     # torch: as in _trainable
     from sweeps.trainable import TrialFolder, TuneReporter, hetsim_trial
 
-    if "plugins" in sweep:
-        sweep["plugins"].check()  # the plugins loaded in this trial's process (else their error, naming it)
+    sweep.get("plugins", Carrier()).check()  # the plugins loaded in this trial's process (else: their error)
 
     folder = TrialFolder(tune.get_context().get_trial_id())
     rounds = _finished_rounds(folder)

@@ -156,6 +156,7 @@ def write_checkpoint(
             {"server": sim.server.checkpoint_state(), "rng": _rng_state(), "sim_time_s": sim.sim_time_s,
              "batteries": sim.batteries.state() if sim.batteries is not None else None,
              "last_times": sim.last_times,  # the clients' last phase times (methods that read them), or None
+             "selection": sim.selector.state(),  # the selection policy's own state and the clients' history
              # asynchronous runs: the event loop (updates in flight, buffer, base versions)
              "asynchronous": sim.asynchronous.state() if sim.asynchronous is not None else None},
             tmp / SERVER_FILE, path=f"{type(sim.server).__name__}",
@@ -244,6 +245,7 @@ def restore_checkpoint(sim: Simulation, directory: str | Path, *, allow_config_c
         sim.last_times = {int(c): dict(v) for c, v in (state.get("last_times") or {}).items()}
     if sim.batteries is not None:
         sim.batteries.restore(state["batteries"])
+    sim.selector.load_state(state.get("selection"))  # absent: a checkpoint from before selection policies
     if sim.asynchronous is not None:
         sim.asynchronous.restore(state["asynchronous"])
     sim.next_round = int(meta["next_round"])

@@ -33,11 +33,12 @@ from engine.config.hints import tier_problems
 from engine.config.schema import ExperimentConfig
 from engine.data.datasets import _COMMON_ARGS, DATASETS, DatasetNotFoundError
 from engine.data.memory import memory_problems
-from engine.errors import ConfigError
+from engine.errors import ConfigError, UserError
 from engine.loop.selection import select_clients, target_arrivals
 from engine.ray.cluster import RayConnectError, check_reachable, cluster_cpus, ray_is_up, resolve_address
 from engine.ray.pool import PoolSizeError, plan_pool
 from hardware_profiles.condition_spec import Constant
+from hardware_profiles.errors import user_frames
 from hardware_profiles.profile import RANGE_HINT
 from hardware_profiles.traces import TraceError
 
@@ -194,10 +195,17 @@ class _Guard:
             yield
         except DatasetNotFoundError as err:
             raise ConfigError(f"{HEADER}  dataset.name = {self.cfg.dataset.name!r}: {err}") from None
-        except (ValueError, TypeError, RuntimeError, KeyError, OSError, TraceError) as err:
-            where = self._where(stage, arch, data, err)
+        except Exception as err:  # noqa: BLE001 - a stage's known errors, or a plugin's (its frames say where)
+            frames = user_frames(err)  # a plugin's loader or model builder raised
+            known = isinstance(err, (ValueError, TypeError, RuntimeError, KeyError, OSError, TraceError))
+            where = self._where(stage, arch, data, err) if known else None
+            if where is None and frames and stage in ("data", "model"):
+                field = (f"dataset.name = {self.cfg.dataset.name!r}" if stage == "data"
+                         else f"model.name = {arch or self.cfg.model.name!r}")
+                where = f"{field}: your plugin's code raised {type(err).__name__}: {err}"
             if where is None:
                 raise
+            where += f"\n{frames}" if frames and not isinstance(err, UserError) else ""
             if stage != "model":
                 raise ConfigError(f"{HEADER}  {where}") from None
             self.problems.append(f"  {where}")
@@ -289,8 +297,14 @@ def _build_server(cfg: ExperimentConfig) -> None:
 
     try:
         Simulation(cfg, InProcessExecutor())
-    except (ValueError, RuntimeError, TypeError) as err:
-        raise ConfigError(f"{HEADER}  algorithm.name = {cfg.algorithm.name!r}: {err}") from None
+    except UserError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a method's or policy's errors at construction, the user's own too
+        frames = user_frames(err)
+        if not frames and not isinstance(err, (ValueError, RuntimeError, TypeError)):
+            raise
+        what = f"{type(err).__name__}: {err}\n{frames}" if frames else str(err)
+        raise ConfigError(f"{HEADER}  algorithm.name = {cfg.algorithm.name!r}: {what}") from None
 
 
 # ---------------------------------------------------------------- cross-field rules

@@ -14,14 +14,14 @@ def setup(monkeypatch):
     g = np.random.default_rng(0)
     x, y = g.normal(size=(50, 4)).astype(np.float32), g.integers(0, 3, 50)
     models = {"a": nn.Linear(4, 3), "b": nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 3))}
-    cfg = SimpleNamespace(evaluation=SimpleNamespace(batch_size=16))
+    cfg = SimpleNamespace(evaluation=SimpleNamespace(batch_size=16, metrics=[]))
     data = SimpleNamespace(global_test_arrays=lambda: (x, y))
     callback = ev.GlobalEvaluation(cfg, data, SimpleNamespace(global_models=lambda: models), torch.device("cpu"))
     calls = []
 
-    def counted(model, *a):
+    def counted(model, *a, **kw):
         calls.append(model)
-        return evaluate(model, *a)
+        return evaluate(model, *a, **kw)
 
     monkeypatch.setattr(ev, "evaluate", counted)
     return callback, models, calls, (torch.from_numpy(x), torch.from_numpy(y))

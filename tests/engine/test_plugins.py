@@ -183,6 +183,23 @@ def test_a_bad_plugin_ends_with_exit_2_naming_the_users_file(tmp_path, capsys):
         assert __import__("re").search(message, err), (name, err)
     assert main(["validate", "--plugin", "missing.py"]) == 2
     assert "no such file or folder" in capsys.readouterr().err
+    # a model whose builder fails when the validation builds it for the data
+    bad_model = write(tmp_path, "badnet.py", """\
+        import torch
+        from engine import plugins
+
+
+        @plugins.register_model("badnet")
+        class BadNet(torch.nn.Module):
+            def __init__(self, input_shape, num_classes):
+                super().__init__()
+                self.fc = torch.nn.Linear(input_shape[0] // 0, num_classes)
+    """)
+    assert main(["validate", "--plugin", str(bad_model), "--set", "model.name=badnet",
+                 "--set", "dataset.name=digits"]) == 2
+    err = capsys.readouterr().err
+    assert "model.name = 'badnet': your plugin's code raised ZeroDivisionError" in err, err
+    assert f'File "{bad_model}", line 9, in __init__' in err and "Traceback" not in err
     assert main(["validate", "--set", "plugins=[no_such_module_here]"]) == 2
     assert "no module named 'no_such_module_here'" in capsys.readouterr().err
 
@@ -194,34 +211,35 @@ FAILING = """
 
     class Client(FedAvgMClient):
         def fit(self, ctx, broadcast):
-            if ctx.round == 1 and ctx.client_id == {bad}:
+            if ctx.round == 1:
                 return self.explode(ctx)
             return super().fit(ctx, broadcast)
 
         def explode(self, ctx):
-            return {{}}["no such key"]
+            return {}["no such key"]
 
 
-    plugins.register_method("fails_{bad}", params=FedAvgMParams, client=Client, server=FedAvgMServer)
+    plugins.register_method("fails", params=FedAvgMParams, client=Client, server=FedAvgMServer)
 """
 
 
 def test_a_plugin_failing_in_a_round_names_client_round_and_its_frame_and_resumes_once_fixed(tmp_path, capsys):
+    """The resumed run equals an uninterrupted one: the method's server state (FedAvgM's velocity)
+    and the selection policy's history (power-of-choice's losses) are in the checkpoint."""
     # a plugin folder: its own module and the copy of the example it imports travel together
     folder = tmp_path / "plug"
     write(folder, "examples_fedavgm_copy.py", (EXAMPLES / "fedavgm" / "hetsim_fedavgm" / "__init__.py").read_text()
           .replace('"fedavgm"', '"fedavgm_copy"'))
-    cfg = load_config(None, TINY)  # which client runs in round 1
-    from engine.loop.selection import select_clients
-
-    bad = int(select_clients(cfg, 6, 1)[0][0])
-    plugin = write(folder, "failing.py", FAILING.format(bad=bad))
-    exp = write(tmp_path, "exp.yaml", f"plugins: [plug]\nalgorithm: {{name: fails_{bad}}}\n")
+    write(folder, "pow_copy.py", (EXAMPLES / "selectors" / "power_of_choice.py").read_text()
+          .replace('"power_of_choice"', '"pow_copy"'))
+    plugin = write(folder, "failing.py", FAILING)
+    exp = write(tmp_path, "exp.yaml", "plugins: [plug]\nalgorithm: {name: fails, beta: 0.5}\n"
+                                      "clients: {selection: {name: pow_copy, d: 4}}\n")
     run_dir = tmp_path / "run"
     args = ["run", "-c", str(exp), "-q", "-o", str(run_dir), *[f"--set={k}={v}" for k, v in TINY.items()]]
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert f"client {bad} failed in round 1: KeyError: 'no such key'" in err, err
+    assert __import__("re").search(r"client \d+ failed in round 1: KeyError: 'no such key'", err), err
     assert f'File "{plugin}", line 13, in explode' in err and "return {}[\"no such key\"]" in err
     assert f"hetsim run --resume {run_dir}" in err and "Traceback" not in err
     failed = engine.load_run(run_dir)
@@ -230,6 +248,12 @@ def test_a_plugin_failing_in_a_round_names_client_round_and_its_frame_and_resume
     assert main(["run", "--resume", str(run_dir), "-q"]) == 0
     done = engine.load_run(run_dir)
     assert done.manifest["status"] == "finished" and list(done.rounds["round"]) == [0, 1, 2]
+    assert main([*args[:5], str(tmp_path / "whole"), *args[6:]]) == 0  # the fixed plugin, uninterrupted
+    whole = engine.load_run(tmp_path / "whole")
+    pd.testing.assert_frame_equal(comparable(done.rounds), comparable(whole.rounds))
+    pd.testing.assert_frame_equal(done.clients.drop(columns=list(WALL_COLUMNS), errors="ignore"),
+                                  whole.clients.drop(columns=list(WALL_COLUMNS), errors="ignore"))
+    assert done.clients["selection_score"].notna().all()
 
 
 # ---------------------------------------------------------------- objects, hooks, metrics, selection

@@ -18,7 +18,7 @@ clients:
 EXPECTED = {
     "trian = ": "unknown key; did you mean 'train'?",
     "dataset.name = 'mnist5'": "did you mean 'mnist5k'?",
-    "algorithm = ": "unknown algorithm 'fedavgg'; did you mean 'fedavg'?",
+    "algorithm.name = ": "unknown algorithm 'fedavgg'; did you mean 'fedavg'?",
     "clients.profiles.network = ": "unknown network tier '5Mbps'; did you mean '5mbps'?",
 }
 
