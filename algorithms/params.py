@@ -17,6 +17,7 @@ import numpy as np
 from pydantic import Field, StrictFloat, StrictInt, field_validator, model_validator
 
 from algorithms.base import AlgorithmParams, ModelSize
+from hardware_profiles.suggest import suggestion
 
 # The built-in compressors and their op-count constants by key (config keys ``<name>_<key>``,
 # e.g. ``topk_per_element``), calibrated in algorithms/compressors.py, whose classes take their
@@ -117,7 +118,7 @@ def validate_k(k: Any) -> int | float:
 def validate_compressor(name: Any, field: str = "compressor") -> str:
     allowed = sorted(compressor_costs())
     if not isinstance(name, str) or name not in allowed:
-        raise ValueError(f"{field}={name!r} is not allowed: choose one of {allowed}")
+        raise ValueError(f"{field}={name!r} is not allowed: {suggestion(name, allowed)}choose one of {allowed}")
     return name
 
 

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from algorithms.asynchronous import ASYNC_METHODS, SYNCHRONOUS_ONLY, async_option_problems
 from algorithms.params import ALGORITHM_PARAMS
-from engine.config.hints import friendly, tier_problems
+from engine.config.hints import algorithm_key_problem, bandwidth_problems, friendly, tier_problems
 from engine.config.names import DATASET_NAMES, MODEL_NAMES
 from engine.config.paths import expand_path, missing_paths, resolve_paths
 from engine.config.yamlio import check_values, parse_yaml, read_yaml_file
@@ -380,8 +380,11 @@ def _algorithm_union():
     return Annotated[Union[params], Field(discriminator="name")]  # noqa: UP007
 
 
+MAX_SEED = 2 ** 64 - 1  # torch's generators take an unsigned 64-bit seed
+
+
 class ExperimentConfig(Section):
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     rounds: int = Field(20, ge=1)
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
@@ -460,7 +463,8 @@ LINK_KEYS = ("network", "bandwidth")  # clients.profiles: a tier mix or a distri
 def _drop_replaced_link(raw: dict[str, Any], paths: list[tuple]) -> None:
     # the default config gives `bandwidth`; `--set ...network=` must not fail with "not both"
     given = {k for k in LINK_KEYS if any(p[:3] == ("clients", "profiles", k) for p in paths)}
-    profiles = (raw.get("clients") or {}).get("profiles")
+    clients = raw.get("clients")
+    profiles = clients.get("profiles") if isinstance(clients, dict) else None  # a bad section: validation says so
     if len(given) == 1 and isinstance(profiles, dict):
         profiles.pop(next(k for k in LINK_KEYS if k not in given), None)
 
@@ -516,16 +520,63 @@ def bool_problems(annotation: Any, value: Any, where: str) -> list[str]:
     return out
 
 
-def _format_errors(err: ValidationError, raw: dict[str, Any], problems: list[str] = ()) -> str:
+def well_shaped(model: Any, raw: Any) -> Any:
+    """``raw`` without the values where ``model`` wants a section (a pydantic model, or a mapping
+    of them) and the value is not a mapping, at every depth: what the checks that walk the raw
+    mapping before pydantic may rely on. Pydantic reports the values left out."""
+    if not isinstance(raw, dict):
+        return {}
+    out = {}
+    for key, value in raw.items():
+        field = model.model_fields.get(key) if isinstance(key, str) else None
+        if field is None:
+            out[key] = value
+            continue
+        shape = _section_shape(field.annotation)
+        if shape is None:
+            out[key] = value
+        elif isinstance(value, dict):
+            if isinstance(shape, dict):  # dict[K, Section]: each value a section
+                out[key] = {k: well_shaped(shape["value"], v) for k, v in value.items() if isinstance(v, dict)}
+            else:
+                out[key] = well_shaped(shape, value)
+    return out
+
+
+def _section_shape(annotation: Any) -> Any:
+    """The section class a field holds (``X | None`` unwrapped; a discriminated union's first
+    member: the members share the shape), ``{"value": V}`` for ``dict[K, V]`` of sections, or None
+    for a field whose value may be something other than a mapping."""
+    alternatives = [a for a in _flatten(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) is dict or (len(alternatives) == 1 and typing.get_origin(alternatives[0]) is dict):
+        args = typing.get_args(alternatives[0] if alternatives else annotation)
+        return {"value": args[1]} if len(args) == 2 and _is_model(args[1]) else None
+    if alternatives and all(_is_model(a) for a in alternatives):
+        return alternatives[0]
+    return None
+
+
+def _format_errors(err: ValidationError, raw: dict[str, Any], problems: list[str] = (),
+                   methods: dict[str, type] = ALGORITHM_PARAMS) -> str:
+    """One line per problem: ``problems`` (the checks before pydantic), then pydantic's errors,
+    each naming the field. ``methods``: every method's name and params class (the ``algorithm``
+    section is the one whose options depend on a value, its ``name``)."""
     lines = list(problems)
+    algorithm = raw.get("algorithm") if isinstance(raw.get("algorithm"), dict) else {}
     for e in err.errors():
-        loc = [str(p) for p in e["loc"] if not (isinstance(p, str) and p in ALGORITHM_PARAMS)]
+        loc = [str(p) for p in e["loc"] if not (isinstance(p, str) and p in methods)]
         field = ".".join(loc) or "<root>"
         msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
+        if e["type"] == "extra_forbidden" and loc[:1] == ["algorithm"] and len(loc) == 2:
+            msg = algorithm_key_problem(loc[-1], algorithm.get("name"), methods)
+        elif e["type"] == "extra_forbidden":
             msg = unknown_key(loc[-1], _allowed_keys(loc[:-1]))
         else:
-            msg = friendly(e, loc) or msg
+            keys = _allowed_keys(loc)
+            if loc == ["algorithm"]:  # its keys depend on the method
+                keys = sorted(methods) if e["type"] == "union_tag_not_found" else [
+                    f"name: {' | '.join(sorted(methods))}", "the method's options"]
+            msg = friendly(e, loc, keys) or msg
         lines.append(f"  {field} = {e.get('input')!r}: {msg}")
     return "invalid experiment config:\n" + "\n".join(lines)
 
@@ -579,9 +630,12 @@ def load_config(
     if overrides:
         raw = apply_overrides(raw, overrides)
     raw, origins = resolve_paths(raw, None, None, origins)
-    profiles = (raw.get("clients") or {}).get("profiles") if isinstance(raw.get("clients"), dict) else None
-    problems = (check_values(raw) + bool_problems(ExperimentConfig, raw, "") + missing_paths(raw, origins)
-                + (tier_problems(profiles) if isinstance(profiles, dict) else []))
+    # the checks before pydantic's see only sections that are mappings: a section given as
+    # another type is pydantic's error (below), whatever the section
+    shaped = well_shaped(ExperimentConfig, raw)
+    profiles = (shaped.get("clients") or {}).get("profiles")
+    problems = (check_values(raw) + bool_problems(ExperimentConfig, shaped, "") + missing_paths(shaped, origins)
+                + (tier_problems(profiles) + bandwidth_problems(profiles) if isinstance(profiles, dict) else []))
     try:  # every mistake of the file in one message: these lines and pydantic's together
         cfg = ExperimentConfig.model_validate(raw)
     except ValidationError as err:
