@@ -17,7 +17,7 @@ import numpy as np
 from pydantic import Field, StrictFloat, StrictInt, field_validator, model_validator
 
 from algorithms.base import AlgorithmParams, ModelSize
-from hardware_profiles.suggest import suggestion
+from hardware_profiles.suggest import given_twice, suggestion
 
 # The built-in compressors and their op-count constants by key (config keys ``<name>_<key>``,
 # e.g. ``topk_per_element``), calibrated in algorithms/compressors.py, whose classes take their
@@ -348,6 +348,9 @@ class AscendParams(CompressionOptions):
     @model_validator(mode="after")
     def _check_arms(self) -> "AscendParams":
         allowed = sorted(compressor_costs())
+        twice = given_twice(self.arms, "arms", "", "list each arm once")
+        if twice:
+            raise ValueError(twice)
         if not self.arms or len(set(self.arms)) != len(self.arms):
             raise ValueError(
                 f"arms={list(self.arms)!r} is not allowed: a non-empty list of distinct compressors from {allowed}"

@@ -20,6 +20,7 @@ import math
 import os
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 
@@ -123,8 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(args):
-    from engine import load_config  # pydantic, numpy, yaml: not for --help
+    from engine import ConfigError, load_config  # pydantic, numpy, yaml: not for --help
+    from engine.config.schema import overrides_given_twice
 
+    twice = overrides_given_twice(args.overrides)
+    if twice:
+        raise ConfigError(twice)
     return load_config(args.config, args.overrides)
 
 
@@ -203,7 +208,7 @@ def cmd_run(args) -> int:
         if args.resume:
             resume_run(path, cfg, callbacks=callbacks, command=sys.argv)
         else:
-            run_in_folder(cfg, path, callbacks, sys.argv, warnings)
+            run_in_folder(cfg, path, callbacks, sys.argv, warnings, started=args.started)
     except KeyboardInterrupt:
         print(f"{_interrupted(args)}. Continue with: hetsim run --resume {path}", file=sys.stderr)
         return 130
@@ -353,11 +358,13 @@ def _unexpected(err: BaseException, args, argv) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     mark("cli: main")
+    started = time.time()  # the run summary's wall time counts from here
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as stop:  # argparse: usage message already printed, status 2
         return int(stop.code or 0)
+    args.started = started
     # the engine's warnings (logger "hetsim") go to this command's stderr, as bare messages
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))

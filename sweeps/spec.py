@@ -51,11 +51,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from engine import ConfigError, ExperimentConfig, load_config
 from engine.config.paths import resolve_paths
-from engine.config.schema import DEFAULT_CONFIG, apply_overrides, expand_path
+from engine.config.schema import DEFAULT_CONFIG, apply_overrides, expand_path, overrides_given_twice
 from engine.config.yamlio import read_yaml_file
 from engine.ray.cluster import ray_is_up
 from engine.results import ROUND_COLUMNS, is_uri, open_storage, redact
-from hardware_profiles.suggest import unknown_key
+from hardware_profiles.suggest import given_twice, unknown_key
 from sweeps.grid import GridError, apply_grid
 from sweeps.search import TRIAL_INDEX, SearchProblem, SearchSpec, check_budget, check_repeats, check_search
 from sweeps.trackers import TrackersSpec, check_trackers
@@ -673,6 +673,9 @@ def resolve(
         except GridError as err:
             raise SweepSpecError(f"invalid sweep spec:\n  {err}") from None
     own = list(spec.overrides)
+    twice = overrides_given_twice(list(overrides or []))  # what was typed; the spec's own may be overridden
+    if twice:
+        raise SweepSpecError(f"invalid sweep spec:\n  {twice}")
     if overrides:
         spec.overrides = [*own, *overrides]
     if address is not None:
@@ -752,8 +755,9 @@ def resolve(
                 spec.target is None or objective.name != f"time_to_{spec.metric}_{spec.target:g}"):
             raise SweepSpecError(f"invalid sweep spec:\n  objectives[{i}].name = {objective.name!r}: a time to a "
                                  "target is the column time_to_<metric>_<target> of the spec's metric and target")
-    if len({o.name for o in spec.objectives}) != len(spec.objectives):
-        raise SweepSpecError("invalid sweep spec:\n  objectives: an objective is listed twice")
+    twice = given_twice([o.name for o in spec.objectives], "objectives", "named")
+    if twice:
+        raise SweepSpecError(f"invalid sweep spec:\n  {twice}")
     if spec.scheduler.metric is not None:
         check_metric(spec.scheduler.metric, "scheduler.metric")
     max_t = spec.scheduler.max_t

@@ -35,9 +35,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine import ConfigError, load_config
 from engine.config.paths import missing_paths, resolve_paths, resolve_profile_paths
-from engine.config.schema import apply_overrides
+from engine.config.schema import apply_overrides, overrides_given_twice
 from engine.config.yamlio import parse_yaml
 from hardware_profiles.sampler import assign_profiles
+from hardware_profiles.suggest import given_twice
 from sweeps.results import RUNS_DIR
 from sweeps.spec import (
     RaySpec,
@@ -124,6 +125,9 @@ def _fleets(spec: WhatIfSpec, spec_dir: Path | None, source: str | None = None) 
             if (f.profiles is None) == (f.file is None):
                 raise _error(f"fleets[{i}] ({f.name})", "give either profiles or file (one of them)")
             items.append((f.name, f.profiles if f.profiles is not None else f.file))
+        twice = given_twice([name for name, _ in items], "fleets")
+        if twice:
+            raise SweepSpecError(f"invalid what-if:\n  {twice}")
     out = {}
     for name, value in items:
         if isinstance(value, str):
@@ -187,6 +191,9 @@ def check_fleets(base_raw: dict[str, Any], fleets: dict[str, dict[str, Any]]) ->
 def with_overrides(base_raw: dict[str, Any], overrides: list[str], folder: Path | None = None) -> dict[str, Any]:
     """``base_raw`` with ``key=value`` items applied (never clients.profiles: the fleets set it); a
     path they give is relative to ``folder`` (the what-if file's), else to the working folder."""
+    twice = overrides_given_twice(list(overrides), "overrides:")
+    if twice:
+        raise _error("overrides", twice)
     for item in overrides:
         key = item.split("=", 1)[0].strip()
         if key == PROFILES_KEY or key.startswith(PROFILES_KEY + "."):

@@ -149,13 +149,23 @@ def missing_paths(raw: Any, origins: Origins | None = None) -> list[str]:
             except TraceError as err:
                 lines.append(f"  {value!r} ({key}): {err}")
             continue
-        path = Path(value)
-        if path.is_file():
+        what = _not_a_file(value)
+        if what is None:
             continue
         given, where = origins.get(key, (value, FROM_WORKING_FOLDER))
         resolved = f"resolved against {where} to {value!r}" if given != value else "an absolute path"
         hint = (f"; shipped traces are named builtin:NAME ({', '.join(builtin_names())})"
                 if _is_trace(key) else "")
-        what = "is a folder, not a file" if path.is_dir() else "does not exist"
         lines.append(f"  {given!r} {what} ({resolved}; {key}){hint}")
     return lines
+
+
+def _not_a_file(value: str) -> str | None:
+    """Why ``value`` is not a readable file's path (None if it is one)."""
+    try:
+        path = Path(value)
+        if path.is_file():
+            return None
+        return "is a folder, not a file" if path.is_dir() else "does not exist"
+    except (OSError, ValueError) as err:  # a name too long for the file system, a NUL byte
+        return f"cannot be a file here ({getattr(err, 'strerror', None) or err})"

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from algorithms.asynchronous import ASYNC_METHODS, SYNCHRONOUS_ONLY, async_option_problems
 from algorithms.params import ALGORITHM_PARAMS
-from engine.config.hints import algorithm_key_problem, bandwidth_problems, friendly, tier_problems
+from engine.config.hints import algorithm_key_problem, bandwidth_problems, friendly, tier_problems, yaml_kind
 from engine.config.names import DATASET_NAMES, MODEL_NAMES
 from engine.config.paths import expand_path, missing_paths, resolve_paths
 from engine.config.yamlio import check_values, parse_yaml, read_yaml_file
@@ -457,6 +457,21 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | dict[str, Any]) 
     return raw
 
 
+def overrides_given_twice(items: list[str], where: str = "--set") -> str | None:
+    """What a user typed twice among ``key=value`` items (``--set``, a spec's ``overrides:``):
+    the second would silently win, so it is refused naming both (None if each key is given
+    once). The Python API's lists are code, composed as ``[*BASE, "rounds=3"]``: the last wins."""
+    first: dict[str, str] = {}
+    for item in items:
+        key = item.split("=", 1)[0].strip() if isinstance(item, str) else None
+        if key is None:
+            continue
+        if key in first:
+            return f"{where} {key} is given twice ({first[key]!r} and {item!r}); give each key once"
+        first[key] = item
+    return None
+
+
 LINK_KEYS = ("network", "bandwidth")  # clients.profiles: a tier mix or a distribution, not both
 
 
@@ -563,10 +578,26 @@ def _format_errors(err: ValidationError, raw: dict[str, Any], problems: list[str
     section is the one whose options depend on a value, its ``name``)."""
     lines = list(problems)
     algorithm = raw.get("algorithm") if isinstance(raw.get("algorithm"), dict) else {}
-    for e in err.errors():
-        loc = [str(p) for p in e["loc"] if not (isinstance(p, str) and p in methods)]
+    errors = [(e, *_input_loc(e["loc"], raw)) for e in err.errors()]
+    kinds: dict[str, list[str]] = {}  # a field whose union pydantic tried member by member: one line
+    for e, loc, key_error in errors:
+        if e["type"] in TYPE_KINDS and not key_error:
+            kinds.setdefault(".".join(loc), []).append(TYPE_KINDS[e["type"]])
+    said = set()
+    for e, loc, key_error in errors:
         field = ".".join(loc) or "<root>"
         msg = e["msg"].removeprefix("Value error, ")
+        if key_error:  # a mapping's key of the wrong type: the mapping is the field
+            lines.append(f"  {field} = {_value_at(raw, loc)!r}: key {e.get('input')!r}: "
+                         f"{friendly(e, loc) or msg}")
+            continue
+        if len(set(kinds.get(field, ()))) > 1 and e["type"] in TYPE_KINDS:
+            if field not in said:
+                said.add(field)
+                allowed = " or ".join(dict.fromkeys(kinds[field]))
+                lines.append(f"  {field} = {e.get('input')!r}: {yaml_kind(e.get('input'))} is not allowed here; "
+                             f"give {allowed}")
+            continue
         if e["type"] == "extra_forbidden" and loc[:1] == ["algorithm"] and len(loc) == 2:
             msg = algorithm_key_problem(loc[-1], algorithm.get("name"), methods)
         elif e["type"] == "extra_forbidden":
@@ -579,6 +610,57 @@ def _format_errors(err: ValidationError, raw: dict[str, Any], problems: list[str
             msg = friendly(e, loc, keys) or msg
         lines.append(f"  {field} = {e.get('input')!r}: {msg}")
     return "invalid experiment config:\n" + "\n".join(lines)
+
+
+# pydantic's type errors, as the kind of value that was wanted
+TYPE_KINDS = {"string_type": "a string", "dict_type": "a mapping", "model_type": "a mapping",
+              "model_attributes_type": "a mapping", "list_type": "a list", "tuple_type": "a list",
+              "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
+              "float_type": "a number", "float_parsing": "a number", "bool_type": "a boolean",
+              "bool_parsing": "a boolean", "none_required": "null"}
+
+
+def _input_loc(loc: tuple, raw: Any) -> tuple[list[str], bool]:
+    """Pydantic's ``loc`` as the path the user wrote: the members of a union pydantic tried
+    (``str``, ``function-after[...]``, a method's or a process's tag) left out; a missing key kept.
+    Also whether the error is about a mapping's key (``[key]``)."""
+    out, node, key_error = [], raw, False
+    for i, part in enumerate(loc):
+        last = i == len(loc) - 1
+        if part == "[key]":
+            key_error = True
+            if out and str(loc[i - 1]) == out[-1]:
+                out.pop()  # the key itself: the mapping it is in is the field
+        elif isinstance(node, dict) and _key_in(part, node) is not None:
+            key = _key_in(part, node)
+            out.append(str(key))
+            node = node[key]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            out.append(str(part))
+            node = node[part]
+        elif last and isinstance(node, dict) and not _is_union_member(part):
+            out.append(str(part))  # a required key left out
+    return out, key_error
+
+
+def _key_in(part: Any, node: dict) -> Any:
+    if part in node:
+        return part
+    return next((k for k in node if str(k) == str(part)), None)
+
+
+def _is_union_member(part: Any) -> bool:
+    return isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool", "none", "list", "dict"))
+
+
+def _value_at(raw: Any, loc: list[str]) -> Any:
+    node = raw
+    for part in loc:
+        key = _key_in(part, node) if isinstance(node, dict) else None
+        if key is None:
+            return None
+        node = node[key]
+    return node
 
 
 def _allowed_keys(loc: list[str]) -> list[str]:
@@ -616,6 +698,7 @@ def load_config(
     """
     if source is None:
         source = DEFAULT_CONFIG
+    _check_arguments(source, overrides)
     origins: dict = {}
     if isinstance(source, (str, Path)):
         path = Path(expand_path(str(source)))
@@ -643,6 +726,31 @@ def load_config(
     if problems:
         raise ConfigError("invalid experiment config:\n" + "\n".join(problems))
     return cfg
+
+
+def _check_arguments(source: Any, overrides: Any) -> None:
+    """The Python API's ``config`` and ``overrides``, refused as the CLI refuses a bad file or --set."""
+    if isinstance(source, os.PathLike) and not isinstance(source, Path):
+        return
+    if not isinstance(source, (str, Path, dict)):
+        raise ConfigError(f"config = {source!r}: give an ExperimentConfig, a mapping of sections (seed:, rounds:, "
+                          f"dataset:, ...), a YAML file's path or None (the default experiment), not "
+                          f"{type(source).__name__}")
+    if overrides is None or isinstance(overrides, dict):
+        bad = [k for k in (overrides or {}) if not (isinstance(k, str) or (isinstance(k, (list, tuple)) and k
+                                                                           and all(isinstance(p, str) for p in k)))]
+        if bad:
+            raise ConfigError(f"overrides: key {bad[0]!r} is not a dotted key; write keys like 'train.lr'")
+        return
+    if isinstance(overrides, (str, bytes)):
+        raise ConfigError(f"overrides = {overrides!r} is one string; give a list of key=value strings, e.g. "
+                          f"[{overrides!r}], or a mapping such as {{'train.lr': 0.01}}")
+    if not isinstance(overrides, (list, tuple)):
+        raise ConfigError(f"overrides = {overrides!r}: give a list of key=value strings, e.g. ['rounds=5'], or a "
+                          "mapping such as {'train.lr': 0.01}")
+    for i, item in enumerate(overrides):
+        if not isinstance(item, str):
+            raise ConfigError(f"overrides[{i}] = {item!r}: give a key=value string, e.g. 'rounds=5'")
 
 
 SECRET_OPTIONS = ("access_key", "secret_key", "session_token")  # of output.storage_options

@@ -539,7 +539,8 @@ def test_pareto_marks_a_front_known_by_construction():
     ([{"name": "accuracy", "mode": "max"}], r"objectives\[0\]\.name = 'accuracy': not a rounds\.parquet column.*"
                                             r"or a trials\.parquet total: total_sim_time_s"),
     ([{"name": "global_acc"}], r"objectives\.0\.mode"),
-    ([{"name": "global_acc", "mode": "max"}, {"name": "global_acc", "mode": "min"}], r"listed twice"),
+    ([{"name": "global_acc", "mode": "max"}, {"name": "global_acc", "mode": "min"}],
+     r"objectives\[0\] and objectives\[1\] are both named 'global_acc'; give each its own name"),
     ([{"name": "time_to_global_acc_0.9", "mode": "min"}], r"time_to_<metric>_<target> of the spec's metric"),
 ])
 def test_bad_objectives_are_refused(objectives, pattern):
