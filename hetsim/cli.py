@@ -124,13 +124,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(args):
-    from engine import ConfigError, load_config  # pydantic, numpy, yaml: not for --help
-    from engine.config.schema import overrides_given_twice
+    from engine import load_config  # pydantic, numpy, yaml: not for --help
 
-    twice = overrides_given_twice(args.overrides)
-    if twice:
-        raise ConfigError(twice)
+    _warn_twice(args.overrides)
     return load_config(args.config, args.overrides)
+
+
+def _warn_twice(overrides: list[str]) -> None:
+    from engine.config.schema import overrides_given_twice  # pydantic behind it: not for --help
+
+    twice = overrides_given_twice(overrides, then="the last one is used")
+    if twice:  # said, not silently dropped
+        print(f"hetsim: warning: {twice}", file=sys.stderr)
 
 
 def cmd_validate(args) -> int:
@@ -238,6 +243,7 @@ def cmd_sweep(args) -> int:
         raise UserError("sweep: give a spec file or --resume PATH (one of them)")
     if args.resume and (args.overrides or args.dry_run or args.grid):
         raise UserError("sweep: --set, --grid and --dry-run do not apply to --resume (a sweep continues as it began)")
+    _warn_twice(args.overrides)
     if args.dry_run:
         print(runner.dry_run_text(args.spec, storage=args.storage, address=args.address, overrides=args.overrides,
                                   grid=args.grid))

@@ -38,9 +38,9 @@ def run_whatif_command(args) -> int:
     if spec and spec.overrides:  # the what-if file's own: a path in them is relative to that file
         base = whatif.with_overrides(base, spec.overrides, spec_dir)
     overrides = list(args.overrides)
-    twice = overrides_given_twice(overrides)
-    if twice:
-        raise whatif.SweepSpecError(f"invalid what-if:\n  {twice}")
+    twice = overrides_given_twice(overrides, then="the last one is used")
+    if twice:  # said, not silently dropped (as `hetsim run --set`)
+        print(f"hetsim: warning: {twice}", file=sys.stderr)
     target = args.target if args.target is not None else (spec.target if spec else None)
     metric = spec.metric if spec else "global_acc"
     check_target(metric, target)  # before the sweep runs, not after

@@ -673,8 +673,8 @@ def resolve(
         except GridError as err:
             raise SweepSpecError(f"invalid sweep spec:\n  {err}") from None
     own = list(spec.overrides)
-    twice = overrides_given_twice(list(overrides or []))  # what was typed; the spec's own may be overridden
-    if twice:
+    twice = overrides_given_twice(own, "overrides:") if isinstance(source, (str, Path)) else None
+    if twice:  # a list in the spec file; a resumed sweep's spec holds the --set items after them
         raise SweepSpecError(f"invalid sweep spec:\n  {twice}")
     if overrides:
         spec.overrides = [*own, *overrides]

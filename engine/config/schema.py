@@ -457,17 +457,18 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | dict[str, Any]) 
     return raw
 
 
-def overrides_given_twice(items: list[str], where: str = "--set") -> str | None:
-    """What a user typed twice among ``key=value`` items (``--set``, a spec's ``overrides:``):
-    the second would silently win, so it is refused naming both (None if each key is given
-    once). The Python API's lists are code, composed as ``[*BASE, "rounds=3"]``: the last wins."""
+def overrides_given_twice(items: list[str], where: str = "--set", then: str = "give each key once") -> str | None:
+    """A key given twice among ``key=value`` items, naming both (None if each key is given once):
+    a spec file's ``overrides:`` list refuses it; the command line's ``--set`` warns (``then``: the
+    last one is used), as a shell alias with defaults and a later tweak is common; the Python
+    API's lists are code, composed as ``[*BASE, "rounds=3"]``: the last wins."""
     first: dict[str, str] = {}
     for item in items:
         key = item.split("=", 1)[0].strip() if isinstance(item, str) else None
         if key is None:
             continue
         if key in first:
-            return f"{where} {key} is given twice ({first[key]!r} and {item!r}); give each key once"
+            return f"{where} {key} is given twice ({first[key]!r} and {item!r}); {then}"
         first[key] = item
     return None
 
