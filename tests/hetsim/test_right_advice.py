@@ -143,3 +143,56 @@ def test_a_set_key_typed_twice_is_said_naming_both(tmp_path, monkeypatch, capsys
     assert "lr: 0.2" in out.out
     # the Python API's lists are code: [*BASE, "rounds=3"] composes, the last wins
     assert load_config(None, ["rounds=2", "rounds=3"]).rounds == 3
+
+
+# ---------------------------------------------------------------- the summary's and the sweep's figures
+
+
+def test_the_wall_time_counts_from_the_commands_start_with_the_start_up_apart():
+    import pandas as pd
+
+    from hetsim.summary import wall_text
+
+    rounds = pd.DataFrame({"wall_s": [0.4, 0.5]})
+    ray = {"wall_s": 0.9, "command_wall_s": 9.9, "executor": {"kind": "ray"}}
+    assert wall_text(ray, rounds) == ("9.9 s from the command's start: start-up 9.0 s (validation and Ray's "
+                                      "start), then the run 0.9 s")
+    assert wall_text({"wall_s": 2.0, "command_wall_s": 2.5}, rounds) == (
+        "2.5 s from the command's start: start-up 0.5 s (validation start), then the run 2.0 s")
+    assert wall_text({"wall_s": 0.9}, rounds) == "0.9 s"  # a run folder written before the figure existed
+    assert wall_text({}, rounds) == "0.9 s"  # the rounds' own
+
+
+@pytest.mark.ray
+def test_a_ray_runs_summary_counts_ray_start_up(tmp_path, monkeypatch, capsys, ray_session):
+    import re
+    import time
+
+    from engine.results import read_manifest
+
+    monkeypatch.chdir(tmp_path)
+    before = time.time()
+    assert main(["run", "-q", *SMALL, "--set", "executor.kind=ray", "--set", "executor.num_actors=1",
+                 "--set", "ray.num_cpus=2", "-o", "r"]) == 0
+    took = time.time() - before
+    printed = capsys.readouterr().out
+    m = read_manifest(tmp_path / "r")
+    assert m["wall_s"] < m["command_wall_s"] <= took
+    line = re.search(r"^wall time\s+(.+)$", printed, re.M).group(1)
+    assert line == (f"{m['command_wall_s']:.1f} s from the command's start: start-up "
+                    f"{m['command_wall_s'] - m['wall_s']:.1f} s (validation and Ray's start), then the run "
+                    f"{m['wall_s']:.1f} s")
+
+
+def test_within_noise_of_best_is_missing_without_an_interval():
+    import pandas as pd
+
+    from sweeps.stats import within_noise
+
+    once = pd.DataFrame({"acc_mean": [0.8, 0.9, 0.7], "acc_ci_low": [float("nan")] * 3,
+                         "acc_ci_high": [float("nan")] * 3})
+    out = within_noise(once, "acc", "max")
+    assert str(out.dtype) == "boolean" and out.tolist() == [pd.NA, True, pd.NA]
+    repeated = pd.DataFrame({"acc_mean": [0.8, 0.9, 0.5, 0.85], "acc_ci_low": [0.75, 0.85, 0.45, float("nan")],
+                             "acc_ci_high": [0.86, 0.95, 0.55, float("nan")]})
+    assert within_noise(repeated, "acc", "max").tolist() == [True, True, False, pd.NA]
