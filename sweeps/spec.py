@@ -306,6 +306,9 @@ def _format_spec_errors(err: ValidationError, root: type[BaseModel] | None = Non
                 parent = next((a for a in getattr(parent, "__args__", ()) if hasattr(a, "model_fields")), parent)
             allowed = list(getattr(parent, "model_fields", {}) or {})
             msg = unknown_key(loc[-1], allowed)
+        if e["type"] == "missing":  # pydantic's input is the whole mapping it is missing from
+            lines.append(f"  {field}: required; give {loc[-1]}")
+            continue
         lines.append(f"  {field} = {e.get('input')!r}: {msg}")
     return f"{title}:\n" + "\n".join(lines)
 

@@ -599,6 +599,9 @@ def _format_errors(err: ValidationError, raw: dict[str, Any], problems: list[str
                 lines.append(f"  {field} = {e.get('input')!r}: {yaml_kind(e.get('input'))} is not allowed here; "
                              f"give {allowed}")
             continue
+        if e["type"] == "missing":  # pydantic's input is the whole section it is missing from
+            lines.append(f"  {field}: required; give {loc[-1] if loc else 'it'}")
+            continue
         if e["type"] == "extra_forbidden" and loc[:1] == ["algorithm"] and len(loc) == 2:
             msg = algorithm_key_problem(loc[-1], algorithm.get("name"), methods)
         elif e["type"] == "extra_forbidden":

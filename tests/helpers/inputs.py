@@ -15,6 +15,7 @@ fuzz``). A case a long run finds is kept as an ``@example`` of its test (the exa
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import signal
@@ -158,8 +159,10 @@ def paths_of(value: Any, prefix: tuple = ()) -> list[tuple]:
     return out
 
 
-def schema_paths(model=None, prefix: tuple = (), depth: int = 0) -> list[tuple]:
-    """Every field path of the experiment schema (a mapping's key as ``a``, a list's item as 0)."""
+@functools.cache
+def schema_paths(model=None, prefix: tuple = (), depth: int = 0) -> tuple[tuple, ...]:
+    """Every field path of a pydantic schema, the experiment's by default (a mapping's key as
+    ``a``, a list's item as 0)."""
     from pydantic import BaseModel
 
     from engine.config.schema import ExperimentConfig
@@ -179,7 +182,7 @@ def schema_paths(model=None, prefix: tuple = (), depth: int = 0) -> list[tuple]:
                 out += schema_paths(args[1], (*path, "a"), depth + 1)
             elif origin is list and args and isinstance(args[0], type) and issubclass(args[0], BaseModel):
                 out += schema_paths(args[0], (*path, 0), depth + 1)
-    return sorted(set(out), key=lambda p: tuple(map(str, p)))
+    return tuple(sorted(set(out), key=lambda p: tuple(map(str, p))))
 
 
 def _alternatives(t: Any) -> list[Any]:
@@ -224,17 +227,20 @@ def delete_path(raw: dict, path: tuple) -> None:
 
 
 @st.composite
-def mutated(draw, bases: dict[str, dict], value_strategy=None, avoid: tuple[str, ...] = ()) -> tuple[dict, list]:
-    """A base config with 1-3 mutations; returns it and the paths mutated. ``avoid``: dotted
-    prefixes not to touch."""
+def mutated(draw, bases: dict[str, dict], value_strategy=None, avoid: tuple[str, ...] = (),
+            schema=None) -> tuple[dict, list]:
+    """A base mapping with 1-3 mutations; returns it and the paths mutated. ``avoid``: dotted
+    prefixes not to touch; ``schema``: the pydantic model whose field paths are mutated too
+    (default: the experiment's), so a section the base leaves out is given as well."""
     import copy
 
     value_strategy = values() if value_strategy is None else value_strategy
+    fields = schema_paths(schema)
     name = draw(st.sampled_from(sorted(bases)))
     raw = copy.deepcopy(bases[name])
     touched = []
     for _ in range(draw(st.integers(1, 3))):
-        candidates = [p for p in sorted(set(paths_of(raw)) | set(schema_paths()), key=lambda p: tuple(map(str, p)))
+        candidates = [p for p in sorted(set(paths_of(raw)) | set(fields), key=lambda p: tuple(map(str, p)))
                       if not dotted(p).startswith(avoid)]
         path = draw(st.sampled_from(candidates))
         op = draw(st.sampled_from(["set", "set", "set", "delete", "unknown", "bool", "unit"]))
@@ -267,7 +273,7 @@ def as_override(path: tuple, value: Any) -> str:
 # ---------------------------------------------------------------- the property
 
 
-_FIELD = re.compile(r"^\s+(\S+) = ")
+_FIELD = re.compile(r"^\s+(\S+)(?: = |: required)")
 
 
 def _normal(field: str) -> str:
@@ -293,6 +299,6 @@ def assert_names_an_input_field(message: str, known: set[str]) -> None:
         if m:
             field = _normal(m.group(1))
             parent = field.rsplit(".", 1)[0] if "." in field else ""
-            assert field in known or parent in known or field == "<root>", (field, message)
+            assert field in known or parent in known or "." not in field or field == "<root>", (field, message)
         else:
             assert any(k in line for k in known if k), (line, message)
