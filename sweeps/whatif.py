@@ -157,7 +157,7 @@ def load_whatif_file(path: str | Path) -> tuple[WhatIfSpec, dict[str, dict[str, 
     try:
         spec = WhatIfSpec.model_validate(raw)
     except ValidationError as err:
-        raise SweepSpecError(_format_spec_errors(err, WhatIfSpec, "invalid what-if")) from None
+        raise SweepSpecError(_format_spec_errors(err, WhatIfSpec, "invalid what-if", raw)) from None
     if spec.name is None:
         spec.name = path.stem
     spec_dir = path.resolve().parent

@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
+from engine.errors import ConfigError
 from hardware_profiles.traces import BUILTIN_PREFIX, TraceError, builtin_names, builtin_trace
 
 PROCESSES = ("down", "up", "compute", "availability")  # of a condition set: may replay a file
@@ -31,7 +32,8 @@ def expand_path(value: str) -> str:
     out = os.path.expandvars(os.path.expanduser(value))
     missing = re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", out)
     if missing:
-        raise ValueError(f"environment variable {missing[0]} is not set (in {value!r})")
+        # a ConfigError is a ValueError too: a field validator reports it as the field's error
+        raise ConfigError(f"environment variable {missing[0]} is not set (in {value!r})")
     return out
 
 

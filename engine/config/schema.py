@@ -579,7 +579,7 @@ def _format_errors(err: ValidationError, raw: dict[str, Any], problems: list[str
     section is the one whose options depend on a value, its ``name``)."""
     lines = list(problems)
     algorithm = raw.get("algorithm") if isinstance(raw.get("algorithm"), dict) else {}
-    errors = [(e, *_input_loc(e["loc"], raw)) for e in err.errors()]
+    errors = [(e, *input_loc(e["loc"], raw)) for e in err.errors()]
     kinds: dict[str, list[str]] = {}  # a field whose union pydantic tried member by member: one line
     for e, loc, key_error in errors:
         if e["type"] in TYPE_KINDS and not key_error:
@@ -589,7 +589,7 @@ def _format_errors(err: ValidationError, raw: dict[str, Any], problems: list[str
         field = ".".join(loc) or "<root>"
         msg = e["msg"].removeprefix("Value error, ")
         if key_error:  # a mapping's key of the wrong type: the mapping is the field
-            lines.append(f"  {field} = {_value_at(raw, loc)!r}: key {e.get('input')!r}: "
+            lines.append(f"  {field} = {value_at(raw, loc)!r}: key {e.get('input')!r}: "
                          f"{friendly(e, loc) or msg}")
             continue
         if len(set(kinds.get(field, ()))) > 1 and e["type"] in TYPE_KINDS:
@@ -624,7 +624,7 @@ TYPE_KINDS = {"string_type": "a string", "dict_type": "a mapping", "model_type":
               "bool_parsing": "a boolean", "none_required": "null"}
 
 
-def _input_loc(loc: tuple, raw: Any) -> tuple[list[str], bool]:
+def input_loc(loc: tuple, raw: Any) -> tuple[list[str], bool]:
     """Pydantic's ``loc`` as the path the user wrote: the members of a union pydantic tried
     (``str``, ``function-after[...]``, a method's or a process's tag) left out; a missing key kept.
     Also whether the error is about a mapping's key (``[key]``)."""
@@ -657,7 +657,7 @@ def _is_union_member(part: Any) -> bool:
     return isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool", "none", "list", "dict"))
 
 
-def _value_at(raw: Any, loc: list[str]) -> Any:
+def value_at(raw: Any, loc: list[str]) -> Any:
     node = raw
     for part in loc:
         key = _key_in(part, node) if isinstance(node, dict) else None

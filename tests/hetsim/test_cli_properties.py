@@ -98,6 +98,8 @@ def workdir(tmp_path_factory):
 @example(argv=["sweep", "spec.yaml", "--dry-run", "--grid", "train.lr=0.5,0.6"])
 @example(argv=["whatif", "--dry-run", "--fleet", "a=fleet.yaml", "--fleet", "a=fleet.yaml"])
 @example(argv=["validate", "-c", "binary.bin"])
+@example(argv=["sweep", "$UNSET_VAR_X", "--dry-run"])
+@example(argv=["validate", "-c", "$UNSET_VAR_X/exp.yaml"])
 def test_a_command_line_exits_0_or_2_with_one_message(argv, workdir, monkeypatch, capsys):
     monkeypatch.chdir(workdir)
     with no_hang():

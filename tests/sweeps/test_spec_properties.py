@@ -35,6 +35,8 @@ AVOID = ("ray", "storage", "trackers", "base.ray", "base.executor")
 @settings(max_examples=examples(0.5))
 @given(case=mutated(SPECS, values(long_strings=False), avoid=AVOID, schema=SweepSpec))
 @example(case=({"space": 5}, []))
+@example(case=({"base": {0: None}, "space": {"train.lr": {"grid": [0.1]}}}, []))
+@example(case=({"space": {"train.lr": {"grid": [0.1]}}}, []))
 @example(case=({"space": {"train.lr": {"grid": [0.1]}}, "objectives": [{"name": "global_acc", "mode": "max"},
                                                                       {"name": "global_acc", "mode": "max"}]}, []))
 def test_a_mutated_sweep_spec_resolves_or_names_a_field(case, tmp_path_factory, monkeypatch):
