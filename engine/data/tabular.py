@@ -242,7 +242,8 @@ def open_table(path, label_column: str, client_column: str | None, split_column:
     if len(files) > 1:  # pyarrow would take the first file's columns and types for all of them
         used = None if features is None else {label_column, client_column, split_column,
                                               *([features] if isinstance(features, str) else features)}
-        data = pads.dataset(files, format="parquet", filesystem=fs, schema=unified_schema(files, fs, used))
+        data = pads.dataset(files, format="parquet", filesystem=fs,
+                            schema=unified_schema(files, fs, used, exact={label_column}))
     schema = data.schema
     for what, col in (("label_column", label_column), ("client_column", client_column),
                       ("split_column", split_column)):
@@ -253,12 +254,13 @@ def open_table(path, label_column: str, client_column: str | None, split_column:
     return files, data, _feature_columns(schema, label_column, client_column, split_column, features)
 
 
-def unified_schema(files: list[str], fs, used: set | None = None):
+def unified_schema(files: list[str], fs, used: set | None = None, exact: set = frozenset()):
     """The one schema of a table's files, checked column by column: a column that one file has
     and another lacks, or of another kind (text in one, numbers in the other), is refused naming
     both files and the column; integer widths and integers beside floats are unified (to int64,
     float64). ``used``: the columns the read takes (None: every column, the features being every
-    other numeric one); the others are left out."""
+    other numeric one); the others are left out. ``exact``: columns whose kind must be the same
+    in every file (the labels: a float label in one file is refused naming that file, not cast)."""
     import pyarrow as pa  # here: see _feature_columns
     import pyarrow.parquet as pq
 
@@ -280,7 +282,7 @@ def unified_schema(files: list[str], fs, used: set | None = None):
             out.append(pa.field(name, seen[0][1]))
         elif all(pa.types.is_integer(t) for t in kinds):
             out.append(pa.field(name, pa.int64()))
-        elif all(pa.types.is_integer(t) or pa.types.is_floating(t) for t in kinds):
+        elif name not in exact and all(pa.types.is_integer(t) or pa.types.is_floating(t) for t in kinds):
             out.append(pa.field(name, pa.float64()))
         else:
             other = next((f, t) for f, t in seen if t != seen[0][1])

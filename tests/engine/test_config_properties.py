@@ -150,3 +150,62 @@ def test_hetsim_validate_exits_0_or_2_naming_a_field(case, small_config, capsys,
     if code == 2:
         assert err.startswith("hetsim: ") and "This is a bug" not in err, err
         assert_names_an_input_field(err.removeprefix("hetsim: "), known_fields(raw, extra=(str(path),)))
+
+
+# ---------------------------------------------------------------- engine.simulate's arguments
+
+
+class _Reached(Exception):
+    """The run would start here: every argument was accepted."""
+
+
+SMALL_FILE = "small.yaml"
+CONFIGS = st.one_of(
+    mutated({"small": SMALL}, light_values(), avoid=HEAVY).map(lambda case: case[0]),
+    st.sampled_from([SMALL_FILE, "missing.yaml", "", 5, [1], b"x", ("a",)]), st.just("object"))
+OVERRIDES = st.one_of(st.none(), st.just("rounds=1"), st.lists(st.sampled_from(
+    ["rounds=1", "train.lr=0.1", "clients=5", "x=1", "=", "rounds", 3]), max_size=3),
+    st.dictionaries(st.sampled_from(["rounds", "train.lr", 3, ""]), light_values(), max_size=2), st.integers())
+RUN_DIRS = st.one_of(st.none(), st.sampled_from(["out", "afile", "afile/sub", "", 5, b"out", "s3"]))
+CALLBACKS = st.one_of(st.none(), st.sampled_from([[], [print], [42], "print", 7, ["x"], "class", "instance"]))
+
+
+@settings(max_examples=examples(0.4))
+@given(config=CONFIGS, overrides=OVERRIDES, run_dir=RUN_DIRS, callbacks=CALLBACKS)
+@example(config=5, overrides=None, run_dir=None, callbacks=None)
+@example(config=SMALL_FILE, overrides="rounds=1", run_dir=None, callbacks=None)
+@example(config=SMALL_FILE, overrides=None, run_dir="afile", callbacks=None)
+@example(config=SMALL_FILE, overrides=None, run_dir=None, callbacks=[42])
+@example(config=SMALL, overrides={"seed": 2 ** 64}, run_dir=None, callbacks=None)
+def test_simulate_accepts_or_refuses_its_arguments_before_anything_is_written(config, overrides, run_dir, callbacks,
+                                                                            tmp_path_factory, monkeypatch):
+    import yaml
+
+    import engine
+    import engine.run.api as api
+    from engine.errors import UserError
+    from engine.run.folders import release_run_folder
+
+    folder = tmp_path_factory.mktemp("simulate")
+    monkeypatch.chdir(folder)
+    (folder / SMALL_FILE).write_text(yaml.safe_dump(SMALL))
+    (folder / "afile").write_text("x")
+    before = sorted(p.name for p in folder.iterdir())
+
+    def reached(cfg, path, *args, **kwargs):
+        release_run_folder(path)
+        raise _Reached
+
+    monkeypatch.setattr(api, "_dispatch", reached)  # nothing trains: the run would start here
+    if config == "object":
+        config = load_config(copy.deepcopy(SMALL))
+    if callbacks in ("class", "instance"):
+        callbacks = [engine.RunCallback] if callbacks == "class" else [engine.RunCallback()]
+    with no_hang():
+        try:
+            engine.simulate(copy.deepcopy(config), copy.deepcopy(overrides), run_dir=run_dir, callbacks=callbacks)
+        except _Reached:
+            return
+        except (UserError, FileExistsError, NotADirectoryError) as err:  # the CLI's exit-2 family
+            assert str(err).strip()
+    assert sorted(p.name for p in folder.iterdir()) == before  # a refusal writes nothing

@@ -97,6 +97,15 @@ def test_string_labels_in_a_later_file_are_refused_not_cast(tmp_path):
                               f"{folder / 'a.parquet'} has it as int64; every file of the table needs the same types")
 
 
+def test_float_labels_in_a_later_file_are_refused_naming_it(tmp_path):
+    second = _frame(20, 1)
+    second["label"] = second["label"] + 0.5
+    folder = _files(tmp_path, _frame(20, 0), second)
+    with pytest.raises(TableDatasetError, match=r"b\.parquet: column 'label' has type double, but .*a\.parquet "
+                                                 r"has it as int64"):
+        read_parquet_table(folder)
+
+
 def test_integer_widths_and_floats_are_unified(tmp_path):
     first, second = _frame(20, 0), _frame(20, 1)
     second["label"] = second["label"].astype(np.int32)
