@@ -1,8 +1,9 @@
 """Plain words for pydantic's type errors in a config: a value with a unit (converted to the
 field's unit), a value of another type where a section is expected, an unknown method name, an
-option of another method (:func:`engine.config.schema._format_errors` asks); and what pydantic
-does not check: the device and network tiers (:func:`tier_problems`), a sampled bandwidth's
-range (:func:`bandwidth_problems`)."""
+option of another method (:func:`engine.config.schema._format_errors` asks), and the field named
+as the user wrote it (:func:`input_loc`: pydantic's union members left out; the sweep spec's
+errors use it too); and what pydantic does not check: the device and network tiers
+(:func:`tier_problems`), a sampled bandwidth's range (:func:`bandwidth_problems`)."""
 from __future__ import annotations
 
 import math
@@ -125,6 +126,58 @@ def friendly(e: dict[str, Any], loc: list[str], keys: list[str] = ()) -> str | N
         best = did_you_mean(value, re.findall(r"'([^']+)'", str((e.get("ctx") or {}).get("expected", ""))))
         return f"{e['msg']}; did you mean {best!r}?" if best else None
     return None
+
+
+# pydantic's type errors, as the kind of value that was wanted
+TYPE_KINDS = {"string_type": "a string", "dict_type": "a mapping", "model_type": "a mapping",
+              "model_attributes_type": "a mapping", "list_type": "a list", "tuple_type": "a list",
+              "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
+              "float_type": "a number", "float_parsing": "a number", "bool_type": "a boolean",
+              "bool_parsing": "a boolean", "none_required": "null"}
+
+
+def input_loc(loc: tuple, raw: Any) -> tuple[list[str], bool]:
+    """Pydantic's ``loc`` as the path the user wrote: the members of a union pydantic tried
+    (``str``, ``function-after[...]``, a method's or a process's tag) left out; a missing key kept.
+    Also whether the error is about a mapping's key (``[key]``)."""
+    out, node, key_error = [], raw, False
+    for i, part in enumerate(loc):
+        last = i == len(loc) - 1
+        if part == "[key]":
+            key_error = True
+            if out and str(loc[i - 1]) == out[-1]:
+                out.pop()  # the key itself: the mapping it is in is the field
+        elif isinstance(node, dict) and _key_in(part, node) is not None:
+            key = _key_in(part, node)
+            out.append(str(key))
+            node = node[key]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            out.append(str(part))
+            node = node[part]
+        elif last and isinstance(node, dict) and not _is_union_member(part):
+            out.append(str(part))  # a required key left out
+    return out, key_error
+
+
+def _key_in(part: Any, node: dict) -> Any:
+    if part in node:
+        return part
+    return next((k for k in node if str(k) == str(part)), None)
+
+
+def _is_union_member(part: Any) -> bool:
+    return isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool", "none", "list", "dict"))
+
+
+def value_at(raw: Any, loc: list[str]) -> Any:
+    """The value at ``loc`` (as :func:`input_loc` gives it) in ``raw``; None if there is none."""
+    node = raw
+    for part in loc:
+        key = _key_in(part, node) if isinstance(node, dict) else None
+        if key is None:
+            return None
+        node = node[key]
+    return node
 
 
 def tier_problems(spec: Any) -> list[str]:

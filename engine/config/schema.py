@@ -24,7 +24,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from algorithms.asynchronous import ASYNC_METHODS, SYNCHRONOUS_ONLY, async_option_problems
 from algorithms.params import ALGORITHM_PARAMS
-from engine.config.hints import algorithm_key_problem, bandwidth_problems, friendly, tier_problems, yaml_kind
+from engine.config.hints import (
+    TYPE_KINDS,
+    algorithm_key_problem,
+    bandwidth_problems,
+    friendly,
+    input_loc,
+    tier_problems,
+    value_at,
+    yaml_kind,
+)
 from engine.config.names import DATASET_NAMES, MODEL_NAMES
 from engine.config.paths import expand_path, missing_paths, resolve_paths
 from engine.config.yamlio import check_values, parse_yaml, read_yaml_file
@@ -614,57 +623,6 @@ def _format_errors(err: ValidationError, raw: dict[str, Any], problems: list[str
             msg = friendly(e, loc, keys) or msg
         lines.append(f"  {field} = {e.get('input')!r}: {msg}")
     return "invalid experiment config:\n" + "\n".join(lines)
-
-
-# pydantic's type errors, as the kind of value that was wanted
-TYPE_KINDS = {"string_type": "a string", "dict_type": "a mapping", "model_type": "a mapping",
-              "model_attributes_type": "a mapping", "list_type": "a list", "tuple_type": "a list",
-              "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
-              "float_type": "a number", "float_parsing": "a number", "bool_type": "a boolean",
-              "bool_parsing": "a boolean", "none_required": "null"}
-
-
-def input_loc(loc: tuple, raw: Any) -> tuple[list[str], bool]:
-    """Pydantic's ``loc`` as the path the user wrote: the members of a union pydantic tried
-    (``str``, ``function-after[...]``, a method's or a process's tag) left out; a missing key kept.
-    Also whether the error is about a mapping's key (``[key]``)."""
-    out, node, key_error = [], raw, False
-    for i, part in enumerate(loc):
-        last = i == len(loc) - 1
-        if part == "[key]":
-            key_error = True
-            if out and str(loc[i - 1]) == out[-1]:
-                out.pop()  # the key itself: the mapping it is in is the field
-        elif isinstance(node, dict) and _key_in(part, node) is not None:
-            key = _key_in(part, node)
-            out.append(str(key))
-            node = node[key]
-        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
-            out.append(str(part))
-            node = node[part]
-        elif last and isinstance(node, dict) and not _is_union_member(part):
-            out.append(str(part))  # a required key left out
-    return out, key_error
-
-
-def _key_in(part: Any, node: dict) -> Any:
-    if part in node:
-        return part
-    return next((k for k in node if str(k) == str(part)), None)
-
-
-def _is_union_member(part: Any) -> bool:
-    return isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool", "none", "list", "dict"))
-
-
-def value_at(raw: Any, loc: list[str]) -> Any:
-    node = raw
-    for part in loc:
-        key = _key_in(part, node) if isinstance(node, dict) else None
-        if key is None:
-            return None
-        node = node[key]
-    return node
 
 
 def _allowed_keys(loc: list[str]) -> list[str]:

@@ -22,6 +22,11 @@ LEAF (``dataset: {name: leaf, params: {path: <folder with train/ and test/>}}``)
 of Caldas et al.'s benchmark, ``{"users": [...], "num_samples": [...], "user_data": {user:
 {"x": [...], "y": [...]}}}``, read directly; :func:`leaf_to_parquet` converts them to the table
 format. Loaders return plain arrays; :mod:`engine.data.datasets` wraps them as datasets.
+
+Over 400 lines because the format's every check is here, next to the format it checks: the
+columns and types of each file of a table (one schema, checked column by column), the labels,
+splits, images and LEAF's files; split by check, a reader would lose the one place that says what
+a table may hold.
 """
 from __future__ import annotations
 
