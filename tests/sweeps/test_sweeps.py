@@ -46,7 +46,8 @@ from sweeps.spec import param_column_names
          r"scheduler\.metric = 'accuracy': not a rounds\.parquet column; allowed: round, .*global_acc"),
         ({"metric": "acc"}, r"metric = 'acc': not a rounds\.parquet column"),
         ({"mode": "maximize"}, r"mode = 'maximize': Input should be 'max' or 'min'"),
-        ({"scheduler": "hyperband"}, r"scheduler\.name = 'hyperband': Input should be 'fifo', 'asha' or 'pbt'"),
+        # the field as written: `scheduler: hyperband` is the short form of scheduler.name
+        ({"scheduler": "hyperband"}, r"  scheduler = 'hyperband': Input should be 'fifo', 'asha' or 'pbt'"),
         ({"scheduler": {"name": "asha", "max_t": 5}},
          r"scheduler\.max_t = 5: must be <= the experiment's rounds \(2\)"),
         ({"samples": 3}, r"samples = 3: unknown key; did you mean 'num_samples'\? allowed keys: name, base, "
