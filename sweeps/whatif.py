@@ -160,6 +160,9 @@ def load_whatif_file(path: str | Path) -> tuple[WhatIfSpec, dict[str, dict[str, 
         raise SweepSpecError(_format_spec_errors(err, WhatIfSpec, "invalid what-if", raw)) from None
     if spec.name is None:
         spec.name = path.stem
+    twice = overrides_given_twice(spec.overrides, "key")  # a list in the file (code may compose)
+    if twice:
+        raise _error("overrides", twice)
     spec_dir = path.resolve().parent
     return spec, _fleets(spec, spec_dir, str(path)), spec_dir
 
@@ -191,9 +194,6 @@ def check_fleets(base_raw: dict[str, Any], fleets: dict[str, dict[str, Any]]) ->
 def with_overrides(base_raw: dict[str, Any], overrides: list[str], folder: Path | None = None) -> dict[str, Any]:
     """``base_raw`` with ``key=value`` items applied (never clients.profiles: the fleets set it); a
     path they give is relative to ``folder`` (the what-if file's), else to the working folder."""
-    twice = overrides_given_twice(list(overrides), "overrides:")
-    if twice:
-        raise _error("overrides", twice)
     for item in overrides:
         key = item.split("=", 1)[0].strip()
         if key == PROFILES_KEY or key.startswith(PROFILES_KEY + "."):

@@ -13,7 +13,7 @@ from engine.errors import ConfigError
 from engine.run.api import run_experiment
 from hardware_profiles.catalog import CatalogError, load_catalog
 from hetsim.cli import main
-from sweeps.spec import SweepSpecError
+from sweeps.spec import SweepSpecError, resolve
 from sweeps.whatif import load_whatif_file
 
 TINY = ["dataset.name=digits", "model.name=mlp", "clients.num_clients=4", "rounds=1", "partition.scheme=iid"]
@@ -50,12 +50,17 @@ def test_catalog_tiers_given_twice_are_refused():
         load_catalog("devices:\n  edge: {gflops: 1}\n  edge: {gflops: 2}\n")
 
 
-def test_a_spec_files_overrides_list_refuses_a_key_given_twice(tmp_path):
+def test_a_spec_files_overrides_list_refuses_a_key_given_twice(tmp_path, capsys):
     (tmp_path / "w.yaml").write_text("overrides: [rounds=2, train.lr=0.1, rounds=3]\n"
                                      "fleets:\n  - {name: a, profiles: {}}\n  - {name: b, profiles: {}}\n")
-    from hetsim.cli import main as cli
-
-    assert cli(["whatif", str(tmp_path / "w.yaml"), "--dry-run"]) == 2
+    assert main(["whatif", str(tmp_path / "w.yaml"), "--dry-run"]) == 2
+    assert capsys.readouterr().err == ("hetsim: invalid what-if:\n  overrides: key rounds is given twice "
+                                       "('rounds=2' and 'rounds=3'); give each key once\n")
+    spec = tmp_path / "s.yaml"
+    spec.write_text("base: {dataset: {name: digits}, model: {name: mlp}}\noverrides: [rounds=2, rounds=3]\n"
+                    "space: {train.lr: {grid: [0.1, 0.2]}}\n")
+    with pytest.raises(SweepSpecError, match=r"overrides: rounds is given twice \('rounds=2' and 'rounds=3'\)"):
+        resolve(spec, data_checks=[])
 
 
 # ---------------------------------------------------------------- tables of several files
