@@ -335,10 +335,12 @@ def _order_by_client_id(df: pd.DataFrame, n: int, table: str = "") -> pd.DataFra
         raise ProfileValidationError(f"{name} has {len(df)} rows; expected one per client ({n})")
     if "client_id" not in df.columns:
         return df.reset_index(drop=True)
-    ids = [v for v in df["client_id"].tolist() if isinstance(v, (int, np.integer)) and not isinstance(v, bool)]
-    if len(ids) != n or sorted(ids) != list(range(n)):
+    import pandas as pd  # here, not above: see the TYPE_CHECKING import
+
+    ids = pd.to_numeric(df["client_id"], errors="coerce").to_numpy(dtype=np.float64)  # text: NaN
+    if not np.array_equal(np.sort(ids), np.arange(n)):  # NaN never equals: text and gaps are refused
         raise ProfileValidationError(f"{name}: client_id must be a permutation of 0..{n - 1}")
-    return df.sort_values("client_id", kind="stable").reset_index(drop=True)
+    return df.assign(client_id=ids.astype(np.int64)).sort_values("client_id", kind="stable").reset_index(drop=True)
 
 
 def _apply_table(cols: dict[str, np.ndarray], table: str, n: int, catalog: Catalog) -> None:

@@ -17,7 +17,7 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Mapping, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -447,7 +447,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | dict[str, Any]) 
     Setting one of ``clients.profiles.network`` / ``bandwidth`` drops the other from ``raw``
     (they exclude each other); setting both in the same overrides is left to validation."""
     raw = copy.deepcopy(raw)
-    items = overrides.items() if isinstance(overrides, dict) else map(parse_override, overrides)
+    items = overrides.items() if isinstance(overrides, Mapping) else map(parse_override, overrides)
     paths = []
     for key, value in items:
         path = split_key(key, f"override {key!r}") if isinstance(key, str) else key
@@ -694,11 +694,11 @@ def _check_arguments(source: Any, overrides: Any) -> None:
     """The Python API's ``config`` and ``overrides``, refused as the CLI refuses a bad file or --set."""
     if isinstance(source, os.PathLike) and not isinstance(source, Path):
         return
-    if not isinstance(source, (str, Path, dict)):
+    if not isinstance(source, (str, Path, Mapping)):
         raise ConfigError(f"config = {source!r}: give an ExperimentConfig, a mapping of sections (seed:, rounds:, "
                           f"dataset:, ...), a YAML file's path or None (the default experiment), not "
                           f"{type(source).__name__}")
-    if overrides is None or isinstance(overrides, dict):
+    if overrides is None or isinstance(overrides, Mapping):
         bad = [k for k in (overrides or {}) if not (isinstance(k, str) or (isinstance(k, (list, tuple)) and k
                                                                            and all(isinstance(p, str) for p in k)))]
         if bad:
