@@ -172,6 +172,8 @@ CALLBACKS = st.one_of(st.none(), st.sampled_from([[], [print], [42], "print", 7,
 
 @settings(max_examples=examples(0.4))
 @given(config=CONFIGS, overrides=OVERRIDES, run_dir=RUN_DIRS, callbacks=CALLBACKS)
+@example(config="object", overrides=None, run_dir="out", callbacks=[print])  # accepted: the run would start
+@example(config=SMALL_FILE, overrides={"rounds": 1}, run_dir=None, callbacks="instance")  # accepted too
 @example(config=5, overrides=None, run_dir=None, callbacks=None)
 @example(config=SMALL_FILE, overrides="rounds=1", run_dir=None, callbacks=None)
 @example(config=SMALL_FILE, overrides=None, run_dir="afile", callbacks=None)
