@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PYTHON ?= python3
 
-.PHONY: run test test-quick lint docs setup bench clean
+.PHONY: run test test-quick fuzz lint docs setup bench clean
 
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,12 @@ test: $(STAMP)
 
 test-quick: $(STAMP)
 	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -m "not integration and not slow and not ray" $(ARGS)
+
+# the property-based tests of the inputs a user types, thousands of random examples each (`make
+# test` runs them on a few, derandomised; docs/validation.md)
+fuzz: $(STAMP)
+	env -u PYTHONDONTWRITEBYTECODE HYPOTHESIS_PROFILE=long $(PY) -m pytest -p no:cacheprovider \
+		$(wildcard tests/*/test_*_properties.py) $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -18,6 +18,7 @@ from pydantic import Field, StrictFloat, StrictInt, field_validator, model_valid
 
 from algorithms.base import AlgorithmParams, ModelSize
 from algorithms.plugins import COMPRESSORS, METHODS, compressor_costs, method_params
+from hardware_profiles.suggest import given_twice, suggestion
 
 # The built-in compressors and their op-count constants by key (config keys ``<name>_<key>``,
 # e.g. ``topk_per_element``), calibrated in algorithms/compressors.py, whose classes take their
@@ -108,7 +109,8 @@ def validate_k(k: Any) -> int | float:
 
 def validate_compressor(name: Any, field: str = "compressor") -> str:
     if not isinstance(name, str) or name not in COMPRESSORS:  # a missing name asks installed plugins once
-        raise ValueError(f"{field}={name!r} is not allowed: choose one of {sorted(compressor_costs(scan=True))}")
+        allowed = sorted(compressor_costs(scan=True))
+        raise ValueError(f"{field}={name!r} is not allowed: {suggestion(name, allowed)}choose one of {allowed}")
     return name
 
 
@@ -344,6 +346,9 @@ class AscendParams(CompressionOptions):
     @model_validator(mode="after")
     def _check_arms(self) -> "AscendParams":
         allowed = sorted(compressor_costs())
+        twice = given_twice(self.arms, "arms", "", "list each arm once")
+        if twice:
+            raise ValueError(twice)
         if not self.arms or len(set(self.arms)) != len(self.arms):
             raise ValueError(
                 f"arms={list(self.arms)!r} is not allowed: a non-empty list of distinct compressors from {allowed}"

@@ -150,9 +150,9 @@ def _read_extra(extra: ExtraCatalog) -> dict[str, Any]:
         data: Any = extra
     elif isinstance(extra, os.PathLike) or (isinstance(extra, str) and _looks_like_path(extra)):
         with open(extra, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+            data = _parse(f, f"file {str(extra)!r}")
     elif isinstance(extra, str):
-        data = yaml.safe_load(extra)  # inline YAML text
+        data = _parse(extra, "text")  # inline YAML text
     else:
         raise TypeError(f"extra catalog must be a path, YAML text, dict or None, got {type(extra).__name__}")
     data = data or {}
@@ -163,6 +163,30 @@ def _read_extra(extra: ExtraCatalog) -> dict[str, Any]:
         raise ValueError(f"extra catalog has unknown top-level keys {sorted(unknown)}; "
                          "allowed: ['devices', 'networks']")
     return dict(data)
+
+
+class _UniqueKeys(yaml.SafeLoader):
+    """A tier or a field given twice in a catalog is refused (PyYAML would keep the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                if key in seen:
+                    raise CatalogError(f"catalog: {key!r} is given twice (lines {seen[key].start_mark.line + 1} "
+                                       f"and {key_node.start_mark.line + 1}); give each tier and field once")
+                seen[key] = key_node
+            except TypeError:  # an unhashable key: the mapping's own check refuses it
+                continue
+        return super().construct_mapping(node, deep=deep)
+
+
+def _parse(text: Any, what: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_UniqueKeys)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as err:  # a user's text: said as a catalog error, not a parser's traceback
+        raise CatalogError(f"extra catalog {what} is not valid YAML: {' '.join(str(err).split())}") from None
 
 
 def _looks_like_path(s: str) -> bool:
@@ -183,7 +207,10 @@ def load_catalog(extra_yaml: ExtraCatalog = None) -> Catalog:
     merged: dict[str, dict[str, dict[str, Any]]] = {}
     for section in ("devices", "networks"):
         tiers = {str(k): dict(v) for k, v in (base.get(section) or {}).items()}
-        for name, fields in (extra.get(section) or {}).items():
+        given = extra.get(section) or {}
+        if not isinstance(given, Mapping):
+            raise CatalogError(f"catalog {section} = {given!r} must be a mapping of tier names to their fields")
+        for name, fields in given.items():
             if not isinstance(fields, Mapping):
                 raise ValueError(f"{section}.{name} must be a mapping of fields, got {fields!r}")
             tiers[str(name)] = {**tiers.get(str(name), {}), **fields}

@@ -156,7 +156,7 @@ def _expand_preset(v: Any) -> Any:
         v = {"preset": v}
     if isinstance(v, Mapping) and "preset" in v:
         name = v["preset"]
-        if name not in PRESETS:
+        if not isinstance(name, str) or name not in PRESETS:
             raise ValueError(unknown("preset", name, PRESETS, "presets"))
         v = {**PRESETS[name], **{k: x for k, x in v.items() if k != "preset"}}
     return v

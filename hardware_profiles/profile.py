@@ -100,11 +100,30 @@ def rule_violation(field: str, value: float, allow_out_of_range: bool = False) -
     if rule == "prob" and not (0.0 <= v <= 1.0):
         return f"{field}={v!r} is not allowed: must be in [0, 1]"
     if rule == "bw" and not allow_out_of_range and not (BANDWIDTH_MIN_MBPS <= v <= BANDWIDTH_MAX_MBPS):
-        return (
-            f"{field}={v!r} Mbps is outside the catalog range "
-            f"[{BANDWIDTH_MIN_MBPS:g}, {BANDWIDTH_MAX_MBPS:g}] Mbps; {RANGE_HINT}"
-        )
+        return f"{field}={v!r} Mbps is outside the catalog range " + bandwidth_advice(v)
     return None
+
+
+def plain_number(x: float) -> str:
+    """``x`` as a user writes it: 5000000 and 0.5, not 5e+06 and 0.500000."""
+    x = float(x)
+    if x.is_integer() and abs(x) < 1e15:
+        return str(int(x))
+    return f"{x:.6g}"
+
+
+# No client link is this fast (100 Gbit/s): a bandwidth from here up was written in bit/s.
+BITS_PER_SECOND_FROM = 1e5
+
+
+def bandwidth_advice(mbps: float) -> str:
+    """What to do about a bandwidth outside the catalog range: a value in bit/s is converted
+    (allowing it out of range would let the wrong unit through); otherwise the range hint."""
+    span = f"[{BANDWIDTH_MIN_MBPS:g}, {BANDWIDTH_MAX_MBPS:g}] Mbps"
+    if mbps >= BITS_PER_SECOND_FROM:
+        mbit = plain_number(mbps / 1e6)
+        return f"{span}; {plain_number(mbps)} looks like bit/s: {mbit} Mbps? give {mbit} (the unit is Mbps)"
+    return f"{span}; {RANGE_HINT}"
 
 
 class _ProfileHead(BaseModel):

@@ -329,15 +329,50 @@ def _labels(col: pd.Series) -> np.ndarray:
     return np.array(["" if pd.isna(v) else str(v) for v in col], dtype=object)
 
 
-def _order_by_client_id(df: pd.DataFrame, n: int) -> pd.DataFrame:
+def _order_by_client_id(df: pd.DataFrame, n: int, table: str = "") -> pd.DataFrame:
+    name = f"profile table {table!r}" if table else "profile table"
     if len(df) != n:
-        raise ProfileValidationError(f"profile table has {len(df)} rows; expected one per client ({n})")
+        raise ProfileValidationError(f"{name} has {len(df)} rows; expected one per client ({n})")
     if "client_id" not in df.columns:
         return df.reset_index(drop=True)
-    ids = df["client_id"].to_numpy()
-    if not np.array_equal(np.sort(ids), np.arange(n)):
-        raise ProfileValidationError(f"profile table client_id must be a permutation of 0..{n - 1}")
-    return df.sort_values("client_id", kind="stable").reset_index(drop=True)
+    import pandas as pd  # here, not above: see the TYPE_CHECKING import
+
+    ids = pd.to_numeric(df["client_id"], errors="coerce").to_numpy(dtype=np.float64)  # text: NaN
+    if not np.array_equal(np.sort(ids), np.arange(n)):  # NaN never equals: text and gaps are refused
+        raise ProfileValidationError(f"{name}: client_id must be a permutation of 0..{n - 1}")
+    return df.assign(client_id=ids.astype(np.int64)).sort_values("client_id", kind="stable").reset_index(drop=True)
+
+
+def _apply_table(cols: dict[str, np.ndarray], table: str, n: int, catalog: Catalog) -> None:
+    """A profile table's columns over the mixes' values; every problem names the table (and its
+    row and column)."""
+    import pandas as pd  # here, not above: see the TYPE_CHECKING import
+
+    df = _order_by_client_id(read_table(table), n, table)
+    allowed = set(TABLE_COLUMNS) | {"client_id", "name"}
+    unknown = [c for c in df.columns if c not in allowed]
+    if unknown:
+        raise ProfileValidationError(
+            f"profile table {table!r} has unknown columns {unknown}; allowed: {sorted(allowed)}"
+        )
+    for f, apply in (("tier", _apply_device), ("net_tier", _apply_network)):
+        if f in df.columns:
+            labels = _labels(df[f])
+            for name in dict.fromkeys(labels):
+                if name:  # empty cell keeps the mix's assignment
+                    try:
+                        apply(cols, labels == name, name, catalog)
+                    except (KeyError, ValueError) as err:  # an unknown tier: said of the table's column
+                        raise ProfileValidationError(f"profile table {table!r}, column {f}: "
+                                                     f"{err.args[0] if err.args else err}") from None
+    for f in NUMERIC_FIELDS:
+        if f in df.columns:
+            values = pd.to_numeric(df[f], errors="coerce").to_numpy(dtype=np.float64)
+            text = np.flatnonzero(np.isnan(values) & df[f].notna().to_numpy())
+            if text.size:  # a word where a number goes (an empty cell is NaN: the field's own rule)
+                raise ProfileValidationError(f"profile table {table!r}: row {int(text[0]) + 2}: {f} = "
+                                             f"{df[f].iloc[int(text[0])]!r} is not a number")
+            cols[f][:] = values
 
 
 def read_table(path: str | Path) -> pd.DataFrame:
@@ -345,11 +380,16 @@ def read_table(path: str | Path) -> pd.DataFrame:
 
     p = Path(path)
     suffix = p.suffix.lower()
-    if suffix == ".csv":
-        return pd.read_csv(p)
-    if suffix in (".parquet", ".pq"):
-        return pd.read_parquet(p)
-    raise ValueError(f"profile table {str(p)!r}: unsupported extension {suffix!r}; use .csv or .parquet")
+    if suffix not in (".csv", ".parquet", ".pq"):
+        raise ValueError(f"profile table {str(p)!r}: unsupported extension {suffix!r}; use .csv or .parquet")
+    if not p.is_file():
+        raise FileNotFoundError(f"profile table {str(p)!r} does not exist")
+    try:
+        return pd.read_csv(p) if suffix == ".csv" else pd.read_parquet(p)
+    except Exception as err:  # noqa: BLE001 - pandas and pyarrow raise many types for a foreign file
+        kind = "CSV" if suffix == ".csv" else "Parquet"
+        raise ProfileValidationError(f"profile table {str(p)!r} is unreadable as {kind}: "
+                                     f"{type(err).__name__}: {' '.join(str(err).split())[:200]}") from None
 
 
 def _apply_device(cols: dict[str, np.ndarray], mask: Any, name: str, catalog: Catalog) -> None:
@@ -416,22 +456,7 @@ def assign_profiles(
 
     # 3. table
     if spec.table is not None:
-        df = _order_by_client_id(read_table(spec.table), n)
-        allowed = set(TABLE_COLUMNS) | {"client_id", "name"}
-        unknown = [c for c in df.columns if c not in allowed]
-        if unknown:
-            raise ProfileValidationError(
-                f"profile table {spec.table!r} has unknown columns {unknown}; allowed: {sorted(allowed)}"
-            )
-        for f, apply in (("tier", _apply_device), ("net_tier", _apply_network)):
-            if f in df.columns:
-                labels = _labels(df[f])
-                for name in dict.fromkeys(labels):
-                    if name:  # empty cell keeps the mix's assignment
-                        apply(cols, labels == name, name, catalog)
-        for f in NUMERIC_FIELDS:
-            if f in df.columns:
-                cols[f][:] = df[f].to_numpy(dtype=np.float64)
+        _apply_table(cols, spec.table, n, catalog)
 
     # 4. global probability overrides
     if spec.availability is not None:

@@ -39,3 +39,20 @@ def unknown_key(key: object, allowed: Iterable[object]) -> str:
     if not options:
         return "unknown key"
     return f"unknown key; {suggestion(key, options)}allowed keys: {', '.join(options)}"
+
+
+def given_twice(names: Iterable[object], where: str, what: str = "named",
+                advice: str = "give each its own name") -> str | None:
+    """``fleets[0] and fleets[2] are both named 'a'; give each its own name``, for the first name
+    given twice in ``names`` (None if each is given once): a list of named things keeps both, or
+    says so; it never keeps one silently."""
+    first: dict[object, int] = {}
+    for i, name in enumerate(names):
+        try:
+            if name in first:
+                both = f"{what} {name!r}" if what else repr(name)
+                return f"{where}[{first[name]}] and {where}[{i}] are both {both}; {advice}"
+            first[name] = i
+        except TypeError:  # an unhashable name: its own validation refuses it
+            continue
+    return None

@@ -72,13 +72,16 @@ def _read(path: str | Path):
 
 
 def _numeric(df, path, cols: tuple[str, ...]) -> None:
+    import pandas as pd  # pandas: see _read
+
     for c in cols:
-        values = np.asarray(df[c], dtype=np.float64)
+        values = pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=np.float64)  # text: NaN, named below
         bad = np.flatnonzero(~np.isfinite(values))
         if bad.size:
             row = int(bad[0])
             raise TraceError(f"{path}: row {row + 2}: {c} = {df[c].iloc[row]!r} is not a finite number "
                              f"(trace {df['trace_id'].iloc[row]!r})")
+        df[c] = values
 
 
 def read_rate_traces(path: str | Path, column: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:

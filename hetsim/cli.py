@@ -20,6 +20,7 @@ import math
 import os
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 
@@ -127,12 +128,21 @@ def _load(args):
     from engine import load_config  # pydantic, numpy, yaml: not for --help
     from engine.plugin_sources import load_plugins, resolve_entries  # (as load_config)
 
+    _warn_twice(args.overrides)
     extra = resolve_entries(list(getattr(args, "plugins", [])), None)
     load_plugins(extra)  # first: the config may name what they register
     cfg = load_config(args.config, args.overrides)
     if extra:  # the run's other processes import them too
         cfg = load_config(cfg.to_dict(), {"plugins": list(dict.fromkeys([*cfg.plugins, *extra]))})
     return cfg
+
+
+def _warn_twice(overrides: list[str]) -> None:
+    from engine.config.schema import overrides_given_twice  # pydantic behind it: not for --help
+
+    twice = overrides_given_twice(overrides, then="the last one is used")
+    if twice:  # said, not silently dropped
+        print(f"hetsim: warning: {twice}", file=sys.stderr)
 
 
 def cmd_validate(args) -> int:
@@ -211,7 +221,7 @@ def cmd_run(args) -> int:
         if args.resume:
             resume_run(path, cfg, callbacks=callbacks, command=sys.argv)
         else:
-            run_in_folder(cfg, path, callbacks, sys.argv, warnings)
+            run_in_folder(cfg, path, callbacks, sys.argv, warnings, started=args.started)
     except KeyboardInterrupt:
         print(f"{_interrupted(args)}. Continue with: hetsim run --resume {path}", file=sys.stderr)
         return 130
@@ -245,6 +255,7 @@ def cmd_sweep(args) -> int:
         raise UserError("sweep: give a spec file or --resume PATH (one of them)")
     if args.resume and (args.overrides or args.dry_run or args.grid):
         raise UserError("sweep: --set, --grid and --dry-run do not apply to --resume (a sweep continues as it began)")
+    _warn_twice(args.overrides)
     if args.dry_run:
         print(runner.dry_run_text(args.spec, storage=args.storage, address=args.address, overrides=args.overrides,
                                   grid=args.grid))
@@ -365,11 +376,13 @@ def _unexpected(err: BaseException, args, argv) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     mark("cli: main")
+    started = time.time()  # the run summary's wall time counts from here
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as stop:  # argparse: usage message already printed, status 2
         return int(stop.code or 0)
+    args.started = started
     # the engine's warnings (logger "hetsim") go to this command's stderr, as bare messages
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))

@@ -40,7 +40,7 @@ PARTICIPATION_FIGURES = (
 )
 NOT_SELECTED = "not selected"
 RARE_SHARE = 0.25  # "rarely aggregated": in under a quarter of the rounds it was selected in
-CHANCE_FACTOR = 1.5  # accuracy at most 1.5 x 1/num_classes counts as "at chance"
+CHANCE_FACTOR = 1.5  # accuracy at most 1.5 x 1/num_classes counts as "near chance"
 # classes per dataset: neither the manifest nor config.yaml records them (engine/data/datasets.py)
 DATASET_CLASSES = {"digits": 10, "mnist5k": 10, "mnist": 10, "fashion_mnist": 10, "fashion_mnist_tv": 10,
                    "cifar10": 10, "cifar100": 100, "synthetic": 10}
@@ -249,7 +249,7 @@ def _arrivals(rounds: pd.DataFrame, c: pd.DataFrame) -> pd.Series:
 
 def run_warnings(run, summary: Participation | None = None) -> list[str]:
     """What makes a run mean little, from its tables: rounds (or the whole run) without an arrival,
-    clients never aggregated, accuracy at chance at the end; and the manifest's other warnings
+    clients never aggregated, accuracy near chance at the end; and the manifest's other warnings
     (validation, resume) but not its end-of-run ones, which the tables give again here."""
     p = summary or participation_summary(run)
     out: list[str] = []
@@ -295,7 +295,7 @@ def _chance_warning(run) -> str | None:
     final = float(plots.numeric(run.rounds[col]).dropna().iloc[-1])
     if final > CHANCE_FACTOR / k:
         return None
-    return (f"Accuracy is still at chance at the end: final {col} {100 * final:.1f}% with {k} classes "
+    return (f"Accuracy is still near chance at the end: final {col} {100 * final:.1f}% with {k} classes "
             f"(chance {100 / k:.1f}%; warned at or below {100 * CHANCE_FACTOR / k:.1f}%).")
 
 

@@ -202,7 +202,9 @@ def _configs_figure(page, s) -> None:
     labels = [", ".join(f"{p}={format_param(row[p])}" for p in params) or row["config_id"] for _, row in c.iterrows()]
     fig, (ax,) = plots.figure(width=6.6, height=max(2.6, 0.32 * len(c) + 1.2))
     y = np.arange(len(c))[::-1]
-    noise = c["within_noise_of_best"].astype(bool).to_numpy() if "within_noise_of_best" in c else np.ones(len(c), bool)
+    # missing (one seed: nothing to test) is drawn as within noise: it is not shown to be worse
+    noise = (c["within_noise_of_best"].astype("boolean").fillna(True).astype(bool).to_numpy()
+             if "within_noise_of_best" in c else np.ones(len(c), bool))
     for mask, colour, label in ((noise, "#4C72B0", "within noise of the best"), (~noise, "#BBBBBB", "worse")):
         if mask.any():
             ax.errorbar(plots.numeric(c[rank + "_mean"])[mask], y[mask], xerr=_interval(c, rank)[:, mask], fmt="o",
@@ -228,8 +230,8 @@ def _configs_table(page, s) -> None:
         out[col] = [f"{fmt(m)} [{fmt(lo)}, {fmt(hi)}]" if np.isfinite(lo) else f"{fmt(m)}"
                     for m, lo, hi in zip(shown[col + "_mean"], shown[col + "_ci_low"], shown[col + "_ci_high"])]
     for col in ("within_noise_of_best", "pareto"):
-        if col in shown:
-            out[col] = shown[col].astype(bool).to_numpy()
+        if col in shown:  # missing stays missing (within_noise_of_best of a configuration run once)
+            out[col] = shown[col].astype("boolean").to_numpy(dtype=object, na_value=None)
     page.table(CONFIGS_TABLE, out.reset_index(drop=True),
                caption=f"the {len(out)} best configurations by their mean {rank} over {s.repeats} seeds: "
                "mean [95 % t-interval]; within_noise_of_best: the interval overlaps the best's")

@@ -173,7 +173,6 @@ def summary_rows(run) -> list[tuple[str, str]]:
     dataset = (cfg.get("dataset") or {}).get("name") or m.get("dataset", "?")
     model = (cfg.get("model") or {}).get("name")
     g_final, g_best = accuracy_text(r, cfg, "global_acc")
-    wall = m.get("wall_s", float(_num(r, "wall_s").sum()) if "wall_s" in r else math.nan)
     rows = [
         ("method", method_text(cfg, m)),
         ("dataset / model", f"{dataset} / {model}" if model else dataset),
@@ -187,10 +186,24 @@ def summary_rows(run) -> list[tuple[str, str]]:
         *drop_rows(run),
         *energy_rows(run),
         ("simulated time", f"{float(r['sim_time_s'].iloc[-1]):.1f} s"),
-        ("wall time", f"{wall:.1f} s" if wall is not None and np.isfinite(wall) else
-         f"{NA} (no finished round recorded its wall time)"),
+        ("wall time", wall_text(m, r)),
     ]
     return rows
+
+
+def wall_text(m: dict, r) -> str:
+    """The run's wall time: from the command's start when the manifest has it (``command_wall_s``,
+    which counts the validation, a Ray's and its actors' start-up), with the start-up apart;
+    else the run body's (``wall_s``), else the rounds'."""
+    wall = m.get("wall_s", float(_num(r, "wall_s").sum()) if "wall_s" in r else math.nan)
+    if not isinstance(wall, (int, float)) or not np.isfinite(wall):
+        return f"{NA} (no finished round recorded its wall time)"
+    total = m.get("command_wall_s")
+    if not isinstance(total, (int, float)) or not np.isfinite(total) or total < wall:
+        return f"{wall:.1f} s"
+    ray = " and Ray's" if (m.get("executor") or {}).get("kind") == "ray" else ""
+    return (f"{total:.1f} s from the command's start: start-up {total - wall:.1f} s (validation{ray} start), "
+            f"then the run {wall:.1f} s")
 
 
 def format_rows(rows: list[tuple[str, Any]]) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from engine.config.schema import overrides_given_twice
 from hetsim.common import TERMINAL_WIDTH
 from hetsim.compare import check_target, compare_page, load_entries, text_table
 from sweeps import whatif
@@ -24,17 +25,22 @@ def run_whatif_command(args) -> int:
     spec, fleets, spec_dir = None, {}, None
     if args.spec:
         spec, fleets, spec_dir = whatif.load_whatif_file(args.spec)
+    given = {name: f"fleets.{name} of {args.spec}" for name in fleets}
     for item in args.fleets:
         name, profiles = whatif.parse_fleet_arg(item)
-        if name in fleets:
-            raise whatif.SweepSpecError(f"invalid what-if:\n  --fleet {item}: fleet {name!r} is given twice")
-        fleets[name] = profiles
+        if name in fleets:  # both named: the second would silently replace the first
+            raise whatif.SweepSpecError(f"invalid what-if:\n  --fleet {item}: fleet {name!r} is given twice "
+                                        f"({given[name]} and --fleet {item}); give each fleet its own name")
+        fleets[name], given[name] = profiles, f"--fleet {item}"
     base = whatif.base_experiment(args.config, None) if args.config else \
         whatif.base_experiment(spec.base if spec else None, spec_dir)
     name = (spec.name if spec else None) or (Path(args.config).stem + "-whatif" if args.config else "whatif")
     if spec and spec.overrides:  # the what-if file's own: a path in them is relative to that file
         base = whatif.with_overrides(base, spec.overrides, spec_dir)
     overrides = list(args.overrides)
+    twice = overrides_given_twice(overrides, then="the last one is used")
+    if twice:  # said, not silently dropped (as `hetsim run --set`)
+        print(f"hetsim: warning: {twice}", file=sys.stderr)
     target = args.target if args.target is not None else (spec.target if spec else None)
     metric = spec.metric if spec else "global_acc"
     check_target(metric, target)  # before the sweep runs, not after

@@ -50,9 +50,10 @@ from pydantic import ValidationError
 
 from engine import ConfigError, ExperimentConfig, load_config
 from engine.config.paths import resolve_paths
-from engine.config.schema import apply_overrides, expand_path, redact
+from engine.config.schema import apply_overrides, expand_path, overrides_given_twice, redact
 from engine.ray.cluster import ray_is_up
 from engine.storage.locations import is_uri, open_storage
+from hardware_profiles.suggest import given_twice
 from sweeps.grid import GridError, apply_grid
 from sweeps.search import TRIAL_INDEX, SearchProblem, check_budget, check_repeats, check_search
 from sweeps.spec_checks import (  # noqa: F401 - the checks' names, importable from sweeps.spec as before
@@ -208,7 +209,7 @@ def resolve(
         SweepSpecError: the first problem found, naming the field, the value and what is allowed.
     """
     spec, spec_dir = _read_spec(source)
-    own = _apply_command_line(spec, spec_dir, grid, overrides, address)
+    own = _apply_command_line(spec, spec_dir, grid, overrides, address, from_file=isinstance(source, (str, Path)))
     base_raw = _base_with_overrides(spec, spec_dir, own, overrides)
     storage_path = storage_location(
         storage if storage is not None else (spec.storage or Path("sweeps_out") / spec.name))
@@ -246,7 +247,7 @@ def _read_spec(source: str | Path | dict[str, Any]) -> tuple[SweepSpec, Path | N
     try:
         spec = SweepSpec.model_validate(raw)
     except ValidationError as err:
-        raise SweepSpecError(_format_spec_errors(err)) from None
+        raise SweepSpecError(_format_spec_errors(err, raw=raw)) from None
     if spec.name is None:
         spec.name = default_name or "sweep"
     # a path among the space's values: relative to the spec's file (a mapping: the working folder),
@@ -256,7 +257,7 @@ def _read_spec(source: str | Path | dict[str, Any]) -> tuple[SweepSpec, Path | N
 
 
 def _apply_command_line(spec: SweepSpec, spec_dir: Path | None, grid: list[str] | None,
-                        overrides: list[str] | None, address: str | None) -> list[str]:
+                        overrides: list[str] | None, address: str | None, from_file: bool = False) -> list[str]:
     """``--grid``, ``--set`` and the Ray address of the command line, written into ``spec``; returns
     the spec's own overrides (their paths are relative to the spec's file, not the working folder)."""
     if grid:
@@ -265,6 +266,9 @@ def _apply_command_line(spec: SweepSpec, spec_dir: Path | None, grid: list[str] 
         except GridError as err:
             raise SweepSpecError(f"invalid sweep spec:\n  {err}") from None
     own = list(spec.overrides)
+    twice = overrides_given_twice(own, "overrides:") if from_file else None
+    if twice:  # a list in the spec file; a resumed sweep's spec holds the --set items after them
+        raise SweepSpecError(f"invalid sweep spec:\n  {twice}")
     if overrides:
         spec.overrides = [*own, *overrides]
     if address is not None:
@@ -370,8 +374,9 @@ def _check_columns_and_metrics(spec: SweepSpec, dims: dict[str, tuple[str, Any]]
                 spec.target is None or objective.name != f"time_to_{spec.metric}_{spec.target:g}"):
             raise SweepSpecError(f"invalid sweep spec:\n  objectives[{i}].name = {objective.name!r}: a time to a "
                                  "target is the column time_to_<metric>_<target> of the spec's metric and target")
-    if len({o.name for o in spec.objectives}) != len(spec.objectives):
-        raise SweepSpecError("invalid sweep spec:\n  objectives: an objective is listed twice")
+    twice = given_twice([o.name for o in spec.objectives], "objectives", "named")
+    if twice:
+        raise SweepSpecError(f"invalid sweep spec:\n  {twice}")
     if spec.scheduler.metric is not None:
         check_metric(spec.scheduler.metric, "scheduler.metric")
     return param_columns

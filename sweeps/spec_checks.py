@@ -15,8 +15,9 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from engine import ConfigError, ExperimentConfig, load_config
+from engine.config.hints import yaml_kind
 from engine.config.paths import resolve_paths
-from engine.config.schema import DEFAULT_CONFIG, apply_overrides, expand_path
+from engine.config.schema import DEFAULT_CONFIG, TYPE_KINDS, apply_overrides, expand_path, input_loc, value_at
 from engine.config.yamlio import read_yaml_file
 from engine.results import ROUND_COLUMNS
 from engine.storage.locations import is_uri
@@ -36,12 +37,32 @@ from sweeps.spec_model import (
 
 
 def _format_spec_errors(err: ValidationError, root: type[BaseModel] | None = None,
-                        title: str = "invalid sweep spec") -> str:
+                        title: str = "invalid sweep spec", raw: Any = None) -> str:
+    """One line per error, naming the field as the user wrote it (``raw``: the spec's mapping;
+    pydantic's union members left out), each field once."""
     lines = []
-    for e in err.errors():
-        loc = [str(p) for p in e["loc"]]
+    errors = [(e, *(input_loc(e["loc"], raw) if isinstance(raw, dict) else ([str(p) for p in e["loc"]], False)))
+              for e in err.errors()]
+    by_field: dict[str, list] = {}
+    for e, loc, key_error in errors:
+        by_field.setdefault(".".join(loc), []).append((e, key_error))
+    for e, loc, key_error in errors:
         field = ".".join(loc) or "<root>"
         msg = e["msg"]
+        if key_error:
+            msg = f"key {e.get('input')!r}: {msg}"
+        tried = by_field.get(".".join(loc), [])
+        if len(tried) > 1:  # a union tried member by member: the member that took the value's type says why
+            inner = [x for x, k in tried if k or x["type"] not in TYPE_KINDS]
+            if inner and e is not inner[0]:
+                continue
+            if not inner:
+                if e is not tried[0][0]:
+                    continue
+                kinds = " or ".join(dict.fromkeys(TYPE_KINDS.get(x["type"], x["type"]) for x, _ in tried))
+                lines.append(f"  {field} = {e.get('input')!r}: {yaml_kind(e.get('input'))} is not allowed here; "
+                             f"give {kinds}")
+                continue
         if e["type"] == "extra_forbidden":
             parent: Any = root or SweepSpec
             for part in loc[:-1]:
@@ -51,7 +72,11 @@ def _format_spec_errors(err: ValidationError, root: type[BaseModel] | None = Non
                 parent = next((a for a in getattr(parent, "__args__", ()) if hasattr(a, "model_fields")), parent)
             allowed = list(getattr(parent, "model_fields", {}) or {})
             msg = unknown_key(loc[-1], allowed)
-        lines.append(f"  {field} = {e.get('input')!r}: {msg}")
+        if e["type"] == "missing":  # pydantic's input is the whole mapping it is missing from
+            lines.append(f"  {field}: required; give {loc[-1]}")
+            continue
+        shown = value_at(raw, loc) if key_error else e.get("input")  # a bad key: its mapping is the field
+        lines.append(f"  {field} = {shown!r}: {msg}")
     return f"{title}:\n" + "\n".join(lines)
 
 

@@ -60,17 +60,19 @@ def config_stats(trials: pd.DataFrame, key: str, columns: list[str], first: list
 
 def within_noise(configs: pd.DataFrame, column: str, mode: str) -> pd.Series:
     """True where a configuration's interval of ``column`` overlaps the best configuration's
-    (the best by mean, ``mode``); without an interval (one value) a configuration is only
-    within noise of itself."""
+    (the best by mean, ``mode``), False where it does not; missing (``pd.NA``) where there is
+    nothing to test: the configuration or the best has no interval (one value, no repeats). The
+    best is within noise of itself. A nullable boolean column."""
     mean = configs[column + "_mean"]
+    out = pd.Series(pd.NA, index=configs.index, dtype="boolean")
     if mean.notna().sum() == 0:
-        return pd.Series(False, index=configs.index)
+        return out
     best = mean.idxmax() if mode == "max" else mean.idxmin()
     low, high = configs[column + "_ci_low"], configs[column + "_ci_high"]
-    overlap = (low <= high[best]) & (high >= low[best])
-    overlap = overlap.fillna(False).astype(bool)
-    overlap[best] = True
-    return overlap
+    tested = low.notna() & high.notna() & pd.notna(low[best]) & pd.notna(high[best])
+    out[tested] = ((low <= high[best]) & (high >= low[best]))[tested]
+    out[best] = True
+    return out
 
 
 def hypervolume_2d(points: np.ndarray, reference: tuple[float, float], modes: tuple[str, str]) -> float:

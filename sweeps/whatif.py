@@ -35,9 +35,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine import ConfigError, load_config
 from engine.config.paths import missing_paths, resolve_paths, resolve_profile_paths
-from engine.config.schema import apply_overrides
+from engine.config.schema import apply_overrides, overrides_given_twice
 from engine.config.yamlio import parse_yaml
 from hardware_profiles.sampler import assign_profiles
+from hardware_profiles.suggest import given_twice
 from sweeps.results import RUNS_DIR
 from sweeps.spec import (
     RaySpec,
@@ -124,6 +125,9 @@ def _fleets(spec: WhatIfSpec, spec_dir: Path | None, source: str | None = None) 
             if (f.profiles is None) == (f.file is None):
                 raise _error(f"fleets[{i}] ({f.name})", "give either profiles or file (one of them)")
             items.append((f.name, f.profiles if f.profiles is not None else f.file))
+        twice = given_twice([name for name, _ in items], "fleets")
+        if twice:
+            raise SweepSpecError(f"invalid what-if:\n  {twice}")
     out = {}
     for name, value in items:
         if isinstance(value, str):
@@ -153,9 +157,12 @@ def load_whatif_file(path: str | Path) -> tuple[WhatIfSpec, dict[str, dict[str, 
     try:
         spec = WhatIfSpec.model_validate(raw)
     except ValidationError as err:
-        raise SweepSpecError(_format_spec_errors(err, WhatIfSpec, "invalid what-if")) from None
+        raise SweepSpecError(_format_spec_errors(err, WhatIfSpec, "invalid what-if", raw)) from None
     if spec.name is None:
         spec.name = path.stem
+    twice = overrides_given_twice(spec.overrides, "key")  # a list in the file (code may compose)
+    if twice:
+        raise _error("overrides", twice)
     spec_dir = path.resolve().parent
     return spec, _fleets(spec, spec_dir, str(path)), spec_dir
 

@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
+from engine.errors import ConfigError
 from engine.plugin_sources import resolve_entries
 from hardware_profiles.traces import BUILTIN_PREFIX, TraceError, builtin_names, builtin_trace
 
@@ -33,7 +34,8 @@ def expand_path(value: str) -> str:
     out = os.path.expandvars(os.path.expanduser(value))
     missing = re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", out)
     if missing:
-        raise ValueError(f"environment variable {missing[0]} is not set (in {value!r})")
+        # a ConfigError is a ValueError too: a field validator reports it as the field's error
+        raise ConfigError(f"environment variable {missing[0]} is not set (in {value!r})")
     return out
 
 
@@ -154,13 +156,23 @@ def missing_paths(raw: Any, origins: Origins | None = None) -> list[str]:
             except TraceError as err:
                 lines.append(f"  {value!r} ({key}): {err}")
             continue
-        path = Path(value)
-        if path.is_file():
+        what = _not_a_file(value)
+        if what is None:
             continue
         given, where = origins.get(key, (value, FROM_WORKING_FOLDER))
         resolved = f"resolved against {where} to {value!r}" if given != value else "an absolute path"
         hint = (f"; shipped traces are named builtin:NAME ({', '.join(builtin_names())})"
                 if _is_trace(key) else "")
-        what = "is a folder, not a file" if path.is_dir() else "does not exist"
         lines.append(f"  {given!r} {what} ({resolved}; {key}){hint}")
     return lines
+
+
+def _not_a_file(value: str) -> str | None:
+    """Why ``value`` is not a readable file's path (None if it is one)."""
+    try:
+        path = Path(value)
+        if path.is_file():
+            return None
+        return "is a folder, not a file" if path.is_dir() else "does not exist"
+    except (OSError, ValueError) as err:  # a name too long for the file system, a NUL byte
+        return f"cannot be a file here ({getattr(err, 'strerror', None) or err})"

@@ -17,7 +17,7 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Mapping, Union
 
 import yaml
 from pydantic import (
@@ -33,11 +33,20 @@ from pydantic import (
 
 from algorithms.asynchronous import async_methods, async_option_problems, synchronous_only
 from algorithms.base import AlgorithmParams
-from algorithms.params import FedAvgParams
+from algorithms.params import ALGORITHM_PARAMS, FedAvgParams
 from algorithms.plugins import METHODS, METRICS, SELECTORS, method_params, selector_params
 from algorithms.registry import Registry
 from algorithms.selection import SelectionParams
-from engine.config.hints import friendly, tier_problems
+from engine.config.hints import (
+    TYPE_KINDS,
+    algorithm_key_problem,
+    bandwidth_problems,
+    friendly,
+    input_loc,
+    tier_problems,
+    value_at,
+    yaml_kind,
+)
 from engine.config.paths import expand_path, missing_paths, resolve_paths
 from engine.config.yamlio import check_values, parse_yaml, read_yaml_file
 from engine.errors import ConfigError, PluginError
@@ -436,12 +445,15 @@ def async_problems(a: AsyncConfig, sections: dict[str, Any]) -> list[str]:
     return out
 
 
+MAX_SEED = 2 ** 64 - 1  # torch's generators take an unsigned 64-bit seed
+
+
 class ExperimentConfig(Section):
     plugins: list[str] = Field(
         default_factory=list, description="your own methods, models, datasets, compressors, selection policies "
         "and metrics: module names, or .py files and folders relative to the config file, imported in every "
         "process of the run (docs/plugins.md)")
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     rounds: int = Field(20, ge=1)
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
@@ -518,7 +530,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | dict[str, Any]) 
     Setting one of ``clients.profiles.network`` / ``bandwidth`` drops the other from ``raw``
     (they exclude each other); setting both in the same overrides is left to validation."""
     raw = copy.deepcopy(raw)
-    items = overrides.items() if isinstance(overrides, dict) else map(parse_override, overrides)
+    items = overrides.items() if isinstance(overrides, Mapping) else map(parse_override, overrides)
     paths = []
     for key, value in items:
         path = split_key(key, f"override {key!r}") if isinstance(key, str) else key
@@ -537,13 +549,30 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | dict[str, Any]) 
     return raw
 
 
+def overrides_given_twice(items: list[str], where: str = "--set", then: str = "give each key once") -> str | None:
+    """A key given twice among ``key=value`` items, naming both (None if each key is given once):
+    a spec file's ``overrides:`` list refuses it; the command line's ``--set`` warns (``then``: the
+    last one is used), as a shell alias with defaults and a later tweak is common; the Python
+    API's lists are code, composed as ``[*BASE, "rounds=3"]``: the last wins."""
+    first: dict[str, str] = {}
+    for item in items:
+        key = item.split("=", 1)[0].strip() if isinstance(item, str) else None
+        if key is None:
+            continue
+        if key in first:
+            return f"{where} {key} is given twice ({first[key]!r} and {item!r}); {then}"
+        first[key] = item
+    return None
+
+
 LINK_KEYS = ("network", "bandwidth")  # clients.profiles: a tier mix or a distribution, not both
 
 
 def _drop_replaced_link(raw: dict[str, Any], paths: list[tuple]) -> None:
     # the default config gives `bandwidth`; `--set ...network=` must not fail with "not both"
     given = {k for k in LINK_KEYS if any(p[:3] == ("clients", "profiles", k) for p in paths)}
-    profiles = (raw.get("clients") or {}).get("profiles")
+    clients = raw.get("clients")
+    profiles = clients.get("profiles") if isinstance(clients, dict) else None  # a bad section: validation says so
     if len(given) == 1 and isinstance(profiles, dict):
         profiles.pop(next(k for k in LINK_KEYS if k not in given), None)
 
@@ -593,16 +622,81 @@ def bool_problems(annotation: Any, value: Any, where: str) -> list[str]:
     return out
 
 
-def _format_errors(err: ValidationError, raw: dict[str, Any], problems: list[str] = ()) -> str:
+def well_shaped(model: Any, raw: Any) -> Any:
+    """``raw`` without the values where ``model`` wants a section (a pydantic model, or a mapping
+    of them) and the value is not a mapping, at every depth: what the checks that walk the raw
+    mapping before pydantic may rely on. Pydantic reports the values left out."""
+    if not isinstance(raw, dict):
+        return {}
+    out = {}
+    for key, value in raw.items():
+        field = model.model_fields.get(key) if isinstance(key, str) else None
+        if field is None:
+            out[key] = value
+            continue
+        shape = _section_shape(field.annotation)
+        if shape is None:
+            out[key] = value
+        elif isinstance(value, dict):
+            if isinstance(shape, dict):  # dict[K, Section]: each value a section
+                out[key] = {k: well_shaped(shape["value"], v) for k, v in value.items() if isinstance(v, dict)}
+            else:
+                out[key] = well_shaped(shape, value)
+    return out
+
+
+def _section_shape(annotation: Any) -> Any:
+    """The section class a field holds (``X | None`` unwrapped; a discriminated union's first
+    member: the members share the shape), ``{"value": V}`` for ``dict[K, V]`` of sections, or None
+    for a field whose value may be something other than a mapping."""
+    alternatives = [a for a in _flatten(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) is dict or (len(alternatives) == 1 and typing.get_origin(alternatives[0]) is dict):
+        args = typing.get_args(alternatives[0] if alternatives else annotation)
+        return {"value": args[1]} if len(args) == 2 and _is_model(args[1]) else None
+    if alternatives and all(_is_model(a) for a in alternatives):
+        return alternatives[0]
+    return None
+
+
+def _format_errors(err: ValidationError, raw: dict[str, Any], problems: list[str] = (),
+                   methods: Mapping[str, type] = ALGORITHM_PARAMS) -> str:
+    """One line per problem: ``problems`` (the checks before pydantic), then pydantic's errors,
+    each naming the field. ``methods``: every method's name and params class (the ``algorithm``
+    section is the one whose options depend on a value, its ``name``)."""
     lines = list(problems)
-    for e in err.errors():
-        loc = [str(p) for p in e["loc"]]
+    algorithm = raw.get("algorithm") if isinstance(raw.get("algorithm"), dict) else {}
+    errors = [(e, *input_loc(e["loc"], raw)) for e in err.errors()]
+    kinds: dict[str, list[str]] = {}  # a field whose union pydantic tried member by member: one line
+    for e, loc, key_error in errors:
+        if e["type"] in TYPE_KINDS and not key_error:
+            kinds.setdefault(".".join(loc), []).append(TYPE_KINDS[e["type"]])
+    said = set()
+    for e, loc, key_error in errors:
         field = ".".join(loc) or "<root>"
         msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
+        if key_error:  # a mapping's key of the wrong type: the mapping is the field
+            lines.append(f"  {field} = {value_at(raw, loc)!r}: key {e.get('input')!r}: "
+                         f"{friendly(e, loc) or msg}")
+            continue
+        if len(set(kinds.get(field, ()))) > 1 and e["type"] in TYPE_KINDS:
+            if field not in said:
+                said.add(field)
+                allowed = " or ".join(dict.fromkeys(kinds[field]))
+                lines.append(f"  {field} = {e.get('input')!r}: {yaml_kind(e.get('input'))} is not allowed here; "
+                             f"give {allowed}")
+            continue
+        if e["type"] == "missing":  # pydantic's input is the whole section it is missing from
+            lines.append(f"  {field}: required; give {loc[-1] if loc else 'it'}")
+            continue
+        if e["type"] == "extra_forbidden" and loc[:1] == ["algorithm"] and len(loc) == 2:
+            msg = algorithm_key_problem(loc[-1], algorithm.get("name"), methods)
+        elif e["type"] == "extra_forbidden":
             msg = unknown_key(loc[-1], _allowed_keys(loc[:-1], raw))
         else:
-            msg = friendly(e, loc) or msg
+            keys = _allowed_keys(loc, raw)
+            if loc == ["algorithm"]:  # its keys depend on the method
+                keys = [f"name: {' | '.join(sorted(methods))}", "the method's options"]
+            msg = friendly(e, loc, keys) or msg
         lines.append(f"  {field} = {e.get('input')!r}: {msg}")
     return "invalid experiment config:\n" + "\n".join(lines)
 
@@ -657,6 +751,7 @@ def load_config(
     """
     if source is None:
         source = DEFAULT_CONFIG
+    _check_arguments(source, overrides)
     origins: dict = {}
     if isinstance(source, (str, Path)):
         path = Path(expand_path(str(source)))
@@ -672,9 +767,12 @@ def load_config(
         raw = apply_overrides(raw, overrides)
     raw, origins = resolve_paths(raw, None, None, origins)
     _import_plugins(raw)
-    profiles = (raw.get("clients") or {}).get("profiles") if isinstance(raw.get("clients"), dict) else None
-    problems = (check_values(raw) + bool_problems(ExperimentConfig, raw, "") + missing_paths(raw, origins)
-                + (tier_problems(profiles) if isinstance(profiles, dict) else []))
+    # the checks before pydantic's see only sections that are mappings: a section given as
+    # another type is pydantic's error (below), whatever the section
+    shaped = well_shaped(ExperimentConfig, raw)
+    profiles = (shaped.get("clients") or {}).get("profiles")
+    problems = (check_values(raw) + bool_problems(ExperimentConfig, shaped, "") + missing_paths(shaped, origins)
+                + (tier_problems(profiles) + bandwidth_problems(profiles) if isinstance(profiles, dict) else []))
     try:  # every mistake of the file in one message: these lines and pydantic's together
         cfg = ExperimentConfig.model_validate(raw)
     except ValidationError as err:
@@ -692,6 +790,31 @@ def _import_plugins(raw: dict[str, Any]) -> None:
             load_plugins(entries)
         except PluginError as err:
             raise ConfigError(f"invalid experiment config:\n  {err}") from None
+
+
+def _check_arguments(source: Any, overrides: Any) -> None:
+    """The Python API's ``config`` and ``overrides``, refused as the CLI refuses a bad file or --set."""
+    if isinstance(source, os.PathLike) and not isinstance(source, Path):
+        return
+    if not isinstance(source, (str, Path, Mapping)):
+        raise ConfigError(f"config = {source!r}: give an ExperimentConfig, a mapping of sections (seed:, rounds:, "
+                          f"dataset:, ...), a YAML file's path or None (the default experiment), not "
+                          f"{type(source).__name__}")
+    if overrides is None or isinstance(overrides, Mapping):
+        bad = [k for k in (overrides or {}) if not (isinstance(k, str) or (isinstance(k, (list, tuple)) and k
+                                                                           and all(isinstance(p, str) for p in k)))]
+        if bad:
+            raise ConfigError(f"overrides: key {bad[0]!r} is not a dotted key; write keys like 'train.lr'")
+        return
+    if isinstance(overrides, (str, bytes)):
+        raise ConfigError(f"overrides = {overrides!r} is one string; give a list of key=value strings, e.g. "
+                          f"[{overrides!r}], or a mapping such as {{'train.lr': 0.01}}")
+    if not isinstance(overrides, (list, tuple)):
+        raise ConfigError(f"overrides = {overrides!r}: give a list of key=value strings, e.g. ['rounds=5'], or a "
+                          "mapping such as {'train.lr': 0.01}")
+    for i, item in enumerate(overrides):
+        if not isinstance(item, str):
+            raise ConfigError(f"overrides[{i}] = {item!r}: give a key=value string, e.g. 'rounds=5'")
 
 
 SECRET_OPTIONS = ("access_key", "secret_key", "session_token")  # of output.storage_options

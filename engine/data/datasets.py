@@ -614,7 +614,7 @@ def load_parquet(*, root=None, download=False, seed=0, path=None, label_column: 
         raise ValueError("parquet: on_disk=True rows are read per client by engine.data.build.build_data, "
                          "not by load_parquet")
     if decode_images != "auto":
-        raise ValueError(f"parquet: dataset.params.decode_images = {decode_images!r} applies to on_disk: true "
+        raise TableDatasetError(f"parquet: dataset.params.decode_images = {decode_images!r} applies to on_disk: true "
                          "tables only (in memory, images are decoded when the table is read); remove it or set "
                          "on_disk: true")
     if path is None:
@@ -623,8 +623,8 @@ def load_parquet(*, root=None, download=False, seed=0, path=None, label_column: 
         t = read_parquet_table(path, label_column=label_column, client_column=client_column,
                                split_column=split_column, features=features, shape=shape, num_classes=num_classes,
                                storage_options=storage_options)
-    except TableDatasetError as err:
-        raise ValueError(f"parquet: {err}") from None
+    except TableDatasetError as err:  # still a TableDatasetError: the validation blames the dataset
+        raise TableDatasetError(f"parquet: {err}") from None
     return _table_dataset(f"parquet:{os.path.basename(str(path).rstrip('/'))}", t)
 
 
@@ -638,7 +638,7 @@ def load_leaf(*, root=None, download=False, seed=0, path=None, shape=None,
     try:
         t = read_leaf(path, shape=shape, num_classes=num_classes)
     except TableDatasetError as err:
-        raise ValueError(f"leaf: {err}") from None
+        raise TableDatasetError(f"leaf: {err}") from None
     return _table_dataset(f"leaf:{os.path.basename(str(path).rstrip('/'))}", t)
 
 

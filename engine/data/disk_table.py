@@ -92,7 +92,7 @@ class DiskTableSource:
         """The table's row cache, built first if it is missing. Without ``client_column`` the
         rows are in pool order (one block: the training rows, then the test rows)."""
         if decode_images not in DECODE_MODES:
-            raise ValueError(f"parquet: dataset.params.decode_images = {decode_images!r} is invalid; allowed: "
+            raise TableDatasetError(f"parquet: dataset.params.decode_images = {decode_images!r} is invalid; allowed: "
                              f"{list(DECODE_MODES)}")
         try:
             files, data, cols = open_table(path, label_column, client_column, split_column, features,
@@ -105,8 +105,8 @@ class DiskTableSource:
                 _build(folder, str(path), data, cols, label_column, client_column, split_column, shape, num_classes,
                        decode_images)
             return cls(folder)
-        except TableDatasetError as err:
-            raise ValueError(f"parquet: {err}") from None
+        except TableDatasetError as err:  # still a TableDatasetError: the validation blames the dataset
+            raise TableDatasetError(f"parquet: {err}") from None
 
     def rows(self, c: int):
         s, n, t = int(self.start[c]), int(self.sizes[c]), int(self.start[c + 1] - self.start[c] - self.sizes[c])

@@ -22,6 +22,11 @@ LEAF (``dataset: {name: leaf, params: {path: <folder with train/ and test/>}}``)
 of Caldas et al.'s benchmark, ``{"users": [...], "num_samples": [...], "user_data": {user:
 {"x": [...], "y": [...]}}}``, read directly; :func:`leaf_to_parquet` converts them to the table
 format. Loaders return plain arrays; :mod:`engine.data.datasets` wraps them as datasets.
+
+Over 400 lines because the format's every check is here, next to the format it checks: the
+columns and types of each file of a table (one schema, checked column by column), the labels,
+splits, images and LEAF's files; split by check, a reader would lose the one place that says what
+a table may hold.
 """
 from __future__ import annotations
 
@@ -31,6 +36,8 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
+
+from hardware_profiles.suggest import suggestion
 
 SPLITS = ("train", "test")
 
@@ -237,13 +244,56 @@ def open_table(path, label_column: str, client_column: str | None, split_column:
 
     files, fs = _files(path, storage_options)
     data = pads.dataset(files, format="parquet", filesystem=fs)
+    if len(files) > 1:  # pyarrow would take the first file's columns and types for all of them
+        used = None if features is None else {label_column, client_column, split_column,
+                                              *([features] if isinstance(features, str) else features)}
+        data = pads.dataset(files, format="parquet", filesystem=fs,
+                            schema=unified_schema(files, fs, used, exact={label_column}))
     schema = data.schema
     for what, col in (("label_column", label_column), ("client_column", client_column),
                       ("split_column", split_column)):
         if col is not None and col not in schema.names:
             raise TableDatasetError(f"dataset.params.{what} = {col!r} is not a column of {files[0]!r}"
-                                    f"{' (and the other files)' if len(files) > 1 else ''}; it has {schema.names}")
+                                    f"{' (and the other files)' if len(files) > 1 else ''}; "
+                                    f"{suggestion(col, schema.names)}it has {schema.names}")
     return files, data, _feature_columns(schema, label_column, client_column, split_column, features)
+
+
+def unified_schema(files: list[str], fs, used: set | None = None, exact: set = frozenset()):
+    """The one schema of a table's files, checked column by column: a column that one file has
+    and another lacks, or of another kind (text in one, numbers in the other), is refused naming
+    both files and the column; integer widths and integers beside floats are unified (to int64,
+    float64). ``used``: the columns the read takes (None: every column, the features being every
+    other numeric one); the others are left out. ``exact``: columns whose kind must be the same
+    in every file (the labels: a float label in one file is refused naming that file, not cast)."""
+    import pyarrow as pa  # here: see _feature_columns
+    import pyarrow.parquet as pq
+
+    schemas = [pq.read_schema(f, filesystem=fs) for f in files]
+    fields: dict[str, list[tuple[str, object]]] = {}
+    for f, schema in zip(files, schemas):
+        for field in schema:
+            fields.setdefault(field.name, []).append((f, field.type))
+    out = []
+    for name, seen in fields.items():
+        if used is not None and name not in used:
+            continue
+        if len(seen) < len(files):
+            lacking = next(f for f, schema in zip(files, schemas) if name not in schema.names)
+            raise TableDatasetError(f"{lacking}: has no column {name!r}, which {seen[0][0]} has; every file of the "
+                                    "table needs the same columns (or name the features in dataset.params.features)")
+        kinds = {t for _, t in seen}
+        if len(kinds) == 1:
+            out.append(pa.field(name, seen[0][1]))
+        elif all(pa.types.is_integer(t) for t in kinds):
+            out.append(pa.field(name, pa.int64()))
+        elif name not in exact and all(pa.types.is_integer(t) or pa.types.is_floating(t) for t in kinds):
+            out.append(pa.field(name, pa.float64()))
+        else:
+            other = next((f, t) for f, t in seen if t != seen[0][1])
+            raise TableDatasetError(f"{other[0]}: column {name!r} has type {other[1]}, but {seen[0][0]} has it as "
+                                    f"{seen[0][1]}; every file of the table needs the same types")
+    return pa.schema(out)
 
 
 def batch_labels(batch, label_column: str) -> np.ndarray:

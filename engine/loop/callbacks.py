@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Union
 
+from engine.errors import ConfigError
+
 if TYPE_CHECKING:
     from engine.config.schema import ExperimentConfig
 
@@ -111,14 +113,25 @@ def around_recorder(items: Iterable[CallbackLike] | None, recorder: RunCallback)
 
 
 def as_callbacks(items: Iterable[CallbackLike] | None) -> list[RunCallback]:
+    """``callbacks=`` of the API as callback objects; anything else is a ``ConfigError`` (the
+    API checks them so before a run folder is made)."""
+    if items is None:
+        return []
+    if isinstance(items, (RunCallback, str, bytes, dict)) or callable(items) or not hasattr(items, "__iter__"):
+        raise ConfigError(f"callbacks = {items!r}: give a list of callbacks (RunCallback objects or functions "
+                          "f(record)), e.g. callbacks=[my_callback]")
     out = []
-    for cb in items or ():
+    for i, cb in enumerate(items):
         if isinstance(cb, RunCallback):
             out.append(cb)
+        elif isinstance(cb, type) and issubclass(cb, RunCallback):
+            raise ConfigError(f"callbacks[{i}] = {cb.__name__}: a RunCallback class; give an instance, "
+                              f"{cb.__name__}(...)")
         elif callable(cb):
             out.append(FunctionCallback(cb))
         else:
-            raise TypeError(f"callback {cb!r} is neither a RunCallback nor callable")
+            raise ConfigError(f"callbacks[{i}] = {cb!r}: neither a RunCallback nor callable; give a RunCallback "
+                              "object or a function f(record)")
     return out
 
 

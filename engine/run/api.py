@@ -5,18 +5,20 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from engine.clients.device import check_device_request
 from engine.config.schema import ExperimentConfig, load_config
-from engine.errors import CorruptRunFolderError, UserError
+from engine.errors import ConfigError, CorruptRunFolderError, UserError
 from engine.gcpause import imports_without_gc
-from engine.loop.callbacks import CallbackLike
+from engine.loop.callbacks import CallbackLike, as_callbacks
 from engine.plugin_sources import load_plugins, resolve_entries
 from engine.registry import name_for
-from engine.results.manifest import read_manifest
+from engine.results.manifest import read_manifest, update_manifest
 from engine.results.tables import Run, load_run
 from engine.run.folders import check_can_resume, check_not_in_use, make_run_dir
 from engine.run.signals import InterruptRequest, interrupt_signals
@@ -56,8 +58,22 @@ def run_experiment(
     A URI ``run_dir`` (or ``output.dir``), e.g. ``s3://bucket/runs/x``, is run through a local
     staging folder (:func:`run_to_storage`) and the URI is returned.
     """
+    check_arguments(cfg, run_dir, callbacks)
+    started = time.time()
     path, warnings = prepare_run(cfg, run_dir)
-    return run_in_folder(cfg, path, callbacks, command, warnings)
+    return run_in_folder(cfg, path, callbacks, command, warnings, started=started)
+
+
+def check_arguments(cfg: Any, run_dir: Any = None, callbacks: Any = None) -> None:
+    """The API's arguments, refused (``ConfigError``) before anything is written."""
+    if not isinstance(cfg, ExperimentConfig):
+        raise ConfigError(f"cfg = {cfg!r}: give an ExperimentConfig (engine.load_config(...)); simulate() also "
+                          "takes a mapping or a YAML path")
+    if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)):
+        raise ConfigError(f"run_dir = {run_dir!r}: give a folder path (str or pathlib.Path), a URI, or None")
+    if isinstance(run_dir, (str, os.PathLike)) and not str(run_dir).strip():
+        raise ConfigError("run_dir = '': give a folder path, or None for one named from output")
+    as_callbacks(callbacks)
 
 
 def prepare_run(cfg: ExperimentConfig, run_dir: str | Path | None = None) -> tuple[Path | str, list[str]]:
@@ -86,13 +102,18 @@ def run_in_folder(
     callbacks: list[CallbackLike] | None = None,
     command: list[str] | None = None,
     warnings: list[str] | None = None,
+    started: float | None = None,
 ) -> Path | str:
     """Run a validated ``cfg`` into ``path``, a folder the caller owns (e.g. a sweep trial's),
-    or into a URI through a local staging folder."""
+    or into a URI through a local staging folder. ``started``: when the command began (Unix
+    time), recorded in ``manifest.json`` as ``command_wall_s`` once the run ends."""
     command = command if command is not None else sys.argv
     if is_uri(str(path)):
         return run_to_storage(run_experiment, cfg, str(path), callbacks, command)
-    return _dispatch(cfg, Path(path), callbacks, command, resume=False, warnings=warnings)
+    out = _dispatch(cfg, Path(path), callbacks, command, resume=False, warnings=warnings)
+    if started is not None:  # the summary's wall time counts the start-up too (validation, Ray)
+        update_manifest(out, command_wall_s=time.time() - started)
+    return out
 
 
 def _execute_run(*args, **kwargs) -> Path:
@@ -176,6 +197,9 @@ def resume_run(
     ``resumes``. ``cfg``/``overrides`` may change only fields that cannot change results
     (:data:`engine.checkpoint.snapshot.RESULT_NEUTRAL_FIELDS`).
     """
+    if not isinstance(run_dir, (str, os.PathLike)):
+        raise ConfigError(f"run_dir = {run_dir!r}: give the run folder to resume (str or pathlib.Path)")
+    as_callbacks(callbacks)
     path = Path(run_dir)
     cfg = resume_config(path, cfg, overrides)
     check_can_resume(path)
@@ -230,6 +254,7 @@ def simulate(
         cfg = load_config(cfg.to_dict(), objects)
     if overrides:
         cfg = load_config(cfg.to_dict(), overrides)
+    check_arguments(cfg, run_dir, callbacks)
     return load_run(run_experiment(cfg, run_dir, callbacks, command=[]))
 
 

@@ -194,13 +194,13 @@ def _close_folder(cfg: ExperimentConfig, path: Path, writer: RunWriter, keeper: 
     return late_fault
 
 
-CHANCE_FACTOR = 1.5  # final accuracy at most this x 1/num_classes: "at chance" (as the report says)
+CHANCE_FACTOR = 1.5  # final accuracy at most this x 1/num_classes: "near chance" (as the report says)
 NEVER_AGGREGATED_SHARE = 0.1  # warn when at least this share of the fleet never took part
 
 
 def _warn_about_results(cfg: ExperimentConfig, path: Path, manifest: dict) -> None:
     """Warnings for a finished run that cannot mean what it seems to: no update ever arrived,
-    a share of the fleet never aggregated, accuracy still at chance (terminal and manifest)."""
+    a share of the fleet never aggregated, accuracy still near chance (terminal and manifest)."""
     rounds = read_table(path, "rounds")
     if rounds is None or rounds.empty:
         return
@@ -234,7 +234,8 @@ def _warn_about_results(cfg: ExperimentConfig, path: Path, manifest: dict) -> No
     final = next((float(v.dropna().iloc[-1]) for col in ("global_acc", "pers_acc") if col in rounds
                   for v in [rounds[col]] if v.notna().any()), None)
     if k and final is not None and final <= CHANCE_FACTOR / k:
-        texts.append(f"the final accuracy {100 * final:.1f} % is at chance ({k} classes: {100 / k:.1f} %)")
+        texts.append(f"the final accuracy {100 * final:.1f} % is near chance ({k} classes: chance "
+                     f"{100 / k:.1f} %; warned at or below {100 * CHANCE_FACTOR / k:.1f} %)")
     for text in texts:
         log.warning("hetsim: warning: %s", text)
         if text not in manifest.setdefault("warnings", []):  # a resumed run ends again: said once

@@ -40,7 +40,7 @@ def make_run_dir(cfg: ExperimentConfig, run_dir: str | Path | None = None) -> Pa
     if run_dir is not None and is_uri(str(run_dir)):
         return str(run_dir)
     if run_dir is not None:
-        return _with_config(_claim_named(Path(expand_path(str(run_dir))), out.overwrite, "-o"), cfg)
+        return _with_config(_claim_named(Path(expand_path(str(run_dir))), out.overwrite, "folder"), cfg)
     if is_uri(out.dir):
         base = open_storage(out.dir, out.storage_options)
         name = out.name or f"{_method(cfg)}-{cfg.dataset.name}-{dt.datetime.now():%Y%m%d-%H%M%S}"
@@ -81,8 +81,9 @@ def _with_config(path: Path, cfg: ExperimentConfig) -> Path:
 
 
 def _claim_named(path: Path, overwrite: bool, field: str) -> Path:
-    if path.exists() and not path.is_dir():
-        raise FileExistsError(f"{field}: {path} is a file, not a run folder")
+    if path.exists() and not path.is_dir():  # field: output.name, or "folder" (-o, run_dir=)
+        raise FileExistsError(f"{path} is a file, not a run folder; give a folder"
+                              + (f" (choose another {field})" if field != "folder" else ""))
     path.mkdir(parents=True, exist_ok=True)
     had_lock_file = (path / LOCK_FILE).exists()
     hold_run_folder(path)  # before looking inside: a live run's folder is never touched

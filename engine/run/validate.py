@@ -33,6 +33,7 @@ from engine.config.hints import tier_problems
 from engine.config.schema import ExperimentConfig
 from engine.data.datasets import _COMMON_ARGS, DATASETS, DatasetNotFoundError
 from engine.data.memory import memory_problems
+from engine.data.tabular import TableDatasetError
 from engine.errors import ConfigError, UserError
 from engine.loop.selection import select_clients, target_arrivals
 from engine.ray.cluster import RayConnectError, check_reachable, cluster_cpus, ray_is_up, resolve_address
@@ -128,10 +129,13 @@ def folder_problem(path: str | Path, field: str) -> str | None:
     """Why a run folder cannot be created under ``path`` (None if it can)."""
     p = Path(path)
     probe = p
-    while not probe.exists():
-        if probe.parent == probe:
-            break
-        probe = probe.parent
+    try:
+        while not probe.exists():
+            if probe.parent == probe:
+                break
+            probe = probe.parent
+    except OSError as err:  # e.g. a name longer than the file system allows
+        return f"  {field} = {str(path)!r}: cannot be a folder here ({err.strerror or err}); give a shorter path"
     if probe.exists() and not probe.is_dir():
         return (f"  {field} = {str(path)!r}: {str(probe)!r} is a file, not a folder; "
                 "give a folder path")
@@ -212,6 +216,8 @@ class _Guard:
 
     def _where(self, stage: str, arch: str, data, err: BaseException) -> str | None:
         cfg, text = self.cfg, str(err)
+        if isinstance(err, TableDatasetError):  # the table's own problem, whatever its words
+            return f"dataset {cfg.dataset.name!r} (dataset.params = {cfg.dataset.params!r}): {text}"
         if stage == "data" and isinstance(err, (ValueError, TypeError)):
             if "partition" in text or "split" in text or "natural" in text or "num_clients" in text:
                 return (f"partition.scheme = {cfg.partition.scheme!r} with clients.num_clients = "

@@ -2,6 +2,7 @@
 import pytest
 
 from engine.config.schema import load_config
+from engine.errors import ConfigError
 from engine.loop.callbacks import CallbackList, RunCallback, Stop
 from engine.results.tables import load_run
 from engine.run.api import run_experiment
@@ -85,5 +86,5 @@ def test_run_end_sees_failed_and_every_callback_still_ends(tmp_path):
 
 
 def test_callback_list_rejects_non_callables():
-    with pytest.raises(TypeError, match="neither a RunCallback nor callable"):
+    with pytest.raises(ConfigError, match=r"callbacks\[0\] = 42: neither a RunCallback nor callable"):
         CallbackList([42])

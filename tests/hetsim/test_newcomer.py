@@ -63,10 +63,11 @@ def test_an_unknown_tier_is_a_user_error_of_the_command(capsys):
 @pytest.mark.parametrize("override, words", [
     ("clients.profiles.bandwidth=5Mbps", ["bandwidth = '5Mbps': bandwidth is a distribution of per-client Mbps",
                                           "network: {5mbps: 1.0}"]),
-    ("clients.profiles.bandwidth.low=5Mbps", ["a number with a unit ('Mbps'); give a number in Mbps, e.g. 5"]),
+    ("clients.profiles.bandwidth.low=5Mbps", ["a number with a unit ('Mbps'); the unit is Mbps already: give 5"]),
     ("clients.profiles.overrides={0: {memory_gb: 2GB}}", ["memory_gb = '2GB': a number with a unit ('GB'); "
-                                                          "give a number in GB, e.g. 2"]),
-    ("clients.profiles.overrides={0: {latency_s: 20ms}}", ["give a number in seconds, e.g. 20"]),
+                                                          "the unit is GB already: give 2"]),
+    # a unit other than the field's is converted, never stripped (20 ms is not 20 s)
+    ("clients.profiles.overrides={0: {latency_s: 20ms}}", ["20ms = 0.02 seconds: give 0.02"]),
     ("rounds=ten", ["rounds = 'ten': not a number; give an integer"]),
 ])
 def test_a_unit_in_a_number_names_the_unit_expected(override, words):

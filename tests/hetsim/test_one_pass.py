@@ -26,8 +26,8 @@ EXPECTED = {
 @pytest.mark.parametrize("fifth, field, words", [
     ("gilbert_eliot", "clients.profiles.conditions.sets.fading.down", "did you mean 'gilbert_elliott'?"),
     ("{kind: markov, states: {good: 1.0}, transition: [[1.0]], slot_s: 2s}",
-     "clients.profiles.conditions.sets.fading.down.markov.slot_s",
-     "a number with a unit ('s'); give a number in seconds"),
+     "clients.profiles.conditions.sets.fading.down.slot_s",
+     "a number with a unit ('s'); the unit is seconds already: give 2"),
 ], ids=["preset", "unit"])
 def test_five_different_mistakes_are_five_lines_of_one_message(fifth, field, words, tmp_path, capsys):
     path = tmp_path / "five.yaml"

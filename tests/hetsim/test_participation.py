@@ -101,7 +101,7 @@ def test_warnings_name_rounds_without_arrival_left_out_clients_and_chance():
     w = run_warnings(fake_run(t, manifest=manifest))
     assert "No client arrived in any of the 3 rounds (0 bytes uploaded)" in w[0] and "deadline" in w[0]
     assert "3 of 4 clients" in w[1]
-    assert "at chance" in w[2] and "12.0%" in w[2] and "10 classes" in w[2]
+    assert "near chance" in w[2] and "12.0%" in w[2] and "10 classes" in w[2]
     assert w[3:] == ["the run said: deadline is tight"]
     # every upload non-finite and skipped: the banner names that cause, not the deadline
     t["rounds"] = t["rounds"].assign(num_nonfinite=2)
@@ -162,7 +162,7 @@ def test_the_run_itself_warns_in_the_terminal_and_the_manifest(tmp_path, caplog,
     texts = run.manifest["warnings"]
     assert any(t.startswith("no client's update arrived in any of the 3 round(s)") and "clock.deadline_s = 0.041"
                in t for t in texts)
-    assert any("at chance (10 classes" in t for t in texts)
+    assert any("near chance (10 classes: chance 10.0 %; warned at or below 15.0 %)" in t for t in texts)
     banner = run_warnings(run)  # each fact once: the tables' version, no copy of the manifest's
     assert sum("arrived in any" in w for w in banner) == 1 and sum("chance" in w for w in banner) == 1
     # a healthy run warns of nothing

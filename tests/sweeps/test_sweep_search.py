@@ -52,7 +52,7 @@ def optuna_spec(**kw):
     ({"search": {"algorithm": "optuna", "seed": -1}}, r"search\.seed = -1: Input should be greater than or equal to 0"),
     ({"search": {"algorithm": "optuna", "budget": 3}}, r"search\.budget = 3: unknown key; allowed keys: algorithm, "
                                                        r"sampler, seed, sampler_options"),
-    ({"objectives": [{"name": "global_acc"}]}, r"objectives\.0\.mode = \{'name': 'global_acc'\}: Field required"),
+    ({"objectives": [{"name": "global_acc"}]}, r"objectives\.0\.mode: required; give mode"),
     ({"repeats": 0}, r"repeats = 0: Input should be greater than or equal to 1"),
     ({"repeats": 2, "space": {"seed": {"grid": [0, 1]}}}, r"repeats = 2: the space sweeps seed itself"),
     ({"repeats": 2, "scheduler": {"name": "pbt"}}, r"repeats = 2 with scheduler 'pbt'.*allowed: repeats: 1"),

@@ -46,7 +46,8 @@ from sweeps.spec import param_column_names
          r"scheduler\.metric = 'accuracy': not a rounds\.parquet column; allowed: round, .*global_acc"),
         ({"metric": "acc"}, r"metric = 'acc': not a rounds\.parquet column"),
         ({"mode": "maximize"}, r"mode = 'maximize': Input should be 'max' or 'min'"),
-        ({"scheduler": "hyperband"}, r"scheduler\.name = 'hyperband': Input should be 'fifo', 'asha' or 'pbt'"),
+        # the field as written: `scheduler: hyperband` is the short form of scheduler.name
+        ({"scheduler": "hyperband"}, r"  scheduler = 'hyperband': Input should be 'fifo', 'asha' or 'pbt'"),
         ({"scheduler": {"name": "asha", "max_t": 5}},
          r"scheduler\.max_t = 5: must be <= the experiment's rounds \(2\)"),
         ({"samples": 3}, r"samples = 3: unknown key; did you mean 'num_samples'\? allowed keys: name, base, "
@@ -539,7 +540,8 @@ def test_pareto_marks_a_front_known_by_construction():
     ([{"name": "accuracy", "mode": "max"}], r"objectives\[0\]\.name = 'accuracy': not a rounds\.parquet column.*"
                                             r"or a trials\.parquet total: total_sim_time_s"),
     ([{"name": "global_acc"}], r"objectives\.0\.mode"),
-    ([{"name": "global_acc", "mode": "max"}, {"name": "global_acc", "mode": "min"}], r"listed twice"),
+    ([{"name": "global_acc", "mode": "max"}, {"name": "global_acc", "mode": "min"}],
+     r"objectives\[0\] and objectives\[1\] are both named 'global_acc'; give each its own name"),
     ([{"name": "time_to_global_acc_0.9", "mode": "min"}], r"time_to_<metric>_<target> of the spec's metric"),
 ])
 def test_bad_objectives_are_refused(objectives, pattern):
