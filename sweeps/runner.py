@@ -8,7 +8,8 @@ trials are not rerun (also those Tune's saved state missed, see :func:`trial_or_
 from their last checkpoint (from round 0 without one), errored ones are kept as errors unless ``retry_errored``
 (then they continue the same way, keeping their trial id).
 
-Fitting the cluster and storage: :mod:`sweeps.cluster`; what a sweep prints, Tune's hooks: :mod:`sweeps.callbacks`."""
+Fitting the cluster and storage: :mod:`sweeps.cluster`; what a sweep prints, Tune's hooks: :mod:`sweeps.callbacks`.
+Over 400 lines because it is the sweep's whole life with Tune: build, run, resume, report."""
 from __future__ import annotations
 
 import itertools

@@ -34,6 +34,7 @@ names the field, the value and what is allowed.
 The schema is :mod:`sweeps.spec_model`, the checks that give each field its error message
 :mod:`sweeps.spec_checks`; this module is :func:`resolve`, which runs them in order, and
 :class:`ResolvedSweep`, what it returns. The names of those two modules are importable from here.
+Over 400 lines because the spec's format is documented here, above the one function that reads it.
 """
 from __future__ import annotations
 

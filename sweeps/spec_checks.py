@@ -3,6 +3,7 @@ that names the field, the value and what is allowed), and the small helpers a tr
 sweep's tables share (column names, a trial's seed and overrides).
 
 :func:`sweeps.spec.resolve` runs the checks in order; the schema is :mod:`sweeps.spec_model`.
+Over 400 lines because it holds every check of a spec, one short function each.
 """
 from __future__ import annotations
 

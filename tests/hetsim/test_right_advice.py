@@ -8,7 +8,7 @@ from engine.config.schema import ExperimentConfig, load_config
 from engine.errors import ConfigError
 from hetsim.cli import main
 
-SECTIONS = [name for name, field in ExperimentConfig.model_fields.items() if name not in ("seed", "rounds")]
+SECTIONS = [name for name, field in ExperimentConfig.model_fields.items() if name not in ("plugins", "seed", "rounds")]
 SMALL = ["--set", "dataset.name=digits", "--set", "model.name=mlp", "--set", "clients.num_clients=4",
          "--set", "rounds=1"]
 
