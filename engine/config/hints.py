@@ -148,6 +148,9 @@ def input_loc(loc: tuple, raw: Any) -> tuple[list[str], bool]:
         elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
             out.append(str(part))
             node = node[part]
+        elif isinstance(node, list) and isinstance(part, str) and not _is_union_member(part):
+            out.append(part)  # a list a validator turned into a mapping (trackers: [a, b]): its entry
+            node = None
         elif last and isinstance(node, dict) and not _is_union_member(part):
             out.append(str(part))  # a required key left out
     return out, key_error
