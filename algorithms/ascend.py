@@ -44,6 +44,7 @@ from algorithms.base import (
     Payload,
     Server,
     ServerContext,
+    TimingUnsupported,
 )
 from algorithms.compressed_fedavg import (
     CompressedFedAvgClient,
@@ -690,6 +691,13 @@ class AscendServer(Server):
         self._rows: list[dict[str, Any]] = []
         self._alignment: list[dict[str, Any]] = []
         self._aggregate_logits: dict[str, torch.Tensor] = {}  # build_teacher -> _distill_and_guard
+
+    @classmethod
+    def timing_payload(cls, params, shapes):
+        raise TimingUnsupported(
+            "each client's bandit picks its compressor (and K) from the rewards of its training, a rollback "
+            "forces Top-K rounds after a probe loss rises, and the broadcast carries the clients' reward "
+            "terms, so its payloads depend on training")
 
     def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
         """As the base class's; a checkpoint written before asynchronous ASCEND has no

@@ -30,6 +30,7 @@ from engine.config.paths import expand_path, missing_paths, resolve_paths
 from engine.config.yamlio import check_values, parse_yaml, read_yaml_file
 from engine.errors import ConfigError
 from hardware_profiles.clock import RoundPolicy
+from hardware_profiles.deadlines import POLICIES as DEADLINE_POLICIES
 from hardware_profiles.sampler import ProfileSpec
 from hardware_profiles.suggest import unknown, unknown_key
 from hardware_profiles.traces import BUILTIN_PREFIX
@@ -364,6 +365,10 @@ def async_problems(a: AsyncConfig, sections: dict[str, Any]) -> list[str]:
         out.append(f"asynchronous.concurrency = {a.concurrency}: more than the {cfg.clients.num_clients} "
                    "clients (clients.num_clients)")
     clock = cfg.clock
+    if clock.per_round_deadline:
+        out.append(f"clock.deadline.policy = {clock.per_round_deadline!r} closes rounds, and asynchronous runs have "
+                   "none (a task's deadline is a timeout from its dispatch); allowed with asynchronous: fixed, or "
+                   "clock.deadline_s")
     if clock.over_selection != 1.0:
         out.append(f"clock.over_selection = {clock.over_selection!r} does not apply to asynchronous runs (there "
                    "are no rounds to cut); allowed: 1.0")
@@ -396,6 +401,20 @@ class ExperimentConfig(Section):
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     asynchronous: AsyncConfig | None = Field(None, description="docs/async.md; null: synchronous rounds")
+
+    @field_validator("executor")
+    @classmethod
+    def _timing_only_runs_here(cls, v: ExecutorConfig, info: ValidationInfo) -> ExecutorConfig:
+        # declared after clock: a field validator names this field
+        clock = info.data.get("clock")
+        if clock is not None and clock.mode == "timing_only":
+            if v.kind != "inprocess":
+                raise ValueError(f"executor.kind = {v.kind!r}: clock.mode = 'timing_only' trains nothing, so it "
+                                 "starts no client actors and runs in this process; allowed: inprocess")
+            if v.inject_failure is not None:
+                raise ValueError("executor.inject_failure makes a client fail while it trains, and clock.mode = "
+                                 "'timing_only' trains nothing; remove it")
+        return v
 
     @field_validator("asynchronous")
     @classmethod
@@ -519,7 +538,9 @@ def bool_problems(annotation: Any, value: Any, where: str) -> list[str]:
 def _format_errors(err: ValidationError, raw: dict[str, Any], problems: list[str] = ()) -> str:
     lines = list(problems)
     for e in err.errors():
-        loc = [str(p) for p in e["loc"] if not (isinstance(p, str) and p in ALGORITHM_PARAMS)]
+        raw_loc = e["loc"]  # a union's tag is no field: algorithm.<name>, clock.deadline.<policy>
+        loc = [str(p) for i, p in enumerate(raw_loc) if not (isinstance(p, str) and (
+            p in ALGORITHM_PARAMS or (p in DEADLINE_POLICIES and i and raw_loc[i - 1] == "deadline")))]
         field = ".".join(loc) or "<root>"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":

@@ -115,9 +115,15 @@ class RunWriter:
     def write_table(self, name: str, df: pd.DataFrame) -> None:
         _write_parquet_atomic(df, self.dir / f"{name}.parquet")
 
-    def append(self, table: str, rows: list[dict[str, Any]] | dict[str, Any] | pd.DataFrame) -> None:
-        """Append rows (row dicts, columns, or a frame) to ``table`` durably (one part per call)."""
-        arrow = _rows_as_arrow(rows) if isinstance(rows, list) and rows else None
+    def append(self, table: str, rows: list[dict[str, Any]] | dict[str, Any] | pd.DataFrame | pa.Table) -> None:
+        """Append rows (row dicts, columns, a frame or an Arrow table) to ``table`` durably (one
+        part per call)."""
+        if isinstance(rows, pa.Table):
+            arrow = rows
+        else:
+            arrow = _rows_as_arrow(rows) if isinstance(rows, list) and rows else None
+        if arrow is not None and arrow.num_rows == 0:
+            return
         df = None
         if arrow is None:
             df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)

@@ -28,6 +28,7 @@ from engine.errors import CorruptRunFolderError, StorageFault, storage_fault
 from engine.execution.inprocess import InProcessExecutor
 from engine.loop.callbacks import CallbackLike, RoundRecord, RunCallback, RunContext, around_recorder
 from engine.loop.simulation import Simulation
+from engine.loop.timing import make_simulation
 from engine.results.manifest import SCHEMA_VERSION, ManifestKeeper, process_identity, read_manifest, utc_now
 from engine.results.tables import HISTORY_TABLES, RunWriter, read_table, set_aside
 from engine.trace import mark
@@ -46,6 +47,8 @@ def versions() -> dict[str, str]:
 
 
 def make_executor(cfg: ExperimentConfig):
+    if cfg.clock.mode == "timing_only":  # nothing trains: the simulation answers for its clients
+        return None
     if cfg.executor.kind == "ray":
         from engine.ray.executor import RayExecutor  # Ray: imported for Ray runs only
 
@@ -118,7 +121,7 @@ def execute_run(
         dump_config(cfg, path / "config.yaml")  # on resume: result-neutral fields may have changed
         keeper.start()
         executor = executor if executor is not None else make_executor(cfg)
-        sim = Simulation(cfg, executor)
+        sim = make_simulation(cfg, executor)
         mark("run: simulation built")
         manifest["num_classes"] = int(sim.data.num_classes)  # what "chance" is, for reports
         if not resume:
@@ -212,11 +215,14 @@ def _warn_about_results(cfg: ExperimentConfig, path: Path, manifest: dict) -> No
                      f"upload(s) in {len(rounds)} round(s)): the global model never changed from its "
                      "initialisation, so its accuracy is chance; lower train.lr, or set "
                      "train.on_nonfinite: stop to end such a run as diverged")
+    elif arrived == 0 and cfg.clock.mode == "timing_only":
+        texts.append(f"no client's upload arrived in any of the {len(rounds)} round(s)")
     elif arrived == 0:
-        deadline = cfg.clock.deadline_s
+        deadline = cfg.clock.fixed_deadline_s
+        field = "clock.deadline_s" if cfg.clock.deadline_s is not None else "clock.deadline.seconds"
         texts.append(f"no client's update arrived in any of the {len(rounds)} round(s) (0 bytes aggregated): "
                      "the model never trained"
-                     + (f"; no client met clock.deadline_s = {deadline:g} s (raise it, or see the fleet's "
+                     + (f"; no client met {field} = {deadline:g} s (raise it, or see the fleet's "
                         "links in the report)" if deadline is not None else ""))
     else:
         clients = read_table(path, "clients")
