@@ -154,15 +154,17 @@ class TimingSimulation(Simulation):
         self._started = True
 
     def sent(self, ids: np.ndarray) -> tuple[dict[str, np.ndarray], list[str], np.ndarray]:
-        """What ``ids`` send and spend (``rows.payloads``' arrays), their architectures and samples."""
+        """What ``ids`` send and spend (``rows.payloads``' arrays), their architectures and their
+        training rows (``num_samples``, the aggregation weight)."""
         code = self.client_arch[ids]
         names = self.arch_names
         down = np.array([self.payload.download_bytes(a) for a in names], dtype=np.float64)
         up, ops = (np.array(x, dtype=np.float64) for x in zip(*(self.payload.upload_bytes(a) for a in names)))
-        samples = np.asarray(self.payload.train_samples(self.n_train[ids], self.local_samples), dtype=np.int64)
+        rows_ = self.n_train[ids]
+        samples = np.asarray(self.payload.train_samples(rows_, self.local_samples), dtype=np.int64)
         sent = {"bytes_down": down[code], "bytes_up": up[code], "train_flops": self.arch_flops[code] * samples,
                 "compress_ops": ops[code]}
-        return sent, [names[c] for c in code.tolist()] if len(names) > 1 else [names[0]] * len(ids), samples
+        return sent, [names[c] for c in code.tolist()] if len(names) > 1 else [names[0]] * len(ids), rows_
 
     def run_round(self, r: int) -> RoundRecord:
         """One round on the clock; asynchronous runs: the next server step (without the columns
@@ -173,7 +175,7 @@ class TimingSimulation(Simulation):
         selected, target = select_clients(cfg, self.data.num_clients, r)
         start = self.clock.begin(r, selected)
         runnable = start.runnable
-        sent, arch, samples = self.sent(runnable)
+        sent, arch, num_samples = self.sent(runnable)
         timing = self.clock.time(start, sent, None, target)
         made = timing.outcome.made_deadline
         arrived = int(made.sum())
@@ -189,9 +191,9 @@ class TimingSimulation(Simulation):
         if self.batteries is not None:
             battery = {"battery_level": start.level_start, "battery_level_end": self.batteries.fraction(selected),
                        "on_charger": start.charging[selected]}
-        clients = rows.client_columns(r, self.profiles, selected, start.not_run, start.run_mask, arch, sent, samples,
-                                      timing.times, timing.outcome, timing.timeline, start.start_s, timing.energy,
-                                      battery)
+        clients = rows.client_columns(r, self.profiles, selected, start.not_run, start.run_mask, arch, sent,
+                                      num_samples, timing.times, timing.outcome, timing.timeline, start.start_s,
+                                      timing.energy, battery)
         row["wall_s"] = time.perf_counter() - wall0
         return RoundRecord(r, row, clients)
 

@@ -112,8 +112,11 @@ class RunWriter:
         self._seq: dict[str, int] = {}
         self._loose: dict[str, int] = {}  # parts of each table not merged into a chunk yet
 
-    def write_table(self, name: str, df: pd.DataFrame) -> None:
-        _write_parquet_atomic(df, self.dir / f"{name}.parquet")
+    def write_table(self, name: str, df: pd.DataFrame | pa.Table) -> None:
+        if isinstance(df, pa.Table):
+            write_atomic(self.dir / f"{name}.parquet", lambda f: pq.write_table(df, f))
+        else:
+            _write_parquet_atomic(df, self.dir / f"{name}.parquet")
 
     def append(self, table: str, rows: list[dict[str, Any]] | dict[str, Any] | pd.DataFrame | pa.Table) -> None:
         """Append rows (row dicts, columns, a frame or an Arrow table) to ``table`` durably (one

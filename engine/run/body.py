@@ -12,6 +12,9 @@ import time
 import traceback
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+
 from engine.checkpoint.folder import (
     CHECKPOINTS,
     CheckpointCallback,
@@ -32,6 +35,7 @@ from engine.loop.timing import make_simulation
 from engine.results.manifest import SCHEMA_VERSION, ManifestKeeper, process_identity, read_manifest, utc_now
 from engine.results.tables import HISTORY_TABLES, RunWriter, read_table, set_aside
 from engine.trace import mark
+from hardware_profiles.sampler import TABLE_COLUMNS
 
 log = logging.getLogger("hetsim")
 
@@ -283,11 +287,15 @@ def _resumed_manifest(path: Path, command: list[str]) -> tuple[dict, dict]:
     return manifest, entry
 
 
-def _profiles_frame(sim: Simulation):
-    profiles = sim.profiles.to_frame()
+def _profiles_frame(sim: Simulation) -> pa.Table:
+    """profiles.parquet: every client's profile (and conditions), as Arrow columns straight from
+    the profile table's arrays (a pandas frame of 10M clients would copy them twice)."""
+    profiles = sim.profiles
+    columns = {"client_id": np.arange(len(profiles), dtype=np.int64),
+               **{f: getattr(profiles, f) for f in TABLE_COLUMNS}}
     if sim.conditions is not None:
-        profiles = profiles.assign(**sim.conditions.columns())
-    return profiles
+        columns.update(sim.conditions.columns())
+    return pa.table({k: pa.array(v, type=pa.string()) if v.dtype == object else v for k, v in columns.items()})
 
 
 def _restore_for_resume(sim: Simulation, path: Path, writer: RunWriter, manifest: dict, entry: dict,
