@@ -51,7 +51,7 @@ CHUNK_BYTES = 32 * 2**20  # a chunk this large is closed: the next merge starts 
 # Columns every run has (methods add their own trace columns; see docs/results.md).
 ROUND_COLUMNS = (
     "round", "num_selected", "num_run", "num_arrived", "num_unavailable", "num_dropout", "num_nonfinite",
-    "sim_round_s", "sim_time_s", "bytes_up", "bytes_down", "train_loss",
+    "sim_round_s", "sim_time_s", "sim_deadline_s", "bytes_up", "bytes_down", "train_loss",
     "pers_acc", "pers_acc_weighted", "pers_acc_worst", "pers_acc_std", "pers_loss",
     "global_acc", "global_loss", "round_start_s",
     "energy_download_j", "energy_train_j", "energy_compress_j", "energy_upload_j", "energy_j", "energy_wasted_j",

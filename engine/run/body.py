@@ -235,8 +235,9 @@ def _warn_about_results(cfg: ExperimentConfig, path: Path, manifest: dict) -> No
             # fleet's chance; doing the work and never counting (too slow, lost) is the finding
             worked = clients.loc[clients["sim_total_s"].notna(), "client_id"].nunique()
             never = worked - clients.loc[clients["made_deadline"].astype(bool), "client_id"].nunique()
+            did = "ran" if cfg.clock.mode == "timing_only" else "trained"
             if worked and never / worked >= NEVER_AGGREGATED_SHARE:
-                texts.append(f"{never} of the {worked} clients that trained in {len(rounds)} round(s) "
+                texts.append(f"{never} of the {worked} clients that {did} in {len(rounds)} round(s) "
                              f"({100 * never / worked:.0f} %) were never aggregated (too slow or lost on the "
                              f"way); `hetsim report {path}` lists them with their profiles")
     k = manifest.get("num_classes")
