@@ -1,7 +1,7 @@
 """Timing-only fleets (``clock.mode: timing_only``): seconds per round and peak memory at a million
 and ten million registered clients, against the clock's share of a full run's round.
 
-    .venv/bin/python bench/bench_timing.py                          # the three cases below
+    .venv/bin/python bench/bench_timing.py                          # every case (CASES)
     .venv/bin/python bench/bench_timing.py timing --clients 1000000 --per-round 10000 --rounds 40
     .venv/bin/python bench/bench_timing.py full --clients 1000000 --per-round 1000 --rounds 6
 
@@ -16,6 +16,7 @@ regression (``mlp`` without hidden layers) on lazy ``synthetic``, a mixed fleet 
 * s/round: the loop's wall time per round, the recording of its rows included (the runs' own
   ``wall_s``, the round without its recording, in brackets), and rounds per second;
 * peak RSS of the process (``ru_maxrss``);
+* ``+fleet``: with batteries (every phone) and a Gilbert-Elliott downlink for 60 % of the clients;
 * the clock's part of a round: selection (``select_clients``) and the round clock
   (``RoundClock.begin`` / ``time`` / ``advance``), timed around those calls; in a timing-only
   round the rest is building its rows (``rows.client_columns``) and writing them.
@@ -37,7 +38,12 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLEET = ("clients.profiles={devices: {phone_low: 0.2, phone_mid: 0.4, laptop_cpu: 0.4}, "
          "network: {4g: 0.4, wifi: 0.4, 5mbps: 0.2}}")
-CASES = (("timing", 1_000_000, 10_000, 40), ("timing", 10_000_000, 100_000, 10), ("full", 1_000_000, 1_000, 6))
+# batteries on every phone and a Gilbert-Elliott downlink for 60 % of the fleet ("+fleet" cases)
+CHANGING = ["clients.profiles.battery={start: {low: 0.3, high: 1.0}}",
+            "clients.profiles.conditions={sets: {fading: {share: 0.6, down: gilbert_elliott}, steady: {share: 0.4}}}"]
+CASES = (("timing", 1_000_000, 10_000, 40), ("timing", 10_000_000, 100_000, 10),
+         ("timing+fleet", 1_000_000, 10_000, 40), ("timing+fleet", 10_000_000, 100_000, 10),
+         ("full", 1_000_000, 1_000, 6))
 
 
 def overrides(mode: str, clients: int, per_round: int, rounds: int) -> list[str]:
@@ -46,7 +52,8 @@ def overrides(mode: str, clients: int, per_round: int, rounds: int) -> list[str]
             f"clients.participation={per_round / clients}", f"rounds={rounds}", "checkpoint.every=0",
             "evaluation.eval_every=1000", FLEET, "clock.over_selection=1.2",
             "clock.deadline={policy: percentile, percent: 80}",
-            *(["clock.mode=timing_only"] if mode == "timing" else [])]
+            *(["clock.mode=timing_only"] if mode.startswith("timing") else []),
+            *(CHANGING if mode.endswith("+fleet") else [])]
 
 
 class Timer:
@@ -123,8 +130,13 @@ def line(res: dict) -> str:
     return (f"| {res['mode']} | {res['clients']:,} | {res['per_round']:,} | {res['rounds']} | "
             f"{res['setup_s']:.1f} s / {res['end_s']:.1f} s | {res['s_per_round'] * 1e3:.1f} ms "
             f"({res['wall_s_median'] * 1e3:.1f}) | {1 / res['s_per_round']:.1f} | {clock * 1e3:.1f} ms "
-            f"({share:.0f} %) | {parts.get('rows', 0) * 1e3:.1f} / {parts.get('write', 0) * 1e3:.1f} ms | "
+            f"({share:.0f} %) | {_rows(res)} / {parts.get('write', 0) * 1e3:.1f} ms | "
             f"{res['peak_rss_gib']:.2f} GiB |")
+
+
+def _rows(res: dict) -> str:
+    """Building a round's rows: timing-only's one Arrow table (a full run builds row dicts: not timed)."""
+    return f"{res['per_round_parts'].get('rows', 0) * 1e3:.1f}" if res["mode"] != "full" else "–"
 
 
 def main() -> None:
@@ -133,7 +145,8 @@ def main() -> None:
         print(json.dumps(one(mode, clients, per_round, rounds)))
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("mode", nargs="?", choices=("timing", "full"), help="one case (default: the three)")
+    ap.add_argument("mode", nargs="?", choices=("timing", "timing+fleet", "full"),
+                    help="one case (default: all of them)")
     ap.add_argument("--clients", type=int, default=1_000_000)
     ap.add_argument("--per-round", type=int, default=10_000)
     ap.add_argument("--rounds", type=int, default=20)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .clock import RoundOutcome, RoundPolicy, client_times, resolve_round, round_seconds
-from .conditions import FleetConditions, participation
+from .conditions import FleetConditions, online_at, participation
 from .deadlines import DeadlineTracker
 from .energy import FleetBatteries, empties_at, ledger
 
@@ -126,7 +126,7 @@ class RoundClock:
         if b.spec.charging == "online":
             ids = np.flatnonzero(b.has)
             online = np.zeros(len(b.has), dtype=bool)
-            online[ids] = participation(self.conditions, self.profiles, ids, self.seed, r, self.policy, start_s)[0]
+            online[ids] = online_at(self.conditions, self.profiles, ids, self.seed, r, self.policy, start_s)
         return b.on_charger(start_s, online)
 
     def time(self, start: RoundStart, sent: dict[str, np.ndarray], host_fit_s, target: int) -> RoundTiming:
