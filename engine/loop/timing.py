@@ -52,10 +52,9 @@ class TimingServer:
     """What the loops ask of a method's server, for a run that trains nothing: broadcasts of the
     sized wire format, a step that only tells the wire format which architectures it updated."""
 
-    models: dict[str, Any] = {}
-
     def __init__(self, payload: TimingPayload):
         self.payload = payload
+        self.models: dict[str, Any] = {}  # none: the asynchronous loop keeps no base states
 
     def broadcast(self, round: int) -> Broadcast:
         return {arch: Payload({}, self.payload.download_bytes(arch)) for arch in self.payload.upload}
