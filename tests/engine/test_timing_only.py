@@ -164,3 +164,15 @@ def test_a_stopped_timing_only_run_resumes_to_the_uninterrupted_tables(tmp_path)
         a, b = getattr(run, name), getattr(ref, name)
         keep = [c for c in a.columns if c not in WALL_COLUMNS]
         pd.testing.assert_frame_equal(a[keep], b[keep], check_exact=True)
+
+
+def test_the_example_sweep_compares_the_four_deadline_policies_timed_only():
+    from hardware_profiles.deadlines import POLICIES
+    from sweeps import resolve
+
+    sweep = resolve(REPO / "sweeps" / "examples" / "deadline_policies.yaml")
+    named = sweep.spec.space["clock.deadline"]["named"]
+    assert sorted(v["policy"] for v in named.values()) == sorted(POLICIES)
+    for name in named:
+        cfg = load_config(sweep.trial_raw({"clock.deadline": name}))
+        assert cfg.clock.mode == "timing_only" and cfg.clock.deadline.policy == named[name]["policy"]
