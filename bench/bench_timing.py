@@ -43,7 +43,7 @@ CHANGING = ["clients.profiles.battery={start: {low: 0.3, high: 1.0}}",
             "clients.profiles.conditions={sets: {fading: {share: 0.6, down: gilbert_elliott}, steady: {share: 0.4}}}"]
 CASES = (("timing", 1_000_000, 10_000, 40), ("timing", 10_000_000, 100_000, 10),
          ("timing+fleet", 1_000_000, 10_000, 40), ("timing+fleet", 10_000_000, 100_000, 10),
-         ("full", 1_000_000, 1_000, 6))
+         ("timing", 1_000_000, 1_000, 40), ("full", 1_000_000, 1_000, 6))
 
 
 def overrides(mode: str, clients: int, per_round: int, rounds: int) -> list[str]:
