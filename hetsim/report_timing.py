@@ -85,7 +85,10 @@ def round_times_figure(page: Page, run) -> None:
     ax.set_title(f"Time of each {step} and its deadline", loc="left", fontsize=11)
     plots.legend_outside(ax)
     finite = t[np.isfinite(t)]
-    ax2.hist(finite, bins=min(30, max(5, len(finite) // 3)), color="#4C72B0", alpha=0.85)
+    lo, hi = (float(finite.min()), float(finite.max())) if len(finite) else (0.0, 1.0)
+    if hi - lo <= 1e-3 * max(abs(hi), 1e-12):  # (nearly) one value: a bar around it, not a 1e-9 axis
+        lo, hi = lo * 0.9, hi * 1.1 if hi > 0 else 1.0
+    ax2.hist(finite, bins=min(30, max(5, len(finite) // 3)), range=(lo, hi), color="#4C72B0", alpha=0.85)
     for q, style in ((0.5, "-"), (0.9, "--")):
         if len(finite):
             v = float(np.quantile(finite, q))
@@ -109,6 +112,9 @@ def client_times_figure(page: Page, run) -> None:
     ran = c[plots.numeric(c["sim_total_s"]).notna()]
     deadline = _quantile(run.rounds.get("sim_deadline_s", pd.Series(dtype=float)), 0.5)
     fig, axes = plots.figure(ncols=2, height=3.6)
+    total = plots.numeric(ran["sim_total_s"])
+    spread = total[total > 0]
+    log = len(spread) > 0 and float(spread.max()) > 30 * float(spread.min())  # several decades: a log axis
     left_out = []
     for ax, grouping, what in ((axes[0], plots.device_groups, "device tier"),
                                (axes[1], plots.network_groups, "network tier")):
@@ -121,16 +127,17 @@ def client_times_figure(page: Page, run) -> None:
         if np.isfinite(deadline):
             ax.axvline(deadline, color="#C44E52", linewidth=1.5, label=f"median deadline {deadline:.3g} s")
             ax.legend(fontsize=8, loc="lower right")
-        ax.set_xscale("log")
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_xlabel("simulated s (log)")
+        if log:
+            ax.set_xscale("log")
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("simulated s (log)" if log else "simulated s")
         ax.set_title(f"Finish times by {what}", loc="left", fontsize=11)
     more = f"; not drawn: {', '.join(left_out)}" if left_out else ""
     page.figure("fig-whatif-client-times", fig, "when each client that ran finished its round (download, "
                 "compute, compress and upload, seconds after the round's start), each time it ran: boxes from "
                 "the 25th to the 75th percentile, whiskers 5th-95th, black the median; red: the median "
-                "deadline" + more)
+                "deadline; a log axis where the times span more than 30x" + more)
 
 
 def heard_figure(page: Page, run) -> None:
