@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from algorithms.ascend_reward import FIDELITY_REWARDS, kl_teacher_student, logits_of, relative_decrease
 from algorithms.asynchronous import apply_states
-from algorithms.base import Broadcast, ClientResult, Server, ServerContext
+from algorithms.base import Broadcast, ClientResult, Server, ServerContext, TimingUnsupported
 from algorithms.compressed_fedavg import apply_compressed_updates, decode_upload
 from algorithms.fedavg import state_payload
 from algorithms.params import AscendParams
@@ -73,6 +73,13 @@ class AscendServer(Server):
         self._rows: list[dict[str, Any]] = []
         self._alignment: list[dict[str, Any]] = []
         self._aggregate_logits: dict[str, torch.Tensor] = {}  # build_teacher -> _distill_and_guard
+
+    @classmethod
+    def timing_payload(cls, params, shapes):
+        raise TimingUnsupported(
+            "each client's bandit picks its compressor (and K) from the rewards of its training, a rollback "
+            "forces Top-K rounds after a probe loss rises, and the broadcast carries the clients' reward "
+            "terms, so its payloads depend on training")
 
     def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
         """As the base class's; a checkpoint written before asynchronous ASCEND has no

@@ -79,7 +79,9 @@ class AsyncUpdate:
     """One update of a server step, as the method's ``async_step`` sees it."""
 
     result: ClientResult
-    base: np.ndarray  # the global flat state (float64, parameters then buffers) of the version it trained from
+    # the global flat state (float64, parameters then buffers) of the version it trained from;
+    # None in a clock.mode: timing_only run, which keeps no models
+    base: np.ndarray | None
     base_version: int
     staleness: int
     weight: float  # s(tau)

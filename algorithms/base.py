@@ -112,6 +112,63 @@ class ModelSize:
         return f"{self.parameters:,} parameters{arch}"
 
 
+@dataclass(frozen=True)
+class ArchShape:
+    """What a method's wire format may depend on of one architecture's model."""
+
+    parameters: int  # trainable values (``flat_params``)
+    buffers: int = 0  # floating-point buffer values (``flat_buffers``: BatchNorm statistics)
+
+    @property
+    def state(self) -> int:
+        """Parameters and floating buffers: the full state FedAvg moves."""
+        return self.parameters + self.buffers
+
+
+class TimingUnsupported(ValueError):
+    """A method (with these options) whose payload depends on what training produces, so a
+    ``clock.mode: timing_only`` run cannot time it; the message says why."""
+
+
+class TimingPayload:
+    """What one client of each architecture downloads and uploads in a round, and the
+    compression ops of its upload, known without training: what a ``clock.mode: timing_only``
+    run times (``engine/loop/timing.py``). A method gives one from :meth:`Server.timing_payload`.
+
+    ``download``, ``upload``: bytes by architecture; ``ops``: compression ops by architecture.
+    A method whose next broadcast depends on who arrived (e.g. FedCSPACK's global mask)
+    overrides :meth:`stepped` and :meth:`download_bytes`, and :meth:`state` / :meth:`restore`
+    for checkpoints."""
+
+    def __init__(self, download: dict[str, int], upload: dict[str, int], ops: dict[str, float] | None = None):
+        self.download, self.upload = dict(download), dict(upload)
+        self.ops = dict(ops) if ops is not None else {arch: 0.0 for arch in upload}
+
+    def download_bytes(self, arch: str) -> int:
+        """Bytes of the broadcast a client of ``arch`` downloads now."""
+        return self.download[arch]
+
+    def upload_bytes(self, arch: str) -> tuple[int, float]:
+        """(bytes, compression ops) of a client's upload of ``arch``."""
+        return self.upload[arch], self.ops[arch]
+
+    def train_samples(self, n_train: np.ndarray, local_samples) -> np.ndarray:
+        """Samples each client trains on per round, from its training rows ``n_train``;
+        ``local_samples(rows)`` is the engine's count for rows trained on whole (epochs or
+        steps). A method that holds rows out of training overrides this."""
+        return local_samples(n_train)
+
+    def stepped(self, updated: set[str], synchronous: bool) -> None:
+        """A server step ran: a round (``synchronous``), or an asynchronous step; ``updated``:
+        the architectures it aggregated at least one upload of."""
+
+    def state(self) -> Any:
+        return None
+
+    def restore(self, state: Any) -> None:
+        pass
+
+
 class AlgorithmParams(BaseModel):
     """Base of every method's hyperparameters (validated, unknown keys rejected): subclass it and
     declare your options as pydantic fields with defaults; ``name`` is the method's registered name
@@ -279,6 +336,13 @@ class Server:
             model.load_state_dict(state["models"][arch])
         for name in self.checkpoint_fields:
             setattr(self, name, state["fields"][name])
+
+    @classmethod
+    def timing_payload(cls, params: AlgorithmParams, shapes: dict[str, ArchShape]) -> TimingPayload:
+        """The method's wire format for ``clock.mode: timing_only`` (per architecture, its model's
+        :class:`ArchShape`), or :class:`TimingUnsupported` saying why its payload depends on
+        training. This default refuses: a method says what it sends by overriding it."""
+        raise TimingUnsupported("the method gives no payload rule (Server.timing_payload)")
 
     def drain_tables(self) -> dict[str, Any]:
         """Extra trace rows produced since the last call, by table name (e.g. rollbacks).

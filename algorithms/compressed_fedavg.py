@@ -37,15 +37,27 @@ import numpy as np
 import torch
 
 from algorithms.base import (
+    FLOAT32_BYTES,
     AlgorithmSpec,
+    ArchShape,
     Broadcast,
     Client,
     ClientContext,
     ClientResult,
     Payload,
     Server,
+    TimingPayload,
+    TimingUnsupported,
 )
-from algorithms.compressors import Compressed, ErrorFeedback, OpCosts, decode, get_compressor, scatter_add_
+from algorithms.compressors import (
+    Compressed,
+    ErrorFeedback,
+    OpCosts,
+    decode,
+    get_compressor,
+    resolve_k,
+    scatter_add_,
+)
 from algorithms.fedavg import state_payload
 from algorithms.params import (  # noqa: F401 (re-exported: the params live there, importable without torch)
     CompressedFedAvgParams,
@@ -208,11 +220,36 @@ def apply_compressed_updates(models: dict[str, torch.nn.Module], results: list[C
     return updates
 
 
+def compressed_upload(compressor: str, k, clamp: bool, op_costs: dict[str, float], shape: ArchShape,
+                      buffers: str) -> tuple[int, float]:
+    """(bytes, compression ops) of one compressed upload of a model of ``shape``, as
+    :meth:`CompressedFedAvgClient.fit` builds it: the compressor's payload of the parameter
+    delta (:meth:`~algorithms.compressors.Compressor.wire_nbytes`, :meth:`~algorithms.compressors.Compressor.ops`)
+    and, with ``buffers="dense"``, the floating buffers (float32)."""
+    c = get_compressor(compressor, OpCosts(**op_costs))
+    d = shape.parameters
+    kk = resolve_k(k, d, clamp=clamp) if c.uses_k else d
+    try:
+        nbytes = type(c).wire_nbytes(d, kk)
+    except NotImplementedError as err:
+        raise TimingUnsupported(str(err)) from None
+    extra = FLOAT32_BYTES * shape.buffers if buffers == "dense" else 0
+    return nbytes + extra, float(c.ops(d, kk))
+
+
 class CompressedFedAvgServer(Server):
     params: CompressedFedAvgParams
 
     def broadcast(self, round: int) -> Broadcast:
         return {arch: state_payload(flat_state(m)) for arch, m in self.models.items()}
+
+    @classmethod
+    def timing_payload(cls, params: CompressedFedAvgParams, shapes: dict[str, ArchShape]) -> TimingPayload:
+        """The full state down; up: every client the same compressor and K (:func:`compressed_upload`)."""
+        up = {arch: compressed_upload(params.compressor, params.k, params.clamp_k, params.op_costs, shape,
+                                      params.buffers) for arch, shape in shapes.items()}
+        return TimingPayload({arch: FLOAT32_BYTES * shape.state for arch, shape in shapes.items()},
+                             {arch: b for arch, (b, _) in up.items()}, {arch: ops for arch, (_, ops) in up.items()})
 
     def aggregate(self, round: int, results: list[ClientResult]) -> dict:
         updates = apply_compressed_updates(self.models, results, self.params.buffers)

@@ -228,6 +228,13 @@ class Compressor:
         raise NotImplementedError
 
     @classmethod
+    def wire_nbytes(cls, d: int, k: int) -> int:
+        """Bytes of the payload of a length-d vector compressed to K (resolved): what
+        :meth:`compress` reports and a ``clock.mode: timing_only`` run times without compressing.
+        A compressor that does not override it cannot be timed without training."""
+        raise NotImplementedError(f"compressor {cls.name!r} gives no wire_nbytes(d, k) rule")
+
+    @classmethod
     def positions(cls, c: Compressed) -> torch.Tensor:
         raise ValueError(f"{cls.name!r} payload without explicit indices")
 
@@ -272,10 +279,14 @@ class TopK(Compressor):
             raise ValueError(f"d={d} does not fit Top-K's int32 indices")
         kk = resolve_k(k, d, clamp=clamp)
         idx = torch.topk(a.abs(), kk, sorted=False).indices
-        return self._payload(a, idx, a[idx], (FLOAT32_BYTES + INDEX_BYTES) * kk, kk, {})
+        return self._payload(a, idx, a[idx], self.wire_nbytes(d, kk), kk, {})
 
     def ops(self, d, k):
         return self.cost["per_element"] * d + self.cost["per_selected_log"] * k * math.log2(max(k, 1))
+
+    @classmethod
+    def wire_nbytes(cls, d, k):
+        return (FLOAT32_BYTES + INDEX_BYTES) * int(k)
 
     @classmethod
     def to_arrays(cls, c):
@@ -338,10 +349,14 @@ class RandomK(Compressor):
         kk = resolve_k(k, d, clamp=clamp)
         seed = _check_seed(seed, self.name)
         idx = randomk_indices(d, kk, seed).to(a.device)  # drawn on the CPU: the same on every device
-        return self._payload(a, None, a[idx], FLOAT32_BYTES * kk + SEED_BYTES, kk, {"seed": seed}, cache=idx)
+        return self._payload(a, None, a[idx], self.wire_nbytes(d, kk), kk, {"seed": seed}, cache=idx)
 
     def ops(self, d, k):
         return self.cost["per_index"] * k
+
+    @classmethod
+    def wire_nbytes(cls, d, k):
+        return FLOAT32_BYTES * int(k) + SEED_BYTES
 
     @classmethod
     def positions(cls, c):
@@ -391,11 +406,15 @@ class PeriodicK(Compressor):
         off = periodick_offset(d, kk, round)
         end = off + kk
         values = a[off:end].clone() if end <= d else torch.cat([a[off:], a[: end - d]])
-        return self._payload(a, None, values, FLOAT32_BYTES * kk + OFFSET_BYTES, kk,
+        return self._payload(a, None, values, self.wire_nbytes(d, kk), kk,
                              {"offset": off, "round": int(round)})
 
     def ops(self, d, k):
         return self.cost["per_index"] * k
+
+    @classmethod
+    def wire_nbytes(cls, d, k):
+        return FLOAT32_BYTES * int(k) + OFFSET_BYTES
 
     @classmethod
     def positions(cls, c):
@@ -442,11 +461,14 @@ class QSGD8(Compressor):
         level = torch.floor(mag * inv[:, None] + xi).clamp_(max=self.LEVELS)  # 127 + xi may round up
         q = torch.copysign(level, x).to(torch.int8).reshape(-1)[:d]
         values = _dequantise(q, scale, self.BUCKET, self.LEVELS)
-        return self._payload(a, None, values, INT8_BYTES * d + FLOAT32_BYTES * nb, d,
-                             {"q": q, "scale": scale})
+        return self._payload(a, None, values, self.wire_nbytes(d, d), d, {"q": q, "scale": scale})
 
     def ops(self, d, k):
         return self.cost["per_element"] * d
+
+    @classmethod
+    def wire_nbytes(cls, d, k):
+        return INT8_BYTES * int(d) + FLOAT32_BYTES * -(-int(d) // cls.BUCKET)  # k is not used: every value
 
     @classmethod
     def positions(cls, c):

@@ -11,12 +11,14 @@ import torch
 from algorithms.base import (
     FLOAT32_BYTES,
     AlgorithmSpec,
+    ArchShape,
     Broadcast,
     Client,
     ClientContext,
     ClientResult,
     Payload,
     Server,
+    TimingPayload,
 )
 from algorithms.params import FedAvgParams, FedProxParams
 from algorithms.toolkit import group_by_arch, sample_weighted_mean
@@ -52,6 +54,12 @@ class FedAvgClient(Client):
 class FedAvgServer(Server):
     def broadcast(self, round: int) -> Broadcast:
         return {arch: state_payload(flat_state(m)) for arch, m in self.models.items()}
+
+    @classmethod
+    def timing_payload(cls, params, shapes: dict[str, ArchShape]) -> TimingPayload:
+        """The full state (float32) down and up; no compression."""
+        full = {arch: FLOAT32_BYTES * shape.state for arch, shape in shapes.items()}
+        return TimingPayload(full, full)
 
     def aggregate(self, round: int, results: list[ClientResult]) -> dict:
         for arch, mine in group_by_arch(results, self.models).items():

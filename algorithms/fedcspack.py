@@ -38,6 +38,7 @@ from algorithms.base import (
     INDEX_BYTES,
     AlgorithmParams,
     AlgorithmSpec,
+    ArchShape,
     Broadcast,
     Client,
     ClientContext,
@@ -45,6 +46,8 @@ from algorithms.base import (
     Payload,
     Server,
     ServerContext,
+    TimingPayload,
+    TimingUnsupported,
 )
 from algorithms.pack_stats_torch import pack_sums_on_device
 from algorithms.params import FedCSPACKParams
@@ -443,6 +446,35 @@ class FedCSPACKClient(Client):
         )
 
 
+class SharedPacksPayload(TimingPayload):
+    """``sharing: full``'s wire format: every client uploads all J packs (weights 1, no selection
+    work); the broadcast carries the model and the global mask, which holds every pack of an
+    architecture once a step aggregated one of its uploads (a round without one empties it; an
+    asynchronous step without one keeps it)."""
+
+    def __init__(self, shapes: dict[str, ArchShape], pack_size: int):
+        self.n = {arch: shape.parameters for arch, shape in shapes.items()}
+        self.j = {arch: num_packs(n, pack_size) for arch, n in self.n.items()}
+        super().__init__({}, {arch: upload_nbytes(j, j, pack_size) for arch, j in self.j.items()})
+        self.mask = {arch: 0 for arch in shapes}  # global mask size (packs) per architecture
+
+    def download_bytes(self, arch: str) -> int:
+        return download_nbytes(self.n[arch], self.j[arch], self.mask[arch])
+
+    def stepped(self, updated: set[str], synchronous: bool) -> None:
+        for arch in self.mask:
+            if arch in updated:
+                self.mask[arch] = self.j[arch]
+            elif synchronous:
+                self.mask[arch] = 0
+
+    def state(self) -> dict[str, int]:
+        return dict(self.mask)
+
+    def restore(self, state: dict[str, int]) -> None:
+        self.mask = {arch: int(state[arch]) for arch in self.mask}
+
+
 class FedCSPACKServer(Server):
     params: FedCSPACKParams
     checkpoint_fields = ("masks",)
@@ -476,6 +508,18 @@ class FedCSPACKServer(Server):
                                        idx.numel()),
             )
         return out
+
+    @classmethod
+    def timing_payload(cls, params: FedCSPACKParams, shapes: dict[str, ArchShape]) -> TimingPayload:
+        """``sharing: full`` only (:class:`SharedPacksPayload`): with ``sharing: packs`` a client
+        shares the packs whose cosine fell below the whole model's after training, so how many
+        it uploads, its selection work and the next broadcast's mask depend on training."""
+        if params.sharing != "full":
+            raise TimingUnsupported(
+                "with algorithm.sharing = 'packs' a client shares the packs whose cosine fell below the whole "
+                "model's after training (k only caps them), so its upload, its selection ops and the next "
+                "broadcast's global mask depend on training; sharing: full has a fixed payload")
+        return SharedPacksPayload(shapes, params.pack_size)
 
     def aggregate(self, round: int, results: list[ClientResult]) -> dict[str, Any]:
         metrics: dict[str, Any] = {}

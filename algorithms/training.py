@@ -170,6 +170,18 @@ def batch_schedule(rng: np.random.Generator, n: int, batch_size: int, epochs: in
     return out if steps is None else out[:steps]
 
 
+def local_samples(n, batch_size: int, epochs: int, steps: int | None = None) -> np.ndarray:
+    """Samples :func:`local_sgd` processes in a round, per client with ``n`` training rows
+    (vectorised; what :func:`batch_schedule`'s batches hold): ``epochs * n``, or with ``steps``
+    the whole epochs they cover times ``n`` plus the full batches of the next one."""
+    n = np.asarray(n, dtype=np.int64)
+    if steps is None:
+        return epochs * n
+    per_epoch = -(-n // batch_size)
+    whole, rest = np.divmod(steps, np.maximum(per_epoch, 1))
+    return np.where(n > 0, whole * n + rest * batch_size, 0)
+
+
 def local_sgd(
     ctx: ClientContext,
     prox_center: torch.Tensor | None = None,

@@ -32,6 +32,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from .condition_spec import parse_start
+from .deadlines import ROUND_ONLY, DeadlineSpec, FixedDeadline
 from .sampler import ProfileTable
 
 OPS_TO_FLOPS = 1.0  # one reported compression op costs one training flop
@@ -44,6 +45,7 @@ SALT_AVAILABILITY = 0xA7A1
 SALT_DROPOUT = 0xD209
 
 TimeDict = dict[str, np.ndarray]
+POLICY = object()  # a deadline_s argument left out: the policy's fixed deadline
 
 
 # --------------------------------------------------------------------------- scalar formulas
@@ -168,15 +170,21 @@ class RoundPolicy(BaseModel):
       * ``realtime`` – virtual times, and the engine sleeps
         sim_seconds × ``time_scale`` per round, at most ``max_sleep_s``
         (exposed by :meth:`realtime_sleep_s`).
+      * ``timing_only`` – virtual times, and nothing trains: the engine times each client from
+        its model's FLOP count and the method's wire format (``engine/loop/timing.py``).
+
+    deadline: a deadline policy (:mod:`hardware_profiles.deadlines`: fixed, percentile,
+    adaptive, cutoff); ``deadline_s`` is the short form of a fixed one (give one of the two).
     """
 
     model_config = ConfigDict(extra="forbid")
 
     deadline_s: float | None = None
+    deadline: DeadlineSpec | None = None
     over_selection: float = 1.0
     apply_availability: bool = True
     apply_dropout: bool = True
-    mode: Literal["virtual", "measured", "realtime"] = "virtual"
+    mode: Literal["virtual", "measured", "realtime", "timing_only"] = "virtual"
     host_to_device_ratio: float = 1.0
     time_scale: float = 1.0
     max_sleep_s: float = 3600.0  # realtime: the longest the engine sleeps for one round
@@ -186,6 +194,9 @@ class RoundPolicy(BaseModel):
     def _check(self) -> "RoundPolicy":
         if self.deadline_s is not None and not (math.isfinite(self.deadline_s) and self.deadline_s > 0):
             raise ValueError(f"deadline_s={self.deadline_s!r} is not allowed: must be > 0 or null")
+        if self.deadline_s is not None and self.deadline is not None:
+            raise ValueError(f"deadline_s={self.deadline_s!r} and deadline={self.deadline.model_dump()!r}: give one "
+                             "of the two (deadline_s: S is deadline: {policy: fixed, seconds: S})")
         if not (math.isfinite(self.over_selection) and self.over_selection >= 1.0):
             raise ValueError(f"over_selection={self.over_selection!r} is not allowed: must be >= 1.0")
         if not (math.isfinite(self.host_to_device_ratio) and self.host_to_device_ratio > 0):
@@ -196,6 +207,19 @@ class RoundPolicy(BaseModel):
             raise ValueError(f"max_sleep_s={self.max_sleep_s!r} is not allowed: must be > 0")
         parse_start(self.start)  # raises with the allowed forms
         return self
+
+    @property
+    def fixed_deadline_s(self) -> float | None:
+        """The deadline every round has (``deadline_s``, or a fixed ``deadline``); None when there
+        is none or a policy sets one per round."""
+        if isinstance(self.deadline, FixedDeadline):
+            return self.deadline.seconds
+        return self.deadline_s
+
+    @property
+    def per_round_deadline(self) -> str | None:
+        """The name of a policy that sets each round's deadline (percentile, adaptive, cutoff)."""
+        return self.deadline.policy if self.deadline is not None and self.deadline.policy in ROUND_ONLY else None
 
     @property
     def start_s(self) -> float:
@@ -293,6 +317,7 @@ def resolve_round(
     target_k: int | None = None,
     leaves_s=None,
     empties_s=None,
+    deadline_s: float | None | object = POLICY,
 ) -> RoundOutcome:
     """Decide who completes the round and how long it takes.
 
@@ -302,12 +327,14 @@ def resolve_round(
     (total_s strictly greater than ``deadline_s``) > over_selected (finishers beyond
     the fastest ``target_k``; ties broken by lower client id).
     ``available``/``dropped`` default to all-available / none-dropped and are
-    ignored when the policy's ``apply_*`` flag is off.
+    ignored when the policy's ``apply_*`` flag is off. ``deadline_s``: this round's deadline
+    (a policy's, :mod:`hardware_profiles.deadlines`; default: the policy's fixed one).
 
     round_time_s = the slowest kept client's total_s (the server proceeds as
     soon as the last kept update arrives). If nobody is kept it is the
     deadline when one is set (the server waited it out), else 0.
     """
+    deadline_s = policy.fixed_deadline_s if deadline_s is POLICY else deadline_s
     ids = np.asarray(client_ids, dtype=np.int64).reshape(-1)
     n = ids.size
     total = np.asarray(times["total_s"], dtype=np.float64).reshape(-1)
@@ -338,8 +365,8 @@ def resolve_round(
         gone = alive & (total > np.minimum(leave, empty))
         reason[gone] = np.where(empty[gone] < leave[gone], "battery", "offline")
         alive &= ~gone
-    if policy.deadline_s is not None:
-        late = alive & (total > policy.deadline_s)
+    if deadline_s is not None:
+        late = alive & (total > deadline_s)
         reason[late] = "deadline"
         alive &= ~late
     if target_k is not None:
@@ -353,18 +380,19 @@ def resolve_round(
     if alive.any():
         round_time = float(total[alive].max())
     else:
-        round_time = float(policy.deadline_s) if policy.deadline_s is not None else 0.0
+        round_time = float(deadline_s) if deadline_s is not None else 0.0
     return RoundOutcome(client_ids=ids, made_deadline=alive, drop_reason=reason, round_time_s=round_time)
 
 
 def round_seconds(outcome: RoundOutcome, policy: RoundPolicy, *, dropped_in_flight: bool,
-                  arrived: int, target: int) -> float:
+                  arrived: int, target: int, deadline_s: float | None | object = POLICY) -> float:
     """How long the server waits in a round: until the slowest kept upload
     (``outcome.round_time_s``), or until the deadline if a client lost in flight (it dropped
     out, went offline, ran out of battery, or is late) was needed to reach the target: the
-    server cannot tell such a client from a slow one."""
+    server cannot tell such a client from a slow one. ``deadline_s``: as :func:`resolve_round`'s."""
+    deadline_s = policy.fixed_deadline_s if deadline_s is POLICY else deadline_s
     lost = ("deadline", "offline", "battery")
     lost_in_flight = dropped_in_flight or bool(np.isin(outcome.drop_reason, lost).any())
-    if policy.deadline_s is not None and lost_in_flight and arrived < target:
-        return max(outcome.round_time_s, policy.deadline_s)
+    if deadline_s is not None and lost_in_flight and arrived < target:
+        return max(outcome.round_time_s, deadline_s)
     return outcome.round_time_s

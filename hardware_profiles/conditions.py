@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .clock import OPS_TO_FLOPS, client_uniforms, draw_participation
+from .clock import OPS_TO_FLOPS, client_uniforms, draw_availability, draw_participation
 from .condition_spec import Bernoulli, ConditionsSpec, Constant, DiurnalSpec, Markov, Uniform
 from .processes import ConstantRates, Diurnal, Intervals, MarkovRates, TraceRates, finish_times
 from .sampler import _mix_labels
@@ -30,6 +30,17 @@ def participation(conditions: "FleetConditions | None", profiles, ids, seed: int
     if conditions is not None and policy.apply_availability:
         available, leaves = conditions.online(ids, start_s, round, available)
     return available, dropped, leaves
+
+
+def online_at(conditions: "FleetConditions | None", profiles, ids, seed: int, round: int, policy,
+              start_s: float) -> np.ndarray:
+    """Who of ``ids`` is online at ``start_s``: :func:`participation`'s first answer, without
+    drawing the dropout coins (asked for a fleet's every battery each round)."""
+    available = (draw_availability(profiles, ids, seed, round) if policy.apply_availability
+                 else np.ones(len(ids), dtype=bool))
+    if conditions is not None and policy.apply_availability:
+        available, _ = conditions.online(ids, start_s, round, available)
+    return available
 
 
 class FleetConditions:

@@ -29,6 +29,7 @@ fraction of capacity, or a seeded uniform draw per client), and per round:
 """
 from __future__ import annotations
 
+import copy
 import math
 from typing import Literal
 
@@ -174,6 +175,13 @@ class FleetBatteries:
         self.tz = np.zeros(n) if tz_offset_h is None else np.nan_to_num(np.asarray(tz_offset_h, dtype=np.float64))
 
     # ------------------------------------------------------------------ state
+    def fresh(self) -> "FleetBatteries":
+        """A copy whose charge moves apart from this one's; what never changes (the profiles, the
+        capacities, the time zones) is shared: a copy of ten million clients' profiles is 1.6 GB."""
+        out = copy.copy(self)
+        out.level = self.level.copy()
+        return out
+
     def state(self) -> dict:
         return {"level_wh": self.level.copy()}
 

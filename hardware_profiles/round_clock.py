@@ -13,8 +13,9 @@ asynchronous loop (:mod:`engine.loop.asynchronous`) asks :meth:`begin` for each 
 dispatched clients (:meth:`RoundStart.only` keeps those it picks), :meth:`time_tasks` for their
 tasks, each resolved on its own (no round to wait for), :meth:`spend` for their energy and
 :meth:`elapse` for the fleet between its events; it keeps its own absolute time (``now``).
-The rules themselves stay in :mod:`hardware_profiles.clock`, :mod:`~hardware_profiles.conditions`
-and :mod:`~hardware_profiles.energy`; nothing here draws a random number of its own.
+The rules themselves stay in :mod:`hardware_profiles.clock`, :mod:`~hardware_profiles.conditions`,
+:mod:`~hardware_profiles.energy` and :mod:`~hardware_profiles.deadlines` (each round's deadline,
+from ``clock.deadline``'s policy); nothing here draws a random number of its own.
 """
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .clock import RoundOutcome, RoundPolicy, client_times, resolve_round, round_seconds
-from .conditions import FleetConditions, participation
+from .conditions import FleetConditions, online_at, participation
+from .deadlines import DeadlineTracker
 from .energy import FleetBatteries, empties_at, ledger
 
 
@@ -71,6 +73,7 @@ class RoundTiming:
     outcome: RoundOutcome
     stopped: np.ndarray  # seconds after the start at which it stopped (inf: it did not)
     energy: dict[str, np.ndarray]  # the ledger up to ``stopped``
+    deadline_s: float | None = None  # the round's deadline, seconds after its start (None: none)
 
 
 @dataclass
@@ -91,6 +94,15 @@ class RoundClock:
         self.profiles, self.policy, self.seed = profiles, policy, seed
         self.conditions, self.batteries = conditions, batteries
         self.sim_time_s = 0.0  # virtual seconds since clock.start (checkpointed by the loop's owner)
+        self.deadlines = DeadlineTracker(policy.deadline, policy.deadline_s)  # (checkpointed: state())
+
+    def state(self) -> dict:
+        """What the clock learned that its next round depends on (the adaptive deadline's arrivals);
+        ``sim_time_s`` and the batteries are checkpointed by the loop's owner."""
+        return {"deadlines": self.deadlines.state()}
+
+    def restore(self, state: dict | None) -> None:
+        self.deadlines.restore((state or {}).get("deadlines"))
 
     def too_low(self, ids: np.ndarray) -> np.ndarray:
         """Where a client's battery is below the participation threshold (none without batteries)."""
@@ -114,7 +126,7 @@ class RoundClock:
         if b.spec.charging == "online":
             ids = np.flatnonzero(b.has)
             online = np.zeros(len(b.has), dtype=bool)
-            online[ids] = participation(self.conditions, self.profiles, ids, self.seed, r, self.policy, start_s)[0]
+            online[ids] = online_at(self.conditions, self.profiles, ids, self.seed, r, self.policy, start_s)
         return b.on_charger(start_s, online)
 
     def time(self, start: RoundStart, sent: dict[str, np.ndarray], host_fit_s, target: int) -> RoundTiming:
@@ -129,19 +141,24 @@ class RoundClock:
         leaves = start.leaves[start.run_mask] - start_s
         b = self.batteries
         empties = empties_at(self.profiles, runnable, times, b.charge_j(runnable, start.charging)) if b else None
-        outcome = resolve_round(times, runnable, policy, target_k=target, leaves_s=leaves, empties_s=empties)
+        gone = leaves if empties is None else np.minimum(leaves, empties)
+        deadline_s = self.deadlines.deadline(start_s, times["total_s"], gone)
+        outcome = resolve_round(times, runnable, policy, target_k=target, leaves_s=leaves, empties_s=empties,
+                                deadline_s=deadline_s)
         stopped = np.select([outcome.drop_reason == "offline", outcome.drop_reason == "battery"],
                             [leaves, empties if empties is not None else leaves], np.inf)
         if self.conditions is not None or b:
             timeline["left_s"] = np.where(np.isfinite(stopped), start_s + stopped, np.nan)
-        return RoundTiming(times, timeline, outcome, stopped, ledger(self.profiles, runnable, times, stopped))
+        return RoundTiming(times, timeline, outcome, stopped, ledger(self.profiles, runnable, times, stopped),
+                           deadline_s)
 
     def advance(self, start: RoundStart, timing: RoundTiming, *, arrived: int, target: int) -> float:
         """The seconds the server waited (:func:`~hardware_profiles.clock.round_seconds`); the
         clock and the batteries move on by them. Returns them."""
         dropped_in_flight = bool((start.available & ~start.low & start.dropped).any())
         round_s = round_seconds(timing.outcome, self.policy, dropped_in_flight=dropped_in_flight, arrived=arrived,
-                                target=target)
+                                target=target, deadline_s=timing.deadline_s)
+        self.deadlines.observe(timing.times["total_s"][timing.outcome.made_deadline])
         self.sim_time_s += round_s
         if self.batteries:
             self.batteries.advance(round_s, start.runnable, timing.energy["energy_j"],
@@ -154,7 +171,7 @@ class RoundClock:
         """Tasks dispatched at ``start.start_s`` (``start``'s runnable clients), each resolved on
         its own: its upload arrives at its timeline's ``upload_end_s`` unless it is lost first,
         offline (its availability), battery (it runs empty; on the charger: never) or deadline
-        (the server abandons a task ``clock.deadline_s`` after its dispatch); a tie of offline
+        (the server abandons a task the fixed deadline after its dispatch); a tie of offline
         and battery is offline, as a round's. ``sent``, ``host_fit_s``: as :meth:`time`'s."""
         policy, ids, now = self.policy, start.runnable, start.start_s
         measured = policy.measured_compute_s(host_fit_s) if policy.mode == "measured" else None
@@ -162,7 +179,8 @@ class RoundClock:
                              sent["compress_ops"], measured_compute_s=measured)
         timeline = phase_timeline(self.conditions, ids, now, times, sent, measured)
         arrive, leaves = timeline["upload_end_s"], start.leaves[start.run_mask]
-        cut = now + (policy.deadline_s if policy.deadline_s is not None else np.inf)
+        deadline_s = policy.fixed_deadline_s  # (a per-round policy is refused for asynchronous runs)
+        cut = now + (deadline_s if deadline_s is not None else np.inf)
         b = self.batteries
         empties = now + empties_at(self.profiles, ids, times, b.charge_j(ids, start.charging)) if b else \
             np.full(len(ids), np.inf)

@@ -156,12 +156,14 @@ def compare_table(entries: list[Entry], metric: str = "global_acc",
     if target is None:
         target = default_target(entries, metric)
     rows = []
+    trained = not all(_timing_only(e.run) for e in entries)  # timing-only runs have no accuracy to show
     for e in entries:
         s = run_summary(e.run)
         t_s, t_rounds = time_to_target(e.run.rounds, metric, target) if np.isfinite(target) else (math.nan, math.nan)
-        row = {"run": e.label, "status": s["status"], "rounds": s["rounds"],
-               "final_global_acc": s["final_global_acc"], "best_global_acc": s["best_global_acc"],
-               "final_pers_acc": s["final_pers_acc"], "best_pers_acc": s["best_pers_acc"]}
+        row = {"run": e.label, "status": s["status"], "rounds": s["rounds"]}
+        if trained:
+            row.update({"final_global_acc": s["final_global_acc"], "best_global_acc": s["best_global_acc"],
+                        "final_pers_acc": s["final_pers_acc"], "best_pers_acc": s["best_pers_acc"]})
         if metric not in ("global_acc", "pers_acc"):
             row[f"final_{metric}"] = final_value(e.run.rounds, metric)
             row[f"best_{metric}"] = best_value(e.run.rounds, metric)
@@ -178,6 +180,10 @@ def compare_table(entries: list[Entry], metric: str = "global_acc",
     table.attrs["notes"] = target_notes(entries, table, metric, target, given)
     table.attrs["missing"] = missing_reasons(entries, table)
     return table, target
+
+
+def _timing_only(run) -> bool:
+    return ((run.config or {}).get("clock") or {}).get("mode") == "timing_only"
 
 
 NOT_REACHED = ("time_to_target_s", "rounds_to_target")  # "not reached": target_notes say why
@@ -358,8 +364,10 @@ def _fmt_int(v) -> str:
 def formats(table: pd.DataFrame) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for c in table.columns:
-        if c.startswith(("final_", "best_")) and "loss" not in c:
+        if c.startswith(("final_", "best_")) and "acc" in c:
             out[c] = _fmt_pct
+        elif c.startswith(("final_", "best_")):  # another metric (compare --metric): in its own units
+            out[c] = lambda v: "–" if v is None or not np.isfinite(v) else f"{v:.4g}"
         elif c in ("time_to_target_s",):
             out[c] = _fmt_s
         elif c == "energy_to_target_j":

@@ -9,7 +9,8 @@ This module holds the run report and the figures every run has; the participatio
 section and the banner's warnings are in :mod:`hetsim.report_participation`, the method-specific
 figures (ASCEND, FedCSPACK) in :mod:`hetsim.report_methods`, the conditions over virtual time in
 :mod:`hetsim.report_conditions`, the energy section in :mod:`hetsim.report_energy`, the sweep report
-in :mod:`hetsim.report_sweep`. All figure ids are importable from here.
+in :mod:`hetsim.report_sweep`, the what-if section of a ``clock.mode: timing_only`` run (which has no
+accuracy) in :mod:`hetsim.report_timing`. All figure ids are importable from here.
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ from hetsim.report_participation import participation_section, participation_sum
 from hetsim.report_sweep import SWEEP_FIGURES as SWEEP_FIGURES
 from hetsim.report_sweep import sweep_page
 from hetsim.report_sweep import sweep_param_figure_id as sweep_param_figure_id
+from hetsim.report_timing import TIMING_FIGURES as TIMING_FIGURES
+from hetsim.report_timing import is_timing_only, whatif_section
 from hetsim.summary import method_text, summary_rows
 
 RUN_FIGURES = (
@@ -78,7 +81,8 @@ def run_page(path: Path) -> Page:
     cfg = run.config or {}
     algo = (cfg.get("algorithm") or {}).get("name") or run.manifest.get("algorithm", "?")
     dataset = (cfg.get("dataset") or {}).get("name") or run.manifest.get("dataset", "?")
-    page = Page(f"hetsim run: {path.name}{_trial_params(path)}",
+    timing_only = is_timing_only(run)
+    page = Page(f"hetsim {'what-if (timing only)' if timing_only else 'run'}: {path.name}{_trial_params(path)}",
                 f"{method_text(cfg, run.manifest)} on {dataset}, {run.manifest.get('num_clients', '?')} clients, "
                 f"status {run.manifest.get('status', '?')}")
     participation = participation_summary(run)
@@ -90,14 +94,17 @@ def run_page(path: Path) -> Page:
             page.omit(fig_id, f"{fig_id}: no rounds in rounds.parquet")
         return page
 
-    page.section("Accuracy")
-    page.guarded(("fig-accuracy-round", "fig-accuracy-time"), accuracy_figures, run)
+    if timing_only:  # nothing trained: the fleet's questions first, no accuracy
+        whatif_section(page, run)
+    else:
+        page.section("Accuracy")
+        page.guarded(("fig-accuracy-round", "fig-accuracy-time"), accuracy_figures, run)
     page.section("Where the simulated time goes")
     page.guarded(("fig-time-device-tier", "fig-time-network-tier"), time_figures, run)
     page.section("Traffic and participation")
     page.guarded(("fig-bytes", "fig-bytes-time"), bytes_figure, run)
     page.guarded(("fig-participation",), participation_figure, run)
-    participation_section(page, run, participation)
+    participation_section(page, run, participation, accuracy=not timing_only)
     if "arm" in run.clients.columns or algo == "ascend":
         page.section("ASCEND: compressor choice")
         page.guarded(ASCEND_FIGURES, ascend_figures, run)
@@ -114,7 +121,7 @@ def run_page(path: Path) -> Page:
         async_section(page, run)
     if has_energy(run):
         page.section("Energy")
-        energy_section(page, run)
+        energy_section(page, run, accuracy=not timing_only)
     page.preformatted("resolved config (config.yaml)", yaml.safe_dump(cfg, sort_keys=False))
     return page
 

@@ -74,9 +74,11 @@ def _share(part: float, whole: float) -> str:
     return f"{100 * part / whole:.1f} %" if np.isfinite(part) and np.isfinite(whole) and whole > 0 else "–"
 
 
-def energy_section(page: Page, run) -> None:
+def energy_section(page: Page, run, accuracy: bool = True) -> None:
+    """``accuracy``: with the accuracy against energy (a timing-only run has none)."""
     page.key_values("table-energy-summary", energy_summary(run))
-    page.guarded(("fig-energy-accuracy",), accuracy_figure, run)
+    if accuracy:
+        page.guarded(("fig-energy-accuracy",), accuracy_figure, run)
     page.guarded(("fig-energy-tiers",), tiers_figure, run)
     if "battery_level" in run.clients.columns:
         page.guarded(("fig-energy-battery",), battery_figure, run)

@@ -48,6 +48,7 @@ EMNIST_CLASSES = {"byclass": 62, "bymerge": 47, "balanced": 47, "letters": 26, "
 PROFILE_SHOWN = ("gflops", "down_mbps", "up_mbps", "latency_s", "availability", "dropout")
 MAX_IDS_IN_WARNING = 20
 MAX_LEFT_OUT_ROWS = 50  # a large fleet's table stays readable; the DataFrame has them all
+MAX_HEATMAP_ROWS = 2000  # clients drawn in the outcome heatmap (a sample of larger fleets: a few pixels each)
 
 
 @dataclass
@@ -262,12 +263,12 @@ def run_warnings(run, summary: Participation | None = None) -> list[str]:
                  "lower train.lr, or set train.on_nonfinite: stop to end such a run as diverged."
                  if skipped else "Every selected client was lost (see the outcomes below); a deadline the fleet "
                  "cannot meet is the usual cause.")
-        out.append(f"No client arrived in any of the {len(arrived)} rounds ({up} bytes uploaded): the global "
-                   f"model was never trained. {cause}")
+        trained = "" if _timing_only(run) else ": the global model was never trained"
+        out.append(f"No client arrived in any of the {len(arrived)} rounds ({up} bytes uploaded){trained}. {cause}")
     elif (arrived == 0).any():
         empty = arrived.index[arrived.to_numpy() == 0]
-        out.append(f"No client arrived in {len(empty)} of {len(arrived)} rounds ({_id_list(empty, 'round')}): "
-                   "those rounds left the model unchanged.")
+        out.append(f"No client arrived in {len(empty)} of {len(arrived)} rounds ({_id_list(empty, 'round')})"
+                   + ("." if _timing_only(run) else ": those rounds left the model unchanged."))
     per = p.clients
     never = per[(per["selected"] > 0) & (per["aggregated"] == 0)]
     if len(never):
@@ -281,6 +282,10 @@ def run_warnings(run, summary: Participation | None = None) -> list[str]:
     derived = set(run.manifest.get("result_warnings") or [])  # said above, from the tables
     out.extend(f"the run said: {w}" for w in run.manifest.get("warnings") or [] if w not in derived)
     return out
+
+
+def _timing_only(run) -> bool:
+    return ((getattr(run, "config", None) or {}).get("clock") or {}).get("mode") == "timing_only"
 
 
 def _with_outcome(clients: pd.DataFrame) -> pd.DataFrame:
@@ -309,22 +314,24 @@ def _id_list(ids, what: str) -> str:
 # ---------------------------------------------------------------- the report section
 
 
-def participation_section(page: Page, run, summary: Participation | None = None) -> None:
-    """The run report's "Participation and fairness" section (each panel guarded on its own)."""
+def participation_section(page: Page, run, summary: Participation | None = None, accuracy: bool = True) -> None:
+    """The run report's "Participation and fairness" section (each panel guarded on its own);
+    ``accuracy``: with the accuracy by tier (a timing-only run has none)."""
     p = summary or participation_summary(run)
     page.section("Participation and fairness")
-    page.guarded(("table-fairness",), fairness_table, p)
+    page.guarded(("table-fairness",), fairness_table, p, accuracy)
     page.guarded(("fig-participation-clients",), outcome_heatmap, p, run)
     page.guarded(("fig-participation-tiers",), tier_shares_figure, p)
     page.guarded(("table-participation-left-out",), left_out_table, p)
-    page.guarded(("fig-accuracy-tier",), tier_accuracy_figure, p)
+    if accuracy:
+        page.guarded(("fig-accuracy-tier",), tier_accuracy_figure, p)
 
 
 def _pct(v) -> str:
     return "–" if v is None or not np.isfinite(v) else f"{100 * v:.1f}%"
 
 
-def fairness_table(page: Page, p: Participation) -> None:
+def fairness_table(page: Page, p: Participation, accuracy: bool = True) -> None:
     f = p.fairness
     page.key_values("table-fairness", [
         ("clients aggregated at least once", f"{_pct(f['share_aggregated_once'])} of {f['clients']}"),
@@ -332,7 +339,8 @@ def fairness_table(page: Page, p: Participation) -> None:
         (f"rarely aggregated (in < {RARE_SHARE:.0%} of their selections)", str(f["rarely_aggregated"])),
         ("Gini of aggregation counts (0 = equal)", _fmt3(f["gini_aggregations"])),
         ("Jain index of aggregation counts (1 = equal)", _fmt3(f["jain_aggregations"])),
-        ("worst-decile personalized accuracy (each client's last)", _pct(f["worst_decile_pers_acc"])),
+        *([("worst-decile personalized accuracy (each client's last)", _pct(f["worst_decile_pers_acc"]))]
+          if accuracy else []),
         ("rounds in which no client arrived", str(f["rounds_without_arrival"])),
     ])
 
@@ -356,10 +364,13 @@ def outcome_heatmap(page: Page, p: Participation, run) -> None:
     key = pd.DataFrame({"n": pd.Categorical(net_labels, net_order).codes,
                         "d": pd.Categorical(dev_labels, dev_order).codes, "id": per.index}, index=per.index)
     rows = key.sort_values(["n", "d", "id"]).index
-    present = set(np.unique(grid.to_numpy()))
+    total = len(rows)
+    if total > MAX_HEATMAP_ROWS:  # a large fleet: an even sample in the same order (each tier in proportion)
+        rows = rows[np.linspace(0, total - 1, MAX_HEATMAP_ROWS).round().astype(int)]
+    shown = grid.loc[rows]
+    present = set(pd.unique(shown.to_numpy().ravel()))
     kinds = [k for k in OUTCOME_ORDER if k in present] + sorted(present - set(OUTCOME_ORDER))
     code = {k: i for i, k in enumerate(kinds)}
-    shown = grid.loc[rows]
     values = pd.Categorical(shown.to_numpy().ravel(), categories=kinds).codes.reshape(shown.shape).astype(float)
     cmap = ListedColormap([OUTCOME_COLOURS.get(k, plots.PALETTE[i % len(plots.PALETTE)]) for i, k in enumerate(kinds)])
     norm = BoundaryNorm(np.arange(len(kinds) + 1) - 0.5, len(kinds))
@@ -386,8 +397,10 @@ def outcome_heatmap(page: Page, p: Participation, run) -> None:
                  loc="left", fontsize=11)
     handles = [Patch(facecolor=cmap(code[k]), edgecolor="#999999", linewidth=0.5, label=k) for k in kinds]
     fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 9), fontsize=8, frameon=False)
+    sample = (f"{len(rows):,} of the {total:,} clients, evenly spread in this order; "
+              if len(rows) < total else "")
     page.figure("fig-participation-clients", fig,
-                "aggregated: arrived and used; deadline: too slow; over_selected: finished after the round's "
+                f"{sample}aggregated: arrived and used; deadline: too slow; over_selected: finished after the round's "
                 "target was met; dropout: failed mid-round; unavailable: offline when selected; offline: left "
                 "before its upload was done; nonfinite: its upload had NaN/inf; not selected: not chosen that round")
 

@@ -59,6 +59,9 @@ def add_commands(sub) -> None:
                    help="override a field of the experiment for every fleet (repeatable)")
     p.add_argument("--storage", metavar="DIR", help="results folder (default: whatif_out/<name>)")
     p.add_argument("--target", type=float, metavar="ACC", help="accuracy for time-to-target (as in compare)")
+    p.add_argument("--timing-only", action="store_true",
+                   help="time the fleets without training (clock.mode: timing_only): seconds for millions of "
+                   "clients; the compare page then follows num_arrived (docs/timing.md)")
     p.add_argument("--address", help="existing Ray cluster to run on")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("--dry-run", action="store_true",

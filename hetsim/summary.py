@@ -177,10 +177,13 @@ def summary_rows(run) -> list[tuple[str, str]]:
         ("method", method_text(cfg, m)),
         ("dataset / model", f"{dataset} / {model}" if model else dataset),
         steps_text(cfg, len(r)),
-        ("global accuracy (final)", g_final),
-        ("global accuracy (best)", g_best),
-        ("personalized acc (final)", personalized_text(r, cfg)),
     ]
+    if (cfg.get("clock") or {}).get("mode") == "timing_only":  # no accuracy to give, and no why per line
+        rows.append(("training", "none: clock.mode = timing_only (the clock, from the model's FLOPs and the "
+                                 "method's wire format)"))
+    else:
+        rows += [("global accuracy (final)", g_final), ("global accuracy (best)", g_best),
+                 ("personalized acc (final)", personalized_text(r, cfg))]
     rows += [
         ("upload / download", f"{human_bytes(_num(r, 'bytes_up').sum())} / {human_bytes(_num(r, 'bytes_down').sum())}"),
         *drop_rows(run),

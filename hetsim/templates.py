@@ -43,6 +43,8 @@ algorithm:
   name: fedavg               # hetsim list algorithms
 clock:
   deadline_s: null           # seconds; clients slower than this are dropped from the round
+                             # (or deadline: {policy: percentile, percent: 80}: docs/engine.md)
+  mode: virtual              # timing_only: time the fleet without training (docs/timing.md)
 """
 
 _ASYNC = """\

@@ -3,6 +3,7 @@
     hetsim whatif -c exp.yaml --fleet fast=fast.yaml --fleet slow=slow.yaml [--set KEY=VALUE ...]
     hetsim whatif whatif.yaml          # base, overrides, fleets, target, storage in one file
     hetsim whatif whatif.yaml --dry-run   # validate it (fleets, trace files) and list the trials
+    hetsim whatif whatif.yaml --timing-only   # the fleets on the clock, nothing trained (docs/timing.md)
 
 Writes the sweep folder (``trials.parquet`` / ``rounds.parquet`` with a ``fleet`` column, one run
 folder per fleet, named by a link ``fleets/<fleet>``) and ``compare.html`` in it; prints the compare
@@ -37,12 +38,13 @@ def run_whatif_command(args) -> int:
     name = (spec.name if spec else None) or (Path(args.config).stem + "-whatif" if args.config else "whatif")
     if spec and spec.overrides:  # the what-if file's own: a path in them is relative to that file
         base = whatif.with_overrides(base, spec.overrides, spec_dir)
-    overrides = list(args.overrides)
+    timing_only = getattr(args, "timing_only", False) or bool(spec and spec.timing_only)
+    overrides = whatif.timing_overrides(list(args.overrides), timing_only)
     twice = overrides_given_twice(overrides, then="the last one is used")
     if twice:  # said, not silently dropped (as `hetsim run --set`)
         print(f"hetsim: warning: {twice}", file=sys.stderr)
     target = args.target if args.target is not None else (spec.target if spec else None)
-    metric = spec.metric if spec else "global_acc"
+    metric = (spec.metric if spec else None) or (whatif.TIMING_METRIC if timing_only else "global_acc")
     check_target(metric, target)  # before the sweep runs, not after
     storage = args.storage or (spec.storage if spec else None)
     extra = {}
@@ -87,6 +89,8 @@ def report_whatif(sweep, metric: str = "global_acc", target: float | None = None
         print(f"run folders by fleet: {Path(sweep.path) / whatif.FLEETS_DIR}/<fleet> "
               f"({', '.join(links)})")
     print(f"compare page: {out}  (`hetsim report {sweep.path}` draws the sweep report beside it)")
+    if links and any(((e.run.config or {}).get("clock") or {}).get("mode") == "timing_only" for e in entries):
+        print(f"what-if page of a fleet: hetsim report {Path(sweep.path) / whatif.FLEETS_DIR}/<fleet>")
     if not sweep.complete:
         print(f"interrupted: continue with `hetsim sweep --resume {sweep.path}`", file=sys.stderr)
         return 130
@@ -97,8 +101,8 @@ def difference_lines(sweep) -> list[str]:
     """Per fleet against the first: "slow vs fast: the same accuracy, different arrivals from round 2"."""
     out = []
     for d in whatif.fleet_differences(sweep):
-        acc = ("the same accuracy" if d["same_accuracy"]
-               else f"different accuracy from round {d['first_round_acc']}")
+        acc = ("no accuracy (timing only)" if d["same_accuracy"] is None else "the same accuracy"
+               if d["same_accuracy"] else f"different accuracy from round {d['first_round_acc']}")
         arr = ("the same arrivals" if d["same_arrivals"]
                else f"different arrivals from round {d['first_round_arrivals']}")
         out.append(f"{d['fleet']} vs {d['reference']}: {acc}, {arr}")

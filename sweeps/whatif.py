@@ -15,6 +15,7 @@ A what-if file::
       - {name: all_500mbps, profiles: {network: {500mbps: 1.0}}}
       - {name: half_5mbps, file: half_5mbps.yaml}   # a YAML file holding a clients.profiles mapping
     target: 0.8                     # accuracy for time-to-target in the compare report
+    timing_only: false              # true: clock.mode: timing_only, nothing trains (docs/timing.md)
     storage: whatif_out/bandwidth   # default: whatif_out/<name>
     max_concurrent_trials: 2
     resources_per_trial: {cpus: 1}
@@ -71,7 +72,8 @@ class WhatIfSpec(BaseModel):
     overrides: list[str] = Field(default_factory=list)
     fleets: list[FleetEntry] | dict[str, dict[str, Any] | str] = Field(default_factory=list)
     target: float | None = None
-    metric: str = "global_acc"
+    metric: str | None = None  # default: global_acc, or num_arrived for a timing-only what-if
+    timing_only: bool = False
     storage: str | None = None
     max_concurrent_trials: int | None = Field(None, ge=1)
     resources_per_trial: ResourcesSpec = Field(default_factory=ResourcesSpec)
@@ -264,10 +266,20 @@ def link_fleet_folders(sweep) -> dict[str, Path]:
     return out
 
 
+TIMING_ONLY = "clock.mode=timing_only"
+TIMING_METRIC = "num_arrived"  # what a timing-only what-if compares by default: it has no accuracy
+
+
+def timing_overrides(overrides: list[str], timing_only: bool) -> list[str]:
+    """``overrides`` with ``clock.mode=timing_only`` when the what-if times its fleets only."""
+    return [*overrides, TIMING_ONLY] if timing_only and TIMING_ONLY not in overrides else list(overrides)
+
+
 def fleet_differences(sweep) -> list[dict[str, Any]]:
     """Per fleet against the first: are the accuracy columns and the arrivals identical?
 
     ``first_round_acc`` / ``first_round_arrivals``: the first round where they differ (None if never).
+    ``same_accuracy`` is None when the runs have no accuracy (timing-only fleets).
     """
     t = sweep.trials[sweep.trials["rounds_done"] > 0]
     runs = {row[FLEET_COLUMN]: sweep.run(row["trial_id"]) for _, row in t.iterrows()}
@@ -294,7 +306,7 @@ def fleet_differences(sweep) -> list[dict[str, Any]]:
         arr_diff = [r for r in common if arr["ref"].get(r, frozenset()) != arr["run"].get(r, frozenset())]
         out.append({
             "fleet": name, "reference": names[0],
-            "same_accuracy": not acc_diff, "first_round_acc": acc_diff[0] if acc_diff else None,
+            "same_accuracy": (not acc_diff) if acc_cols else None, "first_round_acc": acc_diff[0] if acc_diff else None,
             "same_arrivals": not arr_diff, "first_round_arrivals": arr_diff[0] if arr_diff else None,
         })
     return out

@@ -155,6 +155,7 @@ def write_checkpoint(
         server_bytes = save_blob(
             {"server": sim.server.checkpoint_state(), "rng": _rng_state(), "sim_time_s": sim.sim_time_s,
              "batteries": sim.batteries.state() if sim.batteries is not None else None,
+             "clock": sim.clock.state(),  # what the clock learned (the adaptive deadline's arrivals)
              "last_times": sim.last_times,  # the clients' last phase times (methods that read them), or None
              "selection": sim.selector.state(),  # the selection policy's own state and the clients' history
              # asynchronous runs: the event loop (updates in flight, buffer, base versions)
@@ -246,6 +247,7 @@ def restore_checkpoint(sim: Simulation, directory: str | Path, *, allow_config_c
     if sim.batteries is not None:
         sim.batteries.restore(state["batteries"])
     sim.selector.load_state(state.get("selection"))  # absent: a checkpoint from before selection policies
+    sim.clock.restore(state.get("clock"))  # absent: a checkpoint from before deadline policies
     if sim.asynchronous is not None:
         sim.asynchronous.restore(state["asynchronous"])
     sim.next_round = int(meta["next_round"])

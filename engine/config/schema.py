@@ -94,6 +94,20 @@ class ExperimentConfig(Section):
     def _method_params(cls, v: Any, handler) -> AlgorithmParams:
         return named_params(v, METHODS, method_params, AlgorithmParams, "algorithm", "method")
 
+    @field_validator("executor")
+    @classmethod
+    def _timing_only_runs_here(cls, v: ExecutorConfig, info: ValidationInfo) -> ExecutorConfig:
+        # declared after clock: a field validator names this field
+        clock = info.data.get("clock")
+        if clock is not None and clock.mode == "timing_only":
+            if v.kind != "inprocess":
+                raise ValueError(f"executor.kind = {v.kind!r}: clock.mode = 'timing_only' trains nothing, so it "
+                                 "starts no client actors and runs in this process; allowed: inprocess")
+            if v.inject_failure is not None:
+                raise ValueError("executor.inject_failure makes a client fail while it trains, and clock.mode = "
+                                 "'timing_only' trains nothing; remove it")
+        return v
+
     @field_validator("asynchronous")
     @classmethod
     def _asynchronous_fits(cls, v: AsyncConfig | None, info: ValidationInfo) -> AsyncConfig | None:

@@ -412,6 +412,10 @@ def async_problems(a: AsyncConfig, sections: dict[str, Any]) -> list[str]:
         out.append(f"asynchronous.concurrency = {a.concurrency}: more than the {cfg.clients.num_clients} "
                    "clients (clients.num_clients)")
     clock = cfg.clock
+    if clock.per_round_deadline:
+        out.append(f"clock.deadline.policy = {clock.per_round_deadline!r} closes rounds, and asynchronous runs have "
+                   "none (a task's deadline is a timeout from its dispatch); allowed with asynchronous: fixed, or "
+                   "clock.deadline_s")
     if clock.over_selection != 1.0:
         out.append(f"clock.over_selection = {clock.over_selection!r} does not apply to asynchronous runs (there "
                    "are no rounds to cut); allowed: 1.0")

@@ -112,7 +112,7 @@ class AsyncLoop:
         self.faults.extend(reply.faults)
         results = reply.results
         sent = rows.payloads(broadcast, results)
-        timing = clock.time_tasks(start, sent, [res.metrics["wall_fit_s"] for res in results])
+        timing = clock.time_tasks(start, sent, [res.metrics.get("wall_fit_s", 0.0) for res in results])
         sim.keep_last_times(wave, ids, timing.times)
         n = len(ids)
         outcome = SimpleNamespace(made_deadline=np.zeros(n, dtype=bool), drop_reason=np.full(n, "", dtype="<U13"))
@@ -209,7 +209,7 @@ class AsyncLoop:
         spec = self.spec
         tau = np.array([self.version - u.base for u in updates], dtype=np.float64)
         weight = staleness_weight(spec.staleness.kind, tau, spec.staleness.a, spec.staleness.b)
-        batch = [AsyncUpdate(u.result, self.bases[u.base][u.result.arch], u.base, int(t), float(w), u.wave)
+        batch = [AsyncUpdate(u.result, self.bases[u.base].get(u.result.arch), u.base, int(t), float(w), u.wave)
                  for u, t, w in zip(updates, tau.tolist(), weight.tolist())]
         rule = StepRule(spec.mode, spec.server_lr, spec.mixing)
         metrics = self.sim.server.async_step(r, batch, rule)
@@ -258,7 +258,8 @@ class AsyncLoop:
             round_s=self.now - self.last_step_s, sim_time_s=self.now - cfg.clock.start_s,
             bytes_down=np.array([b for _, b in dispatched], dtype=np.float64), nonfinite=nonfinite,
             personalized=[], global_columns=global_columns(cfg, list(sim.server.global_models()), r),
-            server_metrics=self.server_metrics, start_s=self.last_step_s, metrics=tuple(cfg.evaluation.metrics))
+            server_metrics=self.server_metrics, start_s=self.last_step_s, deadline_s=cfg.clock.fixed_deadline_s,
+            metrics=tuple(cfg.evaluation.metrics))
         applied_mask = np.array([u.row["made_deadline"] for u in resolved], dtype=bool)
         for name in ENERGY_COLUMNS:
             row[name] = float(sum(u.row[name] for u in resolved))

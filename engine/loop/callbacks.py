@@ -55,7 +55,7 @@ class RoundRecord:
 
     round: int
     row: dict[str, Any]  # the rounds.parquet row
-    client_rows: list[dict[str, Any]]  # the clients.parquet rows
+    client_rows: list[dict[str, Any]] | Any  # the clients.parquet rows (clock.mode: timing_only: an Arrow table)
     extra_tables: dict[str, Any] = field(default_factory=dict)  # method traces by table name
     diverged: str | None = None  # why the run must stop under train.on_nonfinite: stop
 

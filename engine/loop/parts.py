@@ -21,7 +21,6 @@ within :data:`MODEL_BUDGET_BYTES`; the profiles, conditions and batteries are bu
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -64,7 +63,7 @@ class Parts:
         return copy_models(self.models)
 
     def fresh_batteries(self) -> FleetBatteries | None:
-        return copy.deepcopy(self.batteries)
+        return self.batteries.fresh() if self.batteries is not None else None
 
 
 def _no_guard(stage: str, arch: str = "", data=None) -> ContextManager[Any]:

@@ -30,28 +30,40 @@ TIMELINE_COLUMNS = ("download_end_s", "train_end_s", "compress_end_s", "upload_e
 CONDITION_COLUMNS = ("down_mbps", "up_mbps", "down_state", "up_state", "left_s")  # fleets with conditions only
 
 
-def round_row(r: int, *, selected, runnable, arrived: list[ClientResult], available, dropped,
-              round_s: float, sim_time_s: float, bytes_down, nonfinite, personalized: list[ClientResult],
-              global_columns: list[str], server_metrics: dict[str, Any], start_s: float,
-              metrics: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The rounds.parquet row, without ``wall_s`` (the loop adds it last). ``personalized``: the
-    results whose personalized metrics count this round ([] when it is no evaluation round);
-    ``global_columns``: the ``global_*`` columns reserved for global evaluation (NaN until set);
-    ``metrics``: the registered metrics evaluated (``evaluation.metrics``)."""
-    row: dict[str, Any] = {
+def clock_row(r: int, *, num_selected: int, num_run: int, num_arrived: int, available, dropped, round_s: float,
+              sim_time_s: float, deadline_s: float | None, bytes_up: int, bytes_down) -> dict[str, Any]:
+    """The clock's columns of a rounds.parquet row (a ``clock.mode: timing_only`` row is these, the
+    energy and ``round_start_s``)."""
+    return {
         "round": r,
-        "num_selected": len(selected),
-        "num_run": len(runnable),
-        "num_arrived": len(arrived),
+        "num_selected": num_selected,
+        "num_run": num_run,
+        "num_arrived": num_arrived,
         "num_unavailable": int((~available).sum()),
         "num_dropout": int((available & dropped).sum()),
         "sim_round_s": round_s,
         "sim_time_s": sim_time_s,
-        "bytes_up": int(sum(res.upload.nbytes for res in arrived)),
+        "sim_deadline_s": float("nan") if deadline_s is None else float(deadline_s),
+        "bytes_up": bytes_up,
         "bytes_down": int(bytes_down.sum()),
-        "train_loss": _mean([res.metrics.get("train_loss") for res in arrived]),
-        "num_nonfinite": int(nonfinite.sum()),
     }
+
+
+def round_row(r: int, *, selected, runnable, arrived: list[ClientResult], available, dropped,
+              round_s: float, sim_time_s: float, bytes_down, nonfinite, personalized: list[ClientResult],
+              global_columns: list[str], server_metrics: dict[str, Any], start_s: float,
+              deadline_s: float | None = None, metrics: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The rounds.parquet row, without ``wall_s`` (the loop adds it last). ``personalized``: the
+    results whose personalized metrics count this round ([] when it is no evaluation round);
+    ``global_columns``: the ``global_*`` columns reserved for global evaluation (NaN until set);
+    ``deadline_s``: the round's deadline (None: none); ``metrics``: the registered metrics evaluated
+    (``evaluation.metrics``)."""
+    row = clock_row(r, num_selected=len(selected), num_run=len(runnable), num_arrived=len(arrived),
+                    available=available, dropped=dropped, round_s=round_s, sim_time_s=sim_time_s,
+                    deadline_s=deadline_s, bytes_up=int(sum(res.upload.nbytes for res in arrived)),
+                    bytes_down=bytes_down)
+    row["train_loss"] = _mean([res.metrics.get("train_loss") for res in arrived])
+    row["num_nonfinite"] = int(nonfinite.sum())
     row.update(personalized_summary(personalized, metrics))
     row.update({name: float("nan") for name in global_columns})
     row.update({f"server_{k}": v for k, v in server_metrics.items()})
@@ -120,6 +132,67 @@ def add_selection_columns(client_rows: list[dict[str, Any]], selection) -> None:
         for i, row in enumerate(client_rows):
             row[column] = values if isinstance(values, str) else (
                 float(values[i]) if column == "selection_score" else str(values[i]))
+
+
+def client_columns(r: int, profiles, selected, not_run, run_mask, arch, sent: dict[str, np.ndarray],
+                   num_samples, times, outcome, timeline: dict[str, np.ndarray], start_s: float,
+                   energy: dict[str, np.ndarray], battery: dict[str, np.ndarray] | None = None, selection=None):
+    """The clients.parquet rows of a round as one Arrow table, without a Python loop over the
+    clients (``clock.mode: timing_only``): the columns :func:`client_rows` writes, with the same
+    values and types, but no training metrics. Arrays over the runnable clients (``sent``,
+    ``num_samples``, ``times``, ``outcome``, ``timeline``, ``energy``, ``arch``) are placed at
+    ``run_mask`` among the selected ones; elsewhere they are null, as a row without the key."""
+    import pyarrow as pa  # the round loop of a full run never needs it here (its rows are dicts)
+
+    n, ran = len(selected), np.asarray(run_mask, dtype=bool)
+    hole = ~ran
+
+    def spread(values, kind):
+        out = np.zeros(n, dtype=kind)
+        out[ran] = values
+        return pa.array(out, mask=hole)
+
+    def spread_text(values):
+        out = np.full(n, None, dtype=object)
+        out[ran] = values
+        return pa.array(out, type=pa.string())
+
+    reason = np.asarray(not_run, dtype=object).copy()
+    reason[ran] = outcome.drop_reason
+    made = np.zeros(n, dtype=bool)
+    made[ran] = outcome.made_deadline
+    cols: dict[str, Any] = {
+        "round": pa.array(np.full(n, r, dtype=np.int64)),
+        "client_id": pa.array(np.asarray(selected, dtype=np.int64)),
+        "tier": pa.array(profiles.tier[selected], type=pa.string()),
+        "net_tier": pa.array(profiles.net_tier[selected], type=pa.string()),
+        "arch": spread_text(arch),
+        "num_samples": spread(num_samples, np.int64),
+        "bytes_up": spread(sent["bytes_up"], np.int64),
+        "bytes_down": spread(sent["bytes_down"], np.int64),
+        "train_flops": spread(sent["train_flops"], np.float64),
+        "compress_ops": spread(sent["compress_ops"], np.float64),
+        **{f"sim_{k}": spread(times[k], np.float64)
+           for k in ("download_s", "compute_s", "compress_s", "upload_s", "total_s")},
+        "made_deadline": pa.array(made),
+        "drop_reason": pa.array(reason, type=pa.string()),
+        **{name: spread(energy[name], np.float64) for name in ENERGY_COLUMNS},
+        "start_s": spread(np.full(int(ran.sum()), start_s), np.float64),
+        **{name: spread(timeline[name], np.float64) for name in TIMELINE_COLUMNS},
+    }
+    for name in CONDITION_COLUMNS:
+        if name in timeline:
+            value = np.asarray(timeline[name])
+            cols[name] = spread_text(value) if value.dtype.kind in "OU" else spread(value, np.float64)
+    for name, value in (battery or {}).items():
+        cols[name] = pa.array(value)
+    if selection is not None and selection.score is not None:  # the selection policy's, as add_selection_columns
+        cols["selection_score"] = pa.array(np.asarray(selection.score, dtype=np.float64))
+    if selection is not None and selection.reason is not None:
+        reason = selection.reason
+        cols["selection_reason"] = pa.array([reason] * n if isinstance(reason, str) else [str(x) for x in reason],
+                                            type=pa.string())
+    return pa.table(cols)
 
 
 def energy_summary(energy: dict[str, np.ndarray], outcome, low, batteries) -> dict[str, Any]:

@@ -80,12 +80,14 @@ class ClientSelector:
         )
 
     def record(self, r: int, ids: np.ndarray, arrived: np.ndarray, times: dict[str, np.ndarray],
-               results: list) -> None:
+               results: list | None) -> None:
         """After round (asynchronous: wave) ``r``: what the clients ``ids`` (that ran) did, for the
-        history and the policy's :meth:`~algorithms.selection.SelectionPolicy.observe`."""
+        history and the policy's :meth:`~algorithms.selection.SelectionPolicy.observe`; ``results``
+        (their :class:`~algorithms.base.ClientResult`, None when nothing trained) give the losses."""
         if len(ids) == 0:
             return
-        loss = np.array([float(res.metrics.get("train_loss", np.nan)) for res in results], dtype=np.float64)
+        loss = (np.full(len(ids), np.nan) if results is None else
+                np.array([float(res.metrics.get("train_loss", np.nan)) for res in results], dtype=np.float64))
         duration = np.asarray(times["total_s"], dtype=np.float64)
         if self.history is not None:
             self.history.record(r, ids, arrived, duration, np.asarray(times["compute_s"]), loss)

@@ -253,7 +253,8 @@ class Simulation:
             dropped=start.dropped & ~start.low, round_s=round_s, sim_time_s=self.sim_time_s,
             bytes_down=sent["bytes_down"], nonfinite=nonfinite, personalized=results if evaluating else [],
             global_columns=global_columns(cfg, list(self.server.global_models()), r),
-            server_metrics=server_metrics, start_s=start.start_s, metrics=tuple(cfg.evaluation.metrics))
+            server_metrics=server_metrics, start_s=start.start_s, deadline_s=timing.deadline_s,
+            metrics=tuple(cfg.evaluation.metrics))
         row.update(rows.energy_summary(timing.energy, timing.outcome, start.low, batteries))
         client_rows = rows.client_rows(r, self.profiles, selected, start.not_run, results, timing.times,
                                        sent["bytes_down"], timing.outcome, timing.timeline, start.start_s,

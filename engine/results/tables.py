@@ -51,7 +51,7 @@ CHUNK_BYTES = 32 * 2**20  # a chunk this large is closed: the next merge starts 
 # Columns every run has (methods add their own trace columns; see docs/results.md).
 ROUND_COLUMNS = (
     "round", "num_selected", "num_run", "num_arrived", "num_unavailable", "num_dropout", "num_nonfinite",
-    "sim_round_s", "sim_time_s", "bytes_up", "bytes_down", "train_loss",
+    "sim_round_s", "sim_time_s", "sim_deadline_s", "bytes_up", "bytes_down", "train_loss",
     "pers_acc", "pers_acc_weighted", "pers_acc_worst", "pers_acc_std", "pers_loss",
     "global_acc", "global_loss", "round_start_s",
     "energy_download_j", "energy_train_j", "energy_compress_j", "energy_upload_j", "energy_j", "energy_wasted_j",
@@ -112,12 +112,21 @@ class RunWriter:
         self._seq: dict[str, int] = {}
         self._loose: dict[str, int] = {}  # parts of each table not merged into a chunk yet
 
-    def write_table(self, name: str, df: pd.DataFrame) -> None:
-        _write_parquet_atomic(df, self.dir / f"{name}.parquet")
+    def write_table(self, name: str, df: pd.DataFrame | pa.Table) -> None:
+        if isinstance(df, pa.Table):
+            write_atomic(self.dir / f"{name}.parquet", lambda f: pq.write_table(df, f))
+        else:
+            _write_parquet_atomic(df, self.dir / f"{name}.parquet")
 
-    def append(self, table: str, rows: list[dict[str, Any]] | dict[str, Any] | pd.DataFrame) -> None:
-        """Append rows (row dicts, columns, or a frame) to ``table`` durably (one part per call)."""
-        arrow = _rows_as_arrow(rows) if isinstance(rows, list) and rows else None
+    def append(self, table: str, rows: list[dict[str, Any]] | dict[str, Any] | pd.DataFrame | pa.Table) -> None:
+        """Append rows (row dicts, columns, a frame or an Arrow table) to ``table`` durably (one
+        part per call)."""
+        if isinstance(rows, pa.Table):
+            arrow = rows
+        else:
+            arrow = _rows_as_arrow(rows) if isinstance(rows, list) and rows else None
+        if arrow is not None and arrow.num_rows == 0:
+            return
         df = None
         if arrow is None:
             df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)

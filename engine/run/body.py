@@ -12,6 +12,9 @@ import time
 import traceback
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+
 from engine.checkpoint.folder import (
     CHECKPOINTS,
     CheckpointCallback,
@@ -28,10 +31,12 @@ from engine.errors import CorruptRunFolderError, StorageFault, storage_fault
 from engine.execution.inprocess import InProcessExecutor
 from engine.loop.callbacks import CallbackLike, RoundRecord, RunCallback, RunContext, around_recorder
 from engine.loop.simulation import Simulation
+from engine.loop.timing import make_simulation
 from engine.plugin_transport import describe_plugins
 from engine.results.manifest import SCHEMA_VERSION, ManifestKeeper, process_identity, read_manifest, utc_now
 from engine.results.tables import HISTORY_TABLES, RunWriter, read_table, set_aside
 from engine.trace import mark
+from hardware_profiles.sampler import TABLE_COLUMNS
 
 log = logging.getLogger("hetsim")
 
@@ -47,6 +52,8 @@ def versions() -> dict[str, str]:
 
 
 def make_executor(cfg: ExperimentConfig):
+    if cfg.clock.mode == "timing_only":  # nothing trains: the simulation answers for its clients
+        return None
     if cfg.executor.kind == "ray":
         from engine.ray.executor import RayExecutor  # Ray: imported for Ray runs only
 
@@ -119,7 +126,7 @@ def execute_run(
         dump_config(cfg, path / "config.yaml")  # on resume: result-neutral fields may have changed
         keeper.start()
         executor = executor if executor is not None else make_executor(cfg)
-        sim = Simulation(cfg, executor)
+        sim = make_simulation(cfg, executor)
         mark("run: simulation built")
         manifest["num_classes"] = int(sim.data.num_classes)  # what "chance" is, for reports
         if not resume:
@@ -213,11 +220,14 @@ def _warn_about_results(cfg: ExperimentConfig, path: Path, manifest: dict) -> No
                      f"upload(s) in {len(rounds)} round(s)): the global model never changed from its "
                      "initialisation, so its accuracy is chance; lower train.lr, or set "
                      "train.on_nonfinite: stop to end such a run as diverged")
+    elif arrived == 0 and cfg.clock.mode == "timing_only":
+        texts.append(f"no client's upload arrived in any of the {len(rounds)} round(s)")
     elif arrived == 0:
-        deadline = cfg.clock.deadline_s
+        deadline = cfg.clock.fixed_deadline_s
+        field = "clock.deadline_s" if cfg.clock.deadline_s is not None else "clock.deadline.seconds"
         texts.append(f"no client's update arrived in any of the {len(rounds)} round(s) (0 bytes aggregated): "
                      "the model never trained"
-                     + (f"; no client met clock.deadline_s = {deadline:g} s (raise it, or see the fleet's "
+                     + (f"; no client met {field} = {deadline:g} s (raise it, or see the fleet's "
                         "links in the report)" if deadline is not None else ""))
     else:
         clients = read_table(path, "clients")
@@ -226,8 +236,9 @@ def _warn_about_results(cfg: ExperimentConfig, path: Path, manifest: dict) -> No
             # fleet's chance; doing the work and never counting (too slow, lost) is the finding
             worked = clients.loc[clients["sim_total_s"].notna(), "client_id"].nunique()
             never = worked - clients.loc[clients["made_deadline"].astype(bool), "client_id"].nunique()
+            did = "ran" if cfg.clock.mode == "timing_only" else "trained"
             if worked and never / worked >= NEVER_AGGREGATED_SHARE:
-                texts.append(f"{never} of the {worked} clients that trained in {len(rounds)} round(s) "
+                texts.append(f"{never} of the {worked} clients that {did} in {len(rounds)} round(s) "
                              f"({100 * never / worked:.0f} %) were never aggregated (too slow or lost on the "
                              f"way); `hetsim report {path}` lists them with their profiles")
     k = manifest.get("num_classes")
@@ -280,11 +291,15 @@ def _resumed_manifest(path: Path, command: list[str]) -> tuple[dict, dict]:
     return manifest, entry
 
 
-def _profiles_frame(sim: Simulation):
-    profiles = sim.profiles.to_frame()
+def _profiles_frame(sim: Simulation) -> pa.Table:
+    """profiles.parquet: every client's profile (and conditions), as Arrow columns straight from
+    the profile table's arrays (a pandas frame of 10M clients would copy them twice)."""
+    profiles = sim.profiles
+    columns = {"client_id": np.arange(len(profiles), dtype=np.int64),
+               **{f: getattr(profiles, f) for f in TABLE_COLUMNS}}
     if sim.conditions is not None:
-        profiles = profiles.assign(**sim.conditions.columns())
-    return profiles
+        columns.update(sim.conditions.columns())
+    return pa.table({k: pa.array(v, type=pa.string()) if v.dtype == object else v for k, v in columns.items()})
 
 
 def _restore_for_resume(sim: Simulation, path: Path, writer: RunWriter, manifest: dict, entry: dict,

@@ -85,7 +85,7 @@ def validate_with_data(cfg: ExperimentConfig, *, ray_running: bool | None = None
     problems += _pool_problems(cfg, n, ray_running)
     problems += _fleet_problems(cfg, data, profiles, parts.arch_names, parts.client_arch, flops, warnings, sizes)
     problems += _failure_injection_problems(cfg, n, profiles, warnings)
-    if cfg.evaluation.global_model and data.num_global_test == 0:
+    if cfg.evaluation.global_model and data.num_global_test == 0 and cfg.clock.mode != "timing_only":
         problems.append(f"  partition.global_test_fraction = {cfg.partition.global_test_fraction!r}: "
                         "leaves no global test samples; raise it, or set evaluation.global_model: false")
     fail(problems)
@@ -298,11 +298,15 @@ def _build_server(cfg: ExperimentConfig) -> None:
     """The method's server, built as the run builds it, from the same parts (ASCEND needs a
     public split, ...)."""
     # torch: see _params_problems
+    from algorithms.base import TimingUnsupported
     from engine.execution.inprocess import InProcessExecutor
-    from engine.loop.simulation import Simulation
+    from engine.loop.timing import make_simulation
 
     try:
-        Simulation(cfg, InProcessExecutor())
+        make_simulation(cfg, InProcessExecutor() if cfg.clock.mode != "timing_only" else None)
+    except TimingUnsupported as err:
+        raise ConfigError(f"{HEADER}  clock.mode = 'timing_only': algorithm.name = {cfg.algorithm.name!r} cannot be "
+                          f"timed without training: {err}; run it with clock.mode: virtual") from None
     except UserError:
         raise
     except Exception as err:  # noqa: BLE001 - a method's or policy's errors at construction, the user's own too
@@ -388,18 +392,20 @@ def _fleet_problems(cfg, data, profiles, arch_names, client_arch, flops, warning
                     f"{least:.3g} s in realtime mode, more than clock.max_sleep_s = "
                     f"{policy.max_sleep_s:g}; lower time_scale, or set clock.max_sleep_s to cap "
                     "each round's sleep"]
-    if policy.deadline_s is None:
+    deadline = policy.fixed_deadline_s
+    if deadline is None:
         return []
-    meets = can & (fastest <= policy.deadline_s)
+    field = "clock.deadline_s" if policy.deadline_s is not None else "clock.deadline.seconds"
+    meets = can & (fastest <= deadline)
     if not meets.any():
         best = int(np.argmin(np.where(can, fastest, np.inf)))
-        return [f"  clock.deadline_s = {policy.deadline_s!r}: no client can finish a round in time; "
+        return [f"  {field} = {deadline!r}: no client can finish a round in time; "
                 f"the fastest (client {best}) needs at least {fastest[best]:.3g} s; give "
-                f"deadline_s >= {fastest[best]:.3g} or null"]
+                f"{field.split('.')[-1]} >= {fastest[best]:.3g}" + (" or null" if policy.deadline_s else "")]
     target = target_arrivals(cfg, n)
     if meets.sum() < target:
         warnings.append(
-            f"clock.deadline_s = {policy.deadline_s!r}: only {int(meets.sum())} of {n} clients can "
+            f"{field} = {deadline!r}: only {int(meets.sum())} of {n} clients can "
             f"ever meet it, fewer than the {target} a round aims for")
     return []
 

@@ -33,6 +33,7 @@ from algorithms.params import ALGORITHM_PARAMS
 from engine.config.schema import ExecutorConfig
 from engine.data.build import ON_DEMAND_PARAMS, ON_DEMAND_SCHEMES
 from engine.data.partition import PARTITION_SCHEMES
+from hardware_profiles.deadlines import POLICIES
 
 METHODS = tuple(ALGORITHM_PARAMS)
 EXECUTORS = typing.get_args(ExecutorConfig.model_fields["kind"].annotation)
@@ -254,6 +255,148 @@ def test_the_matrix_runs_every_working_cell_on_both_executors():
     assert {(m, "inprocess", *rest) for m, _, *rest in RAY_RUN} == set(RUN)
 
 
+# ---------------------------------------------------------------- the clock: deadline policies, timing only
+# Every deadline policy (hardware_profiles.deadlines.POLICIES) with every clock mode on every executor:
+# a full run (clock.mode: virtual) on Ray equals its in-process run, and a timing-only run (in this
+# process only: it trains nothing) equals the full run's clock columns. Half of the 4 clients are
+# phones on 5 Mbps (a round of ~0.10 s), half laptops on 500 Mbps (~0.01 s): each policy cuts.
+CLOCK_FLEET = ("clients.profiles={availability: 1.0, dropout: 0.0, devices: {phone_low: 0.5, laptop_cpu: 0.5}, "
+               "network: {5mbps: 0.5, 500mbps: 0.5}}")
+DEADLINES = {
+    "fixed": "{policy: fixed, seconds: 0.05}",
+    "percentile": "{policy: percentile, percent: 50}",
+    "adaptive": "{policy: adaptive, quantile: 0.5, margin: 1.0}",
+    "cutoff": "{policy: cutoff, every_s: 0.05, min_reporting: 1}",
+}
+CLOCK_MODES = ("virtual", "timing_only")
+CLOCK_CELLS = list(itertools.product(POLICIES, CLOCK_MODES, EXECUTORS))
+
+
+def clock_refusal(policy: str, mode: str, executor: str) -> tuple[str, ...] | None:
+    if mode == "timing_only" and executor != "inprocess":
+        return (f"executor.kind = {executor!r}: clock.mode = 'timing_only' trains nothing", "allowed: inprocess")
+    return None
+
+
+def clock_overrides(policy: str, mode: str, executor: str, table, cache) -> list[str]:
+    cell = ("fedavg", executor, "sync", "memory", "off")
+    return [*overrides(cell, table, cache), CLOCK_FLEET, f"clock.deadline={DEADLINES[policy]}",
+            f"clock.mode={mode}"]
+
+
+def timing_refusal(method: str, variant: str = "") -> str | None:
+    """Why a method cannot be timed without training, as its own code says (Server.timing_payload)."""
+    from algorithms import ALGORITHMS
+    from algorithms.base import ArchShape, TimingUnsupported
+    from engine.config.schema import load_config
+
+    items = [f"algorithm.name={method}", *METHOD_OVERRIDES.get(method, []), *filter(None, [variant])]
+    params = load_config(None, items).algorithm
+    try:
+        ALGORITHMS[method].server.timing_payload(params, {"": ArchShape(100)})
+    except TimingUnsupported as err:
+        return str(err)
+    return None
+
+
+def _clock_id(cell) -> str:
+    return "-".join(cell)
+
+
+def assert_clock_equal(timing, full) -> None:
+    from engine.results.tables import WALL_COLUMNS
+
+    for a, b in ((timing.rounds, full.rounds), (timing.clients, full.clients)):
+        keep = [c for c in a.columns if c not in WALL_COLUMNS]
+        pd.testing.assert_frame_equal(a[keep], b[keep], check_exact=True)
+
+
+@pytest.fixture(scope="module")
+def clock_runs(table, tmp_path_factory):
+    from engine.config.schema import load_config
+    from engine.results.tables import load_run
+    from engine.run.api import run_experiment
+
+    runs = {}
+
+    def get(cell):
+        if cell not in runs:
+            cfg = load_config(None, clock_overrides(*cell, *table))
+            runs[cell] = load_run(run_experiment(cfg, tmp_path_factory.mktemp(_clock_id(cell)), command=[]))
+        return runs[cell]
+    return get
+
+
+@pytest.mark.parametrize("cell", [c for c in CLOCK_CELLS if c[2] == "inprocess"], ids=_clock_id)
+def test_each_deadline_policy_cuts_rounds_alike_in_both_clock_modes(cell, clock_runs):
+    policy, mode, _ = cell
+    run = clock_runs(cell)
+    deadline = run.rounds["sim_deadline_s"].to_numpy()
+    assert np.isfinite(deadline[1:]).all() and (np.isfinite(deadline[0]) or policy == "adaptive")
+    assert (run.clients["drop_reason"] == "deadline").any()  # the 5 Mbps phones are cut
+    if mode == "timing_only":
+        assert "global_acc" not in run.rounds
+        assert_clock_equal(run, clock_runs((policy, "virtual", "inprocess")))
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("cell", [c for c in CLOCK_CELLS if c[2] == "ray" and clock_refusal(*c) is None],
+                         ids=_clock_id)
+def test_each_deadline_policy_on_ray_equals_the_in_process_run(cell, clock_runs, warm_ray):
+    from engine.results.tables import WALL_COLUMNS
+
+    run, twin = clock_runs(cell), clock_runs((*cell[:2], "inprocess"))
+    for a, b in ((run.rounds, twin.rounds), (run.clients, twin.clients)):
+        keep = [c for c in a.columns if c not in WALL_COLUMNS]
+        pd.testing.assert_frame_equal(a[keep], b[keep])
+
+
+@pytest.mark.parametrize("cell", [c for c in CLOCK_CELLS if clock_refusal(*c) is not None], ids=_clock_id)
+def test_a_timing_only_run_on_ray_is_refused(cell, table):
+    from engine.config.schema import load_config
+    from engine.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        load_config(None, clock_overrides(*cell, *table))
+    for part in clock_refusal(*cell):
+        assert part in str(err.value), (part, str(err.value))
+
+
+# a method's options that give it a fixed payload where its defaults do not: a row of their own
+TIMING_VARIANTS = {"fedcspack": "algorithm.sharing=full"}
+TIMING_ROWS = [*((m, "") for m in METHODS), *TIMING_VARIANTS.items()]
+TIMING_CELLS = [(m, variant, mode) for (m, variant), mode in itertools.product(TIMING_ROWS, MODES)]
+
+
+def _timing_id(cell) -> str:
+    return "-".join(filter(None, cell)).replace("algorithm.", "").replace("=", "_")
+
+
+@pytest.mark.parametrize("cell", TIMING_CELLS, ids=_timing_id)
+def test_each_method_times_without_training_or_is_refused_with_its_reason(cell, table, inprocess_runs, tmp_path):
+    from engine.config.schema import load_config
+    from engine.errors import ConfigError
+    from engine.results.tables import load_run
+    from engine.run.api import run_experiment
+
+    method, variant, mode = cell
+    full = (method, "inprocess", mode, "memory", "off")
+    items = [*overrides(full, *table), *filter(None, [variant])]
+    why = refusal(*full) or timing_refusal(method, variant)
+    if why is not None:
+        with pytest.raises(ConfigError) as err:
+            run_experiment(load_config(None, [*items, "clock.mode=timing_only"]), tmp_path / "run")
+        for part in ([why] if isinstance(why, str) else why):
+            assert part in str(err.value), (part, str(err.value))
+        assert not (tmp_path / "run").exists()
+        return
+    twin = inprocess_runs(full) if not variant else load_run(
+        run_experiment(load_config(None, items), tmp_path / "full", command=[]))
+    timing = load_run(run_experiment(load_config(None, [*items, "clock.mode=timing_only"]), tmp_path / "run",
+                                     command=[]))
+    assert_clock_equal(timing, twin)
+
+
 # ---------------------------------------------------------------- data sources x partition schemes
 # (dataset, on demand): the data sources of a run; each with every partition scheme
 DATA = (("synthetic", False), ("synthetic", True), ("parquet", False), ("parquet", True))
@@ -350,6 +493,46 @@ def render() -> str:
     for why, where in reasons.items():
         lines.append(f"* {', '.join(sorted(set(where)))}: \"{' … '.join(why)}\" "
                      "(the reason is the method's `AlgorithmParams.synchronous_only`).")
+    lines += [
+        "",
+        "## Deadline policies and clock modes",
+        "",
+        "Each deadline policy of `clock.deadline` ([engine.md](engine.md#deadline-policies)) in a full run",
+        "(`clock.mode: virtual`) and a timing-only run (`clock.mode: timing_only`, [timing.md](timing.md)), FedAvg",
+        f"on the {CLIENTS} clients above, half of them phones on 5 Mbps and half laptops on 500 Mbps, so that every",
+        "policy drops the phones (`test_each_deadline_policy_cuts_rounds_alike_in_both_clock_modes`): each round",
+        "logs its deadline (`sim_deadline_s`; the adaptive policy has none before its first arrivals), the Ray",
+        "run equals the in-process run, and the timing-only run's tables equal the full run's clock columns bit",
+        "for bit.",
+        "",
+        "| policy | " + " | ".join(f"{mode}, {ex}" for mode, ex in itertools.product(CLOCK_MODES, EXECUTORS)) + " |",
+        "|" + "---|" * (1 + len(CLOCK_MODES) * len(EXECUTORS)),
+    ]
+    for policy in POLICIES:
+        row = ["refused" if clock_refusal(policy, mode, ex) else ("✓, equals in-process" if ex != "inprocess" else
+               "✓, equals the full run" if mode == "timing_only" else "✓")
+               for mode, ex in itertools.product(CLOCK_MODES, EXECUTORS)]
+        lines.append(f"| {policy}: `{DEADLINES[policy]}` | " + " | ".join(row) + " |")
+    ray_refusal = clock_refusal(POLICIES[0], "timing_only", "ray")
+    lines += ["", f"* refused: \"{' … '.join(ray_refusal)}\".", "",
+              "Timing only, each method (`test_each_method_times_without_training_or_is_refused_with_its_reason`):",
+              "✓ where its tables equal the clock columns of the full run in the table above (synthetic in memory,",
+              "conditions off), refused where its payload depends on training (the reason its",
+              "`Server.timing_payload` gives):", "",
+              "| method | " + " | ".join(MODES) + " |", "|" + "---|" * (1 + len(MODES))]
+    timing_reasons = {}
+    for m, variant in TIMING_ROWS:
+        row = []
+        for mode in MODES:
+            why = refusal(m, "inprocess", mode, "memory", "off") or timing_refusal(m, variant)
+            row.append("✓" if why is None else "refused")
+            if why is not None and isinstance(why, str):
+                timing_reasons[m] = why
+        name = f"{m}, `{variant.removeprefix('algorithm.').replace('=', ': ')}`" if variant else m
+        lines.append(f"| {name} | " + " | ".join(row) + " |")
+    lines.append("")
+    for m, why in timing_reasons.items():
+        lines.append(f"* {m} (its defaults): \"{why}\".")
     lines += [
         "",
         "## Data sources and partition schemes",
