@@ -180,7 +180,7 @@ class RoundPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     deadline_s: float | None = None
-    deadline: DeadlineSpec | None = None
+    deadline: DeadlineSpec | None = None  # a deadline policy: {policy: fixed | percentile | adaptive | cutoff, ...}
     over_selection: float = 1.0
     apply_availability: bool = True
     apply_dropout: bool = True

@@ -47,10 +47,12 @@ def _models(annotation: Any) -> list[type[BaseModel]]:
 
 def _type(annotation: Any) -> str:
     origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:  # a tagged union (clock.deadline), or SerializeAsAny: what it wraps
+        return _type(typing.get_args(annotation)[0])
     if origin is Literal:
         return "one of the allowed"
     if origin in (Union, types.UnionType):
-        return " or ".join(_type(a) for a in typing.get_args(annotation))
+        return " or ".join(dict.fromkeys(_type(a) for a in typing.get_args(annotation)))
     if annotation is type(None):
         return "null"
     if origin is not None:

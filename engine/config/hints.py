@@ -116,6 +116,10 @@ def friendly(e: dict[str, Any], loc: list[str], keys: list[str] = ()) -> str | N
     if isinstance(e.get("msg"), str) and "allow_out_of_range=True" in e["msg"]:
         return e["msg"].removeprefix("Value error, ").replace(
             "pass allow_out_of_range=True", "set clients.profiles.allow_out_of_range: true")
+    if e["type"] == "union_tag_invalid":  # a tagged section's tag picks its class (clock.deadline.policy)
+        ctx = e.get("ctx") or {}
+        tags = re.findall(r"'([^']+)'", str(ctx.get("expected_tags", "")))
+        return unknown(str(ctx.get("discriminator", "name")).strip("'"), ctx.get("tag"), tags)
     if e["type"] == "literal_error" and isinstance(value, str):  # e.g. partition.scheme: dirichelt
         best = did_you_mean(value, re.findall(r"'([^']+)'", str((e.get("ctx") or {}).get("expected", ""))))
         return f"{e['msg']}; did you mean {best!r}?" if best else None

@@ -171,7 +171,7 @@ class TimingSimulation(Simulation):
         of training and evaluation)."""
         if self.asynchronous is not None:
             return _without_learning(self.asynchronous.step(r))
-        cfg, wall0 = self.cfg, time.perf_counter()
+        wall0 = time.perf_counter()
         selection, target = self.selector.select(r)
         selected = selection.ids
         start = self.clock.begin(r, selected)
