@@ -10,7 +10,7 @@ pasting them would), unless the line right before its fence is the marker
 with a reason (a placeholder such as ``runs/<run-folder>``, a Ray cluster, a GPU, minutes of
 running). The folder is outside the repository; ``hetsim``, ``python``, ``.venv/bin/hetsim``,
 ``.venv/bin/python`` and ``.venv/bin/activate`` there are this interpreter, and the shipped
-examples the docs name by repository path (``studies/``, ``configs/``, ``sweeps/``) are linked in,
+examples the docs name by repository path (``studies/``, ``configs/``, ``sweeps/``, ``examples/``) are linked in,
 as a user names them in their own checkout. A shell block runs under ``bash -e`` (every command
 must succeed); a Python block as a script.
 
@@ -35,7 +35,7 @@ DOCS = [README, *sorted((REPO / "docs").rglob("*.md"))]
 ACTIVATE = "source .venv/bin/activate"
 FENCE = re.compile(r"^```(bash|sh|shell|python|py)\s*$")
 MARKER = re.compile(r"^<!--\s*docs-test:\s*skip\b\s*(.*?)\s*-->\s*$")
-LINKED = ("studies", "configs", "sweeps")
+LINKED = ("studies", "configs", "sweeps", "examples")
 
 
 @dataclass
