@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from algorithms.plugins import METHODS, method_params
+from hardware_profiles.errors import PluginError
 
 if TYPE_CHECKING:  # annotations only: config validation imports this module without torch
     import torch
@@ -110,6 +111,12 @@ def client_state(upload, base: np.ndarray, num_params: int) -> np.ndarray:
     base's stay, as in the synchronous aggregate)."""
     if "state" in upload.arrays:
         return np.asarray(upload.arrays["state"], dtype=np.float64).reshape(-1)
+    if "compressor" not in upload.meta or "numel" not in upload.meta:
+        raise PluginError(
+            f"an asynchronous step over full states got an upload with arrays {sorted(upload.arrays)}: neither a "
+            "'state' array (the whole model) nor a compressed delta (meta 'compressor' and 'numel'). A method whose "
+            "uploads are something else defines Server.async_step, or refuses asynchronous runs "
+            "(synchronous_only on its params class); docs/plugins.md")
     from algorithms.compressed_fedavg import decode_upload  # torch: only once a compressed update arrives
     out = np.asarray(base, dtype=np.float64).copy()
     out[:num_params] += decode_upload(upload).dense().cpu().numpy()

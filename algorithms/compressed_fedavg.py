@@ -51,13 +51,13 @@ from algorithms.base import (
 )
 from algorithms.compressors import (
     Compressed,
-    ErrorFeedback,
     OpCosts,
     decode,
     get_compressor,
     resolve_k,
     scatter_add_,
 )
+from algorithms.error_feedback import ErrorFeedback
 from algorithms.fedavg import state_payload
 from algorithms.params import (  # noqa: F401 (re-exported: the params live there, importable without torch)
     CompressedFedAvgParams,

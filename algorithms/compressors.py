@@ -19,7 +19,7 @@ compressor     what is sent                                 payload (bytes)     
                512 values; K is not used)
 =============  ===========================================  ===================  ==============
 
-Sparsifiers send their values unscaled; error feedback (:class:`ErrorFeedback`) keeps what was
+Sparsifiers send their values unscaled; error feedback (:class:`algorithms.error_feedback.ErrorFeedback`) keeps what was
 not sent, and for ``qsgd8`` the quantisation error. The receiver rebuilds the dense vector from
 the arrays alone (:func:`decode`: Random-K re-draws its indices from the seed, Periodic-K from
 the offset, ``qsgd8`` dequantises), so ``Compressed.nbytes`` is exactly what travels.
@@ -553,53 +553,8 @@ DEFAULT_OP_COSTS = OpCosts()
 
 
 # --------------------------------------------------------------------------------------------
-# Error feedback (a wrapper around any compressor) and the single entry points
+# The single entry points (error feedback around any compressor: algorithms.error_feedback)
 # --------------------------------------------------------------------------------------------
-class ErrorFeedback:
-    """Residual accumulation around a compressor: ``a = e + delta``; send ``C(a)``; keep
-    ``e = a - sent``. For sparsifiers ``decode(c) + e == a`` holds bit for bit (sent positions:
-    ``v + (a_i - v) = v + 0``; others: ``0 + a_i``)."""
-
-    def __init__(self, compressor: Compressor):
-        self.compressor = compressor
-
-    def compress(self, residual: torch.Tensor | np.ndarray | None, delta: torch.Tensor, k: int | float,
-                 **kwargs: Any) -> tuple[Compressed, torch.Tensor]:
-        """``(C(e + delta), new residual)``."""
-        a = self.accumulate(residual, delta)
-        c = self.compressor.compress(a, k, **kwargs)
-        return c, self.update_residual(a, c)
-
-    def restore(self, residual: np.ndarray, c: Compressed) -> np.ndarray:
-        """The residual with what ``c`` sent put back (a lost upload); a writable copy if needed."""
-        if c.numel != residual.size:
-            raise ValueError(f"sent record of length {c.numel} for a residual of length {residual.size}")
-        if not residual.flags.writeable:
-            residual = residual.copy()
-        self.compressor.restore(residual, c)
-        return residual
-
-    @staticmethod
-    def accumulate(residual: torch.Tensor | np.ndarray | None, delta: torch.Tensor) -> torch.Tensor:
-        delta = _flat(delta)
-        if residual is None:
-            return delta.clone()
-        residual = _flat(residual).to(delta.device)
-        if residual.numel() != delta.numel():
-            raise ValueError(f"residual has {residual.numel()} elements but the delta {delta.numel()}")
-        return residual + delta
-
-    @staticmethod
-    def update_residual(a: torch.Tensor, c: Compressed) -> torch.Tensor:
-        a = _flat(a)
-        if a.numel() != c.numel:
-            raise ValueError(f"payload is for a vector of length {c.numel}, not {a.numel()}")
-        idx = c.index_tensor().to(a.device)
-        e = a.clone()
-        e[idx] = a[idx] - c.values
-        return e
-
-
 def get_compressor(name: str, costs: OpCosts | None = None) -> Compressor:
     return compressor_class(name)(costs)
 

@@ -135,10 +135,11 @@ for _name, _ref, _shape in (
 ):
     register_model(_name, _ref, input_shape=_shape)
 
-for _name, _fn in (
-    ("digits", "load_digits"), ("mnist5k", "load_mnist5k"), ("synthetic", "load_synthetic"),
-    ("fashion_mnist", "load_fashion_mnist"), ("mnist", "load_mnist"), ("fashion_mnist_tv", "load_fashion_mnist_tv"),
-    ("emnist", "load_emnist"), ("cifar10", "load_cifar10"), ("cifar100", "load_cifar100"),
-    ("parquet", "load_parquet"), ("leaf", "load_leaf"),
+for _name, _ref in (
+    ("digits", "datasets:load_digits"), ("mnist5k", "datasets:load_mnist5k"), ("synthetic", "datasets:load_synthetic"),
+    ("fashion_mnist", "datasets:load_fashion_mnist"), ("mnist", "torchvision_sets:load_mnist"),
+    ("fashion_mnist_tv", "torchvision_sets:load_fashion_mnist_tv"), ("emnist", "torchvision_sets:load_emnist"),
+    ("cifar10", "torchvision_sets:load_cifar10"), ("cifar100", "torchvision_sets:load_cifar100"),
+    ("parquet", "datasets:load_parquet"), ("leaf", "datasets:load_leaf"),
 ):
-    register_dataset(_name, f"engine.data.datasets:{_fn}")
+    register_dataset(_name, f"engine.data.{_ref}")

@@ -13,7 +13,6 @@ from algorithms.compressors import (
     QSGD8,
     Compressed,
     Compressor,
-    ErrorFeedback,
     OpCosts,
     PeriodicK,
     RandomK,
@@ -27,6 +26,7 @@ from algorithms.compressors import (
     scatter_add_,
     selection_ops,
 )
+from algorithms.error_feedback import ErrorFeedback
 
 NAMES = sorted(COMPRESSORS)
 SPARSIFIERS = ["periodick", "randomk", "topk"]  # send K coordinates unscaled

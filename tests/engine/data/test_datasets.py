@@ -308,7 +308,7 @@ def test_torchvision_loads_local_idx_files(tmp_path, name, params):
     """Conversion path (torchvision -> normalised NCHW numpy) on tiny fake idx files;
     MNIST-family loaders only check that the raw files exist, so no download is needed."""
     pytest.importorskip("torchvision")
-    from engine.data.datasets import _tv_expected_files
+    from engine.data.torchvision_sets import _tv_expected_files
 
     rng = np.random.default_rng(0)
     files = _tv_expected_files(name, str(tmp_path), params.get("split"))
