@@ -9,10 +9,10 @@
    moves on, the batteries drain or charge).
 
 The synchronous loop (:meth:`engine.loop.simulation.Simulation.run_round`) asks these three. The
-asynchronous loop (:mod:`engine.loop.asynchronous`) asks :meth:`begin` for each wave of
-dispatched clients (:meth:`RoundStart.only` keeps those it picks), :meth:`time_tasks` for their
-tasks, each resolved on its own (no round to wait for), :meth:`spend` for their energy and
-:meth:`elapse` for the fleet between its events; it keeps its own absolute time (``now``).
+asynchronous loop asks through :class:`~hardware_profiles.event_clock.EventClock`, which owns its
+time and events and asks :meth:`begin` for each wave of dispatched clients (:meth:`RoundStart.only`
+keeps those it picks), :meth:`time_tasks` for their tasks, each resolved on its own (no round to
+wait for), :meth:`spend` for their energy and :meth:`elapse` for the fleet between events.
 The rules themselves stay in :mod:`hardware_profiles.clock`, :mod:`~hardware_profiles.conditions`,
 :mod:`~hardware_profiles.energy` and :mod:`~hardware_profiles.deadlines` (each round's deadline,
 from ``clock.deadline``'s policy); nothing here draws a random number of its own.

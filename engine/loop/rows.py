@@ -71,6 +71,35 @@ def round_row(r: int, *, selected, runnable, arrived: list[ClientResult], availa
     return row
 
 
+def step_row(r: int, resolved: list[dict[str, Any]], applied: list[ClientResult], dispatched: list[tuple[int, float]],
+             nonfinite, *, start_s: float, now: float, clock_start_s: float, global_columns: list[str],
+             server_metrics: dict[str, Any], deadline_s: float | None, metrics: tuple[str, ...], version: int,
+             in_flight: int, buffered: int, batteries) -> dict[str, Any]:
+    """An asynchronous server step's rounds.parquet row, without ``wall_s``: a round's columns over
+    the step (``dispatched``: (client, bytes down) of the tasks dispatched since the last step;
+    ``resolved``: the clients.parquet rows of the updates applied or dropped in it; ``applied``:
+    its updates), the version, the drops by reason, what is in flight and buffered, staleness."""
+    n = len(dispatched)
+    row = round_row(r, selected=np.zeros(n), runnable=np.zeros(n), arrived=applied,
+                    available=np.ones(n, dtype=bool), dropped=np.zeros(n, dtype=bool), round_s=now - start_s,
+                    sim_time_s=now - clock_start_s, bytes_down=np.array([b for _, b in dispatched], dtype=np.float64),
+                    nonfinite=nonfinite, personalized=[], global_columns=global_columns,
+                    server_metrics=server_metrics, start_s=start_s, deadline_s=deadline_s, metrics=metrics)
+    for name in ENERGY_COLUMNS:
+        row[name] = float(sum(u[name] for u in resolved))
+    row["energy_wasted_j"] = float(sum(u["energy_j"] for u in resolved if not u["made_deadline"]))
+    reasons = [u["drop_reason"] for u in resolved]
+    tau = np.array([u["staleness"] for u in resolved if u["made_deadline"]], dtype=np.float64)  # the applied
+    row.update(version=version, num_stale=reasons.count("stale"), num_offline=reasons.count("offline"),
+               num_deadline=reasons.count("deadline"), in_flight=in_flight, buffered=buffered,
+               staleness_mean=float(tau.mean()), staleness_max=int(tau.max()))
+    if batteries is not None:  # as a round's (energy_summary): drops, the fleet's levels
+        levels = batteries.level[batteries.has] / batteries.capacity[batteries.has]
+        row.update(num_battery=reasons.count("battery"), battery_mean=float(levels.mean()),
+                   battery_min=float(levels.min()))
+    return row
+
+
 def client_rows(r: int, profiles, selected, not_run, results: list[ClientResult], times,
                 bytes_down, outcome, timeline: dict[str, np.ndarray], start_s: float,
                 energy: dict[str, np.ndarray]) -> list[dict[str, Any]]:

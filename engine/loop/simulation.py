@@ -32,6 +32,7 @@ from engine.loop.parts import Parts, build_parts
 from engine.loop.selection import ClientSelector
 from engine.trace import mark
 from hardware_profiles.errors import user_frames
+from hardware_profiles.event_clock import EventClock
 from hardware_profiles.round_clock import RoundClock
 
 log = logging.getLogger("hetsim")
@@ -101,7 +102,13 @@ class Simulation:
         self._warned_sleep = False
         self._started = False
         # asynchronous: server steps from a discrete-event loop instead of rounds (docs/async.md)
-        self.asynchronous = AsyncLoop(self) if cfg.asynchronous is not None else None
+        self.asynchronous = self._async_loop()
+
+    def _async_loop(self) -> AsyncLoop | None:
+        """The asynchronous loop (``cfg.asynchronous``) on this run's clock, selector, server and hosts."""
+        if self.cfg.asynchronous is None:
+            return None
+        return AsyncLoop(self.cfg, self.server, EventClock(self.clock), self.selector, self)
 
     # ------------------------------------------------------------------ set-up
     def host_setup(self) -> HostSetup:
@@ -174,6 +181,16 @@ class Simulation:
                 self.executor.close()
         return status
 
+    def train(self, r: int, ids: np.ndarray, broadcast, evaluating: bool, start_s: float):
+        """Round (asynchronous: wave) ``r``'s clients ``ids`` train on ``broadcast`` from virtual
+        time ``start_s`` on the executor's hosts; returns the executor's reply."""
+        self.unbatched.check(self.executor, ids, f"{'wave' if self.asynchronous else 'round'} {r}")
+        return self.executor.run_round(r, ids.tolist(), broadcast, evaluating, self.clients_now(ids, start_s))
+
+    def notify_dropped(self, r: int, ids: list[int]) -> None:
+        """The uploads of ``ids`` in round (wave) ``r`` were not aggregated (error feedback keeps them)."""
+        self.executor.notify_dropped(r, ids)
+
     def with_last_times(self, ids: np.ndarray, now: dict | None) -> dict | None:
         """``now`` (the executor's per-client extras) with each client's last phase times, for
         methods that read them (``ctx.last_times``); unchanged when none does."""
@@ -205,9 +222,7 @@ class Simulation:
         start = self.clock.begin(r, selection.ids)
         runnable, evaluating = start.runnable, is_evaluation_round(cfg, r)
         broadcast = self.server.broadcast(r)
-        self.unbatched.check(self.executor, runnable, f"round {r}")
-        now = self.clients_now(runnable, start.start_s)
-        reply = self.executor.run_round(r, runnable.tolist(), broadcast, evaluating, now)
+        reply = self.train(r, runnable, broadcast, evaluating, start.start_s)
         results = reply.results
         sent = rows.payloads(broadcast, results)
         timing = self.clock.time(start, sent, [res.metrics["wall_fit_s"] for res in results], target)
@@ -219,7 +234,7 @@ class Simulation:
         # a non-finite upload is not put back into error-feedback residuals
         lost = [res.client_id for res, ok, bad in zip(results, made, nonfinite) if not ok and not bad]
         if lost:
-            self.executor.notify_dropped(r, lost)
+            self.notify_dropped(r, lost)
         server_metrics = self.server.aggregate(r, arrived) or {}
         diverged = guards.divergence(r, results, nonfinite, self.server.global_models(), cfg.train.on_nonfinite)
         round_s = self.clock.advance(start, timing, arrived=len(arrived), target=target)

@@ -35,7 +35,6 @@ from algorithms.training import flat_buffers, local_samples, num_params
 from engine.config.schema import ExperimentConfig
 from engine.execution.base import Executor, RoundReply
 from engine.loop import rows
-from engine.loop.asynchronous import AsyncLoop
 from engine.loop.callbacks import RoundRecord, RunCallback
 from engine.loop.parts import build_parts
 from engine.loop.selection import ClientSelector
@@ -148,7 +147,7 @@ class TimingSimulation(Simulation):
         self.selector = ClientSelector(cfg, self.data.num_clients, self.n_train, self.clock)
         self.next_round, self.stop, self.in_round = 0, None, False
         self._warned_sleep = self._started = False
-        self.asynchronous = AsyncLoop(self) if cfg.asynchronous is not None else None
+        self.asynchronous = self._async_loop()
 
     def start(self) -> None:
         self._started = True
