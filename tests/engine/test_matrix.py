@@ -47,7 +47,10 @@ BASE = ["model.name=mlp", "model.params={hidden: [8]}", f"clients.num_clients={C
         "clients.participation=1.0", "clients.profiles={availability: 1.0, dropout: 0.0}", "train.batch_size=32",
         "partition.public_fraction=0.1", "checkpoint.every=0", "evaluation.personalized=false"]
 SYNTH = "num_features: 6, num_classes: 3, min_samples: 30, max_samples: 60"
-METHOD_OVERRIDES = {"fedcspack": ["algorithm.pack_size=64"], "ascend": ["algorithm.distill_steps=2"]}
+METHOD_OVERRIDES = {"fedcspack": ["algorithm.pack_size=64"], "ascend": ["algorithm.distill_steps=2"],
+                    # the phone_mid half of the default fleet trains the half-width MLP
+                    "heterofl": ["model.zoo=[{arch: mlp_half, model: mlp, max_gflops: 10}]",
+                                 "model.arch_params={mlp_half: {hidden: [8], width: 0.5}}"]}
 CONDITIONS_ON = ["clients.profiles.conditions={sets: {fading: {down: gilbert_elliott, compute: thermal_throttling}}}"]
 ASYNC_ON = [f"asynchronous={{concurrency: {BUFFER}, buffer_size: {BUFFER}}}"]
 RAY_ON = ["executor.kind=ray", "executor.num_actors=1", "ray.num_cpus=2", "executor.keep_warm=true"]
