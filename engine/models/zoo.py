@@ -432,6 +432,8 @@ class FashionCNN(nn.Module):
     fc(50->num_classes) (no activation between the last two, as there). 100,816 parameters for
     1x28x28 and 10 classes.
 
+    Expected input: ``(B, C, 28, 28)`` (the design point); any ``(B, C, H, W)`` with ``H, W >= 14``.
+
     The reference calls ``F.dropout`` after fc1; here it is an ``nn.Dropout`` module (no parameters,
     the same draws), so that batched training sees the model's randomness and trains its clients one
     by one. ``width`` < 1: HeteroFL's sub-model (``ceil(width n)`` units of each hidden layer, its
