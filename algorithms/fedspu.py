@@ -185,6 +185,41 @@ class ChainLayout:
         return np.concatenate([m.reshape(-1) for m in self.tensor_masks(units)]) if self.entries else np.zeros(0, bool)
 
 
+def chain_of(model: torch.nn.Module, x: torch.Tensor | None) -> tuple[ChainLayout, list[float]]:
+    """The model's :class:`ChainLayout` and each weight layer's uses per sample (output positions
+    per unit: 1 for a linear layer), from one forward pass of ``x`` (a row), which checks that every
+    layer runs once, in the chain's order; without ``x`` the layout alone (uses unknown: []).
+    Raises :class:`~hardware_profiles.errors.UserError` saying why the model is not such a chain."""
+    try:
+        layout = ChainLayout(model)
+    except ValueError as err:
+        raise UserError(f"algorithm.name = 'fedspu': the model {type(model).__name__} is not a chain FedSPU "
+                        f"can freeze neurons of: {err}") from None
+    if x is None:
+        return layout, []
+    ran: list[tuple[str, float]] = []
+
+    def record(module, args, out, name):
+        ran.append((name, out.numel() / (len(out) * module.weight.shape[0])))
+
+    hooks = [model.get_submodule(layer.module).register_forward_hook(
+        lambda m, args, out, name=layer.module: record(m, args, out, name)) for layer in layout.layers]
+    training = model.training
+    try:
+        with torch.no_grad():
+            model.eval()
+            model(x)
+    finally:
+        model.train(training)
+        for h in hooks:
+            h.remove()
+    if [n for n, _ in ran] != [layer.module for layer in layout.layers]:
+        raise UserError(f"algorithm.name = 'fedspu': the layers of {type(model).__name__} run in the order "
+                        f"{[n for n, _ in ran]}, not as registered {[la.module for la in layout.layers]}: "
+                        "FedSPU freezes neurons of feed-forward chains only")
+    return layout, [uses for _, uses in ran]
+
+
 def decode_units(upload: Payload) -> list[np.ndarray] | None:
     """The drawn neurons per hidden layer an upload names (None: every neuron, a rate-1 client)."""
     if "units" not in upload.arrays:
@@ -226,37 +261,10 @@ class FedSPUClient(Client):
         return float(self.params.tier_rates.get(tier, self.params.rate))
 
     def layout(self, ctx: ClientContext) -> tuple[ChainLayout, list[float]]:
-        """The architecture's chain and each weight layer's uses per sample, checked once by a
-        forward pass of one row: every layer runs once, in the order the chain has them."""
+        """The architecture's chain and its layers' uses per sample (:func:`chain_of`), once."""
         if ctx.arch not in self.layouts:
-            model = ctx.model
-            try:
-                layout = ChainLayout(model)
-            except ValueError as err:
-                raise UserError(f"algorithm.name = 'fedspu': the model {type(model).__name__} is not a chain FedSPU "
-                                f"can freeze neurons of: {err}") from None
-            ran: list[tuple[str, float]] = []
-
-            def record(module, args, out, name):  # uses of a weight per sample: output positions per unit
-                ran.append((name, out.numel() / (len(out) * module.weight.shape[0])))
-
-            hooks = [model.get_submodule(layer.module).register_forward_hook(
-                lambda m, args, out, name=layer.module: record(m, args, out, name)) for layer in layout.layers]
-            training = model.training
-            try:
-                with torch.no_grad():
-                    model.eval()
-                    model(ctx.train_x[:1])
-            finally:
-                model.train(training)
-                for h in hooks:
-                    h.remove()
-            if [n for n, _ in ran] != [layer.module for layer in layout.layers]:
-                raise UserError(f"algorithm.name = 'fedspu': the layers of {type(model).__name__} run in the order "
-                                f"{[n for n, _ in ran]}, not as registered {[la.module for la in layout.layers]}: "
-                                "FedSPU freezes neurons of feed-forward chains only")
-            self.layouts[ctx.arch] = (layout, [uses for _, uses in ran])
-            self.initial[ctx.arch] = flat_state(model).cpu().numpy()  # the host reset it to the initial model
+            self.layouts[ctx.arch] = chain_of(ctx.model, ctx.train_x[:1])
+            self.initial[ctx.arch] = flat_state(ctx.model).cpu().numpy()  # the host reset it to the initial model
         return self.layouts[ctx.arch]
 
     def receive(self, ctx: ClientContext, broadcast: Payload) -> None:
@@ -336,12 +344,10 @@ class FedSPUServer(Server):
                  context: ServerContext | None = None):
         super().__init__(params, models, seed, context)
         self.layouts = {}
-        for arch, model in models.items():
-            try:
-                self.layouts[arch] = ChainLayout(model)
-            except ValueError as err:
-                raise UserError(f"algorithm.name = 'fedspu': the model {type(model).__name__} is not a chain FedSPU "
-                                f"can freeze neurons of: {err}") from None
+        for arch, model in models.items():  # checked here (validation) when the model knows its input
+            shape = getattr(model, "input_shape", None)
+            row = torch.zeros((1, *shape)) if shape is not None else None
+            self.layouts[arch] = chain_of(model, row)[0]
         self.stopped = np.zeros(self.context.num_clients, dtype=bool)  # early-stopped clients
         self.es_round = -1  # the round early stopping was reached in (-1: not yet)
 

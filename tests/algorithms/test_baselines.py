@@ -24,12 +24,13 @@ from algorithms.base import (
 )
 from algorithms.baseline_params import FEDSPU_TIER_RATES, FedNTDParams, FedSPUParams, HeteroFLParams, MoonParams
 from algorithms.fedntd import FedNTDClient, FedNTDServer
-from algorithms.fedspu import ChainLayout, FedSPUClient, FedSPUServer
+from algorithms.fedspu import ChainLayout, FedSPUClient, FedSPUServer, chain_of
 from algorithms.frozen_models import output_layer, representation
 from algorithms.heterofl import HeteroFLServer, nested_positions
 from algorithms.moon import MoonClient, MoonServer
 from algorithms.training import flat_state, load_flat_state
 from engine.models.zoo import MLP, FashionCNN, build_model, count_parameters
+from hardware_profiles.errors import UserError
 
 LR = 0.1
 
@@ -290,6 +291,33 @@ def test_fedspu_layout_maps_a_convolutions_channels_through_the_flatten():
     assert masks[9].all() and masks[8][:, [2, 3]].all() and masks[8].sum() == 10 * 2  # the output layer
     with pytest.raises(ValueError, match="takes 3 inputs"):
         ChainLayout(torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.Linear(3, 2)))
+
+    class Residual(torch.nn.Module):  # a shortcut, as ResNet's downsample: refused when the server is built
+        input_shape = (1, 6, 6)
+
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.conv2 = torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.Conv2d(4, 4, 3, padding=1)
+            self.shortcut = torch.nn.Conv2d(1, 4, 1)
+
+        def forward(self, x):
+            return self.conv2(self.conv1(x)) + self.shortcut(x)
+
+    with pytest.raises(UserError, match="module 'shortcut' takes 1 inputs, which are not the 4 outputs of 'conv2'"):
+        FedSPUServer(FedSPUParams(), {"": Residual()}, 0)
+
+    class Backwards(torch.nn.Module):  # registered a, b; runs b, a
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.a(self.b(x))
+
+    with pytest.raises(UserError, match="run in the order"):
+        chain_of(Backwards(), torch.zeros(1, 4))
+    assert chain_of(mlp(), torch.zeros(1, 4))[1] == [1.0, 1.0]
+    assert chain_of(FashionCNN(), torch.zeros(1, 1, 28, 28))[1] == [24 * 24, 8 * 8, 1.0, 1.0, 1.0]
 
 
 def test_fedspu_early_stopping_retires_a_client_until_too_few_are_left():
