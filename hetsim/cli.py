@@ -213,7 +213,8 @@ def cmd_run(args) -> int:
             warnings: list[str] = []
         else:
             cfg = _load(args)
-            path, warnings = prepare_run(cfg, args.out)
+            prepared = prepare_run(cfg, args.out)
+            path, warnings, parts = prepared.path, prepared.warnings, prepared.parts
     args.run_path = path  # for the error log and the interruption message
     mark("cli: config loaded")
     callbacks = [] if args.quiet else [ProgressBar(cfg.rounds, "step" if cfg.asynchronous else "round")]
@@ -221,7 +222,7 @@ def cmd_run(args) -> int:
         if args.resume:
             resume_run(path, cfg, callbacks=callbacks, command=sys.argv)
         else:
-            run_in_folder(cfg, path, callbacks, sys.argv, warnings, started=args.started)
+            run_in_folder(cfg, path, callbacks, sys.argv, warnings, started=args.started, parts=parts)
     except KeyboardInterrupt:
         print(f"{_interrupted(args)}. Continue with: hetsim run --resume {path}", file=sys.stderr)
         return 130

@@ -196,7 +196,7 @@ def plain_rounds(run_dir: str) -> pd.DataFrame:
 
 def auc_on(t, acc, budget: float) -> float:
     """Mean accuracy over [0, budget] (a step function, 0.1 before the first round), as
-    ``studies/ascend_study.curve_metrics``."""
+    ``studies/ascend_report.curve_metrics``."""
     import numpy as np
 
     t, acc = np.asarray(t), np.asarray(acc)
@@ -259,7 +259,7 @@ def exploit_by_state(summary: pd.DataFrame) -> pd.DataFrame:
 def analyse_cells(out: Path) -> pd.DataFrame:
     """Print (and write as ``regimes_*.csv`` beside it) the v4 design's extra tables: H1's times by
     uplink state, the uniform arms' paired differences on both clocks, and exploit shares by state."""
-    from studies.ascend_study import paired_differences  # the same bootstrap as the study's tables
+    from studies.ascend_report import paired_differences  # the same bootstrap as the study's tables
 
     summary = pd.read_parquet(out / "summary.parquet")
     st = state_times(summary)

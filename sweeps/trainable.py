@@ -53,7 +53,7 @@ import ray
 from ray import tune
 from ray.tune import PlacementGroupFactory
 
-from engine import RunCallback, load_config, validate_experiment
+from engine import RunCallback, load_config
 from engine.atomic import write_json_atomic
 from engine.checkpoint.folder import CHECKPOINTS, checkpoint_name, list_checkpoints
 from engine.checkpoint.snapshot import read_meta
@@ -63,6 +63,7 @@ from engine.results import Storage, StorageError, read_table
 from engine.results.manifest import update_manifest
 from engine.run.api import run_in_folder
 from engine.run.body import execute_run
+from engine.run.validate import validate_for_run
 from engine.storage.locations import DirectoryMirror
 from engine.trace import mark
 from sweeps.results import SEARCHER_PREFIX, searcher_values
@@ -310,7 +311,8 @@ def hetsim_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
 
     try:
         cfg = load_config(resolved.trial_raw(params))
-        warnings = validate_experiment(cfg, folder.run_dir)
+        validated = validate_for_run(cfg, folder.run_dir)  # its parts are handed to the run below
+        warnings, parts = validated.warnings, validated.parts
         reporter.last_round = cfg.rounds - 1
         placement_group = ray.util.get_current_placement_group()
         executor = None
@@ -320,9 +322,9 @@ def hetsim_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
         if first_round is not None:
             # another trial's checkpoint (PBT) was written under other hyperparameters
             execute_run(cfg, folder.run_dir, [reporter], command, executor=executor, resume=True,
-                        allow_config_change=origin != trial_id, warnings=warnings)
+                        allow_config_change=origin != trial_id, warnings=warnings, parts=parts)
         elif executor is not None or cfg.executor.kind != "ray":
-            execute_run(cfg, folder.run_dir, [reporter], command, executor=executor, warnings=warnings)
+            execute_run(cfg, folder.run_dir, [reporter], command, executor=executor, warnings=warnings, parts=parts)
         else:  # outside a placement group: the engine's own driver actor
             run_in_folder(cfg, folder.run_dir, [reporter], command, warnings)
     except SystemExit:  # Tune stopped the trial (scheduler decision, PBT exploit, interruption)

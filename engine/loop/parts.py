@@ -3,9 +3,10 @@
 architecture.
 
 :func:`build_parts` is the one builder. The validation (:mod:`engine.run.validate`) calls it with
-a ``guard`` that turns each stage's errors into config problems; the run's :class:`Simulation`
-calls it again and gets the same :class:`Parts` back (the last config built is kept), so a config
-is built once per run. Each architecture's model is built once too: the built one is never
+a ``guard`` that turns each stage's errors into config problems and hands the :class:`Parts` it
+built to the run (:func:`engine.run.api.prepare_run` -> :func:`engine.run.body.execute_run` ->
+the :class:`Simulation`), so a config is built once per run; a run's driver actor (another
+process) builds them once for itself. Each architecture's model is built once too: the built one is never
 changed, and whoever changes one (the run's server, the in-process client host's workspace)
 takes a copy (:func:`~engine.models.arch.copy_models`: less CPU than a build). A client host in
 another process (a Ray client actor) builds its own from the seed, the same weights: once per
@@ -32,6 +33,7 @@ from engine.config.schema import ExperimentConfig
 from engine.data.build import build_data
 from engine.models.arch import arch_spec, assign_architectures, build_arch_model, copy_models
 from engine.models.zoo import MODELS
+from engine.trace import mark
 from hardware_profiles.conditions import FleetConditions
 from hardware_profiles.energy import FleetBatteries
 from hardware_profiles.sampler import assign_profiles
@@ -70,24 +72,18 @@ def _no_guard(stage: str, arch: str = "", data=None) -> ContextManager[Any]:
     return contextlib.nullcontext()
 
 
-_last: tuple[str, Parts] | None = None  # the last config built in this process, and its parts
 _data: OrderedDict[str, Any] = OrderedDict()  # data key -> federated data, oldest first
 _models: OrderedDict[tuple, Any] = OrderedDict()  # model key -> initial model, oldest first
 
 
 def build_parts(cfg: ExperimentConfig, guard: Guard | None = None, data=None) -> Parts:
-    """The parts of ``cfg``: those of the last config built in this process if it equals
-    ``cfg``, else built (the data from this process's earlier runs where it is the same).
+    """The parts of ``cfg``, built (the data and initial models from this process's earlier runs
+    where they are the same). Hand them to whoever needs them next, rather than building again.
 
     ``guard`` wraps each stage (see :data:`Guard`); a guard that suppresses an architecture's error
-    leaves that model out (the validation collects them all), and such parts are not kept.
-    ``data``: federated data built by the caller (a benchmark's), used instead; not kept."""
-    global _last
-    key = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
-    if data is None and _last is not None and _last[0] == key:
-        return _last[1]
+    leaves that model out (the validation collects them all). ``data``: federated data built by the
+    caller (a benchmark's), used instead; not kept."""
     guard = guard or _no_guard
-    keep = data is None
     if data is None:
         with guard("data"):
             data = _shared_data(cfg)
@@ -107,10 +103,8 @@ def build_parts(cfg: ExperimentConfig, guard: Guard | None = None, data=None) ->
     for arch in arch_names:
         with guard("model", arch, data):
             models[arch] = _shared_model(cfg, arch, data)
-    parts = Parts(data, profiles, conditions, batteries, arch_names, client_arch, models, cfg)
-    if keep and len(models) == len(arch_names):
-        _last = (key, parts)
-    return parts
+    mark("parts: built")  # (a test counts them: one per run and process)
+    return Parts(data, profiles, conditions, batteries, arch_names, client_arch, models, cfg)
 
 
 def data_key(cfg: ExperimentConfig) -> str:
@@ -159,7 +153,5 @@ def _model_nbytes(model) -> int:
 
 def forget() -> None:
     """Drop everything kept (tests; a process that needs the memory back)."""
-    global _last
-    _last = None
     _data.clear()
     _models.clear()

@@ -28,7 +28,7 @@ from engine.loop.asynchronous import AsyncLoop
 from engine.loop.batching import UnbatchedNotice
 from engine.loop.callbacks import CallbackLike, CallbackList, RoundRecord, RunContext, Stop
 from engine.loop.evaluation import GlobalEvaluation, global_columns, is_evaluation_round
-from engine.loop.parts import build_parts
+from engine.loop.parts import Parts, build_parts
 from engine.loop.selection import ClientSelector, target_arrivals
 from engine.trace import mark
 from hardware_profiles.errors import user_frames
@@ -54,10 +54,13 @@ class Simulation:
         cfg: ExperimentConfig,
         executor: Executor | None = None,
         data: FederatedData | None = None,
+        parts: Parts | None = None,
     ):
+        """``parts``: what the validation built for ``cfg`` (:func:`engine.loop.parts.build_parts`),
+        handed on; None: built here (``data``: federated data to build them with)."""
         self.cfg = cfg
         self.executor = executor or InProcessExecutor.for_config(cfg)  # threads as `hetsim run`'s
-        parts = build_parts(cfg, data=data)  # the validation's, when it built this config
+        parts = parts if parts is not None else build_parts(cfg, data=data)
         mark("sim: data built")
         self.data, self.profiles, self.conditions = parts.data, parts.profiles, parts.conditions
         n = self.data.num_clients

@@ -123,10 +123,10 @@ class TimingSimulation(Simulation):
     and the synchronous round; raises :class:`~algorithms.base.TimingUnsupported` when the
     method's payload depends on training."""
 
-    def __init__(self, cfg: ExperimentConfig, executor: Executor | None = None, data=None):
+    def __init__(self, cfg: ExperimentConfig, executor: Executor | None = None, data=None, parts=None):
         # not Simulation.__init__: no server, no evaluation, no client hosts
         self.cfg = cfg
-        parts = build_parts(cfg, data=data)
+        parts = parts if parts is not None else build_parts(cfg, data=data)
         self.data, self.profiles, self.conditions = parts.data, parts.profiles, parts.conditions
         self.batteries = parts.fresh_batteries()
         self.arch_names, self.client_arch = parts.arch_names, parts.client_arch
@@ -208,8 +208,9 @@ def _without_learning(record: RoundRecord) -> RoundRecord:
     return record
 
 
-def make_simulation(cfg: ExperimentConfig, executor: Executor | None = None, data=None) -> Simulation:
-    """The run's simulation: a :class:`TimingSimulation` for ``clock.mode: timing_only``."""
+def make_simulation(cfg: ExperimentConfig, executor: Executor | None = None, data=None, parts=None) -> Simulation:
+    """The run's simulation (``parts``: what the validation built, handed on): a
+    :class:`TimingSimulation` for ``clock.mode: timing_only``."""
     if cfg.clock.mode == "timing_only":
-        return TimingSimulation(cfg, executor, data)
-    return Simulation(cfg, executor, data)
+        return TimingSimulation(cfg, executor, data, parts)
+    return Simulation(cfg, executor, data, parts)

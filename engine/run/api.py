@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from engine.run.folders import check_can_resume, check_not_in_use, make_run_dir
 from engine.run.signals import InterruptRequest, interrupt_signals
 from engine.run.staging import run_to_storage
 from engine.run.startup import validate_while_ray_starts
-from engine.run.validate import validate_experiment
+from engine.run.validate import validate_for_run
 from engine.storage.locations import is_uri
 
 log = logging.getLogger("hetsim")
@@ -60,8 +61,9 @@ def run_experiment(
     """
     check_arguments(cfg, run_dir, callbacks)
     started = time.time()
-    path, warnings = prepare_run(cfg, run_dir)
-    return run_in_folder(cfg, path, callbacks, command, warnings, started=started)
+    prepared = prepare_run(cfg, run_dir)
+    return run_in_folder(cfg, prepared.path, callbacks, command, prepared.warnings, started=started,
+                         parts=prepared.parts)
 
 
 def check_arguments(cfg: Any, run_dir: Any = None, callbacks: Any = None) -> None:
@@ -76,18 +78,30 @@ def check_arguments(cfg: Any, run_dir: Any = None, callbacks: Any = None) -> Non
     as_callbacks(callbacks)
 
 
-def prepare_run(cfg: ExperimentConfig, run_dir: str | Path | None = None) -> tuple[Path | str, list[str]]:
+@dataclass
+class PreparedRun:
+    """A validated config's claimed run folder (or URI), its warnings (for the manifest) and the
+    parts the validation built (None for a Ray run: its driver actor builds its own)."""
+
+    path: Path | str
+    warnings: list[str]
+    parts: Any = None
+
+
+def prepare_run(cfg: ExperimentConfig, run_dir: str | Path | None = None) -> PreparedRun:
     """Validate ``cfg`` (nothing is written if it fails), log its warnings, then create and
-    claim the run folder. Returns the folder (or a URI) and the warnings (for the manifest)."""
+    claim the run folder; what the validation built is handed on (:class:`PreparedRun`)."""
     check_device_request(cfg)  # `device: cuda` without CUDA: refused before anything is written
+    parts = None
     if cfg.executor.kind == "ray":  # the data checks' CPU seconds overlap Ray's start-up
         warnings = validate_while_ray_starts(cfg, run_dir)
     else:
-        warnings = validate_experiment(cfg, run_dir)
+        validated = validate_for_run(cfg, run_dir)
+        warnings, parts = validated.warnings, validated.parts
     for text in warnings:
         log.warning("hetsim: warning: %s", text)
     try:
-        return make_run_dir(cfg, run_dir), warnings
+        return PreparedRun(make_run_dir(cfg, run_dir), warnings, parts)
     except BaseException:
         if cfg.executor.kind == "ray":  # no run for the driver started during the validation
             from engine.ray.driver import discard_early_driver  # Ray: imported for Ray runs only
@@ -103,14 +117,16 @@ def run_in_folder(
     command: list[str] | None = None,
     warnings: list[str] | None = None,
     started: float | None = None,
+    parts: Any = None,
 ) -> Path | str:
     """Run a validated ``cfg`` into ``path``, a folder the caller owns (e.g. a sweep trial's),
     or into a URI through a local staging folder. ``started``: when the command began (Unix
-    time), recorded in ``manifest.json`` as ``command_wall_s`` once the run ends."""
+    time), recorded in ``manifest.json`` as ``command_wall_s`` once the run ends; ``parts``: what
+    the validation built (:class:`PreparedRun`), for an in-process run."""
     command = command if command is not None else sys.argv
     if is_uri(str(path)):
         return run_to_storage(run_experiment, cfg, str(path), callbacks, command)
-    out = _dispatch(cfg, Path(path), callbacks, command, resume=False, warnings=warnings)
+    out = _dispatch(cfg, Path(path), callbacks, command, resume=False, warnings=warnings, parts=parts)
     if started is not None:  # the summary's wall time counts the start-up too (validation, Ray)
         update_manifest(out, command_wall_s=time.time() - started)
     return out
@@ -127,7 +143,7 @@ def _execute_run(*args, **kwargs) -> Path:
     return execute_run(*args, **kwargs)
 
 
-def _dispatch(cfg, path, callbacks, command, resume: bool, warnings: list[str] | None = None) -> Path:
+def _dispatch(cfg, path, callbacks, command, resume: bool, warnings: list[str] | None = None, parts=None) -> Path:
     if cfg.executor.kind == "ray":
         from engine.ray.driver import run_on_driver_actor  # Ray: imported for Ray runs only
 
@@ -137,7 +153,7 @@ def _dispatch(cfg, path, callbacks, command, resume: bool, warnings: list[str] |
     request = InterruptRequest()
     with interrupt_signals(request):
         out = _execute_run(cfg, path, [*(callbacks or []), request], command, resume=resume,
-                          warnings=warnings)
+                           warnings=warnings, parts=parts)
     if request.stopped:
         raise KeyboardInterrupt(f"run stopped by {request.signal_name}")
     return out

@@ -100,6 +100,7 @@ def execute_run(
     resume: bool = False,
     allow_config_change: bool = False,
     warnings: list[str] | None = None,
+    parts=None,
 ) -> Path:
     """The body of a run, in whichever process hosts the round loop.
 
@@ -126,7 +127,7 @@ def execute_run(
         dump_config(cfg, path / "config.yaml")  # on resume: result-neutral fields may have changed
         keeper.start()
         executor = executor if executor is not None else make_executor(cfg)
-        sim = make_simulation(cfg, executor)
+        sim = make_simulation(cfg, executor, parts=parts)  # the validation's parts, if it handed them
         mark("run: simulation built")
         manifest["num_classes"] = int(sim.data.num_classes)  # what "chance" is, for reports
         if not resume:

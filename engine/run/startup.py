@@ -16,7 +16,8 @@ from engine.run.validate import fail, static_problems, validate_with_data
 def validate_while_ray_starts(cfg: ExperimentConfig, run_dir: str | Path | None = None) -> list[str]:
     """:func:`validate_experiment` for a run with ``executor.kind: ray``: after the checks that
     need no data, the ones that load it run while this thread starts (or joins) the Ray the
-    run needs next, instead of before it. A Ray started for a config that fails is stopped."""
+    run needs next, instead of before it. A Ray started for a config that fails is stopped. The
+    parts the checks build are dropped: the run's driver actor builds its own, in its process."""
     # Ray: imported for Ray runs only
     from engine.ray.cluster import check_while_ray_starts, init_ray, ray_is_up
     from engine.ray.driver import discard_early_driver, start_driver_early
@@ -30,8 +31,8 @@ def validate_while_ray_starts(cfg: ExperimentConfig, run_dir: str | Path | None 
         start_driver_early(cfg)  # its actors start while the check still runs
 
     try:
-        warnings, _ = check_while_ray_starts(lambda: validate_with_data(cfg, ray_running=running), start)
+        validated, _ = check_while_ray_starts(lambda: validate_with_data(cfg, ray_running=running), start)
     except BaseException:
         discard_early_driver()
         raise
-    return warnings
+    return validated.warnings

@@ -24,7 +24,9 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -52,6 +54,15 @@ def fail(problems: list[str]) -> None:
         raise ConfigError(HEADER + "\n".join(problems))
 
 
+@dataclass
+class Validated:
+    """What validating a config gives the run that follows: its warnings, and the parts the
+    validation built (:class:`engine.loop.parts.Parts`), handed on so a run builds them once."""
+
+    warnings: list[str]
+    parts: Any
+
+
 def validate_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None, *,
                         ray_running: bool | None = None) -> list[str]:
     """Raise :class:`ConfigError` listing what would make ``cfg`` fail or mean nothing; return
@@ -60,15 +71,19 @@ def validate_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None
     ``ray_running``: whether the Ray pool check may ask a Ray this process is connected to for
     its CPUs (default: whether one is connected now); pinned by callers that start Ray while
     this runs (:func:`engine.run.startup.validate_while_ray_starts`)."""
+    return validate_for_run(cfg, run_dir, ray_running=ray_running).warnings
+
+
+def validate_for_run(cfg: ExperimentConfig, run_dir: str | Path | None = None, *,
+                     ray_running: bool | None = None) -> Validated:
+    """:func:`validate_experiment`, keeping what it built for the run (:class:`Validated`)."""
     fail(static_problems(cfg, run_dir))
     return validate_with_data(cfg, ray_running=ray_running)
 
 
-def validate_with_data(cfg: ExperimentConfig, *, ray_running: bool | None = None) -> list[str]:
-    """The checks of :func:`validate_experiment` that load the data (after the static ones).
-
-    The parts are built by :func:`engine.loop.parts.build_parts`, which keeps them for the run
-    that follows in this process (a config is built once)."""
+def validate_with_data(cfg: ExperimentConfig, *, ray_running: bool | None = None) -> Validated:
+    """The checks of :func:`validate_experiment` that load the data (after the static ones); the
+    parts they build (:func:`engine.loop.parts.build_parts`) come back with the warnings."""
     warnings: list[str] = []
     fail(_params_problems(cfg) + memory_problems(cfg))  # torch; the data's memory before it is built
     _check_compute_processes(cfg)
@@ -89,7 +104,7 @@ def validate_with_data(cfg: ExperimentConfig, *, ray_running: bool | None = None
         problems.append(f"  partition.global_test_fraction = {cfg.partition.global_test_fraction!r}: "
                         "leaves no global test samples; raise it, or set evaluation.global_model: false")
     fail(problems)
-    _build_server(cfg)
+    _build_server(cfg, parts)
     train = data.client_num_train()
     if train.mean() < FEW_SAMPLES:
         warnings.append(
@@ -97,7 +112,7 @@ def validate_with_data(cfg: ExperimentConfig, *, ray_running: bool | None = None
             f"max {train.max()}) after partition.public_fraction={cfg.partition.public_fraction}, "
             f"partition.global_test_fraction and partition.test_fraction={cfg.partition.test_fraction}: "
             "results will be mostly noise; use fewer clients or smaller held-out fractions")
-    return warnings
+    return Validated(warnings, parts)
 
 
 # ---------------------------------------------------------------- without data
@@ -294,16 +309,16 @@ def _model_figures(cfg: ExperimentConfig, parts) -> tuple[dict[str, float], dict
     return flops, sizes
 
 
-def _build_server(cfg: ExperimentConfig) -> None:
-    """The method's server, built as the run builds it, from the same parts (ASCEND needs a
-    public split, ...)."""
+def _build_server(cfg: ExperimentConfig, parts) -> None:
+    """The method's server (and selection policy), built as the run builds them, from the parts
+    the run is handed (ASCEND needs a public split, ...)."""
     # torch: see _params_problems
     from algorithms.base import TimingUnsupported
     from engine.execution.inprocess import InProcessExecutor
     from engine.loop.timing import make_simulation
 
     try:
-        make_simulation(cfg, InProcessExecutor() if cfg.clock.mode != "timing_only" else None)
+        make_simulation(cfg, InProcessExecutor() if cfg.clock.mode != "timing_only" else None, parts=parts)
     except TimingUnsupported as err:
         raise ConfigError(f"{HEADER}  clock.mode = 'timing_only': algorithm.name = {cfg.algorithm.name!r} cannot be "
                           f"timed without training: {err}; run it with clock.mode: virtual") from None

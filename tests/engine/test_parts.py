@@ -1,5 +1,5 @@
-"""A config is built once per run (validation and run share the parts), and a warm process reuses
-the data of earlier runs without changing a result."""
+"""A config is built once per run (the validation hands its parts to the run), and a warm process
+reuses the data and initial models of earlier runs without changing a result."""
 import collections
 import pickle
 
@@ -51,27 +51,40 @@ def _results(run):
     return run.rounds[keep], clients
 
 
-def test_a_run_builds_its_config_once_then_a_warm_run_builds_nothing_and_gives_equal_tables(counted, tmp_path):
+def test_a_run_builds_its_config_once_then_a_warm_run_reuses_data_and_models_and_gives_equal_tables(
+        counted, tmp_path, monkeypatch):
+    built, handed = [], []
+    build_parts, init = parts.build_parts, Simulation.__init__
+    monkeypatch.setattr(parts, "build_parts", lambda *a, **k: built.append(build_parts(*a, **k)) or built[-1])
+
+    def sim_init(self, cfg, executor=None, data=None, parts=None):
+        handed.append(parts)
+        init(self, cfg, executor, data, parts)
+
+    monkeypatch.setattr(Simulation, "__init__", sim_init)
     cold = engine.simulate({"output": {"dir": str(tmp_path)}}, TINY, run_dir=tmp_path / "cold")
     assert cold.manifest["status"] == "finished"
     # in-process: one build of each for the validation (and its server check), the run's server
     # and the client host (both copy the built models)
     assert counted == {"data": 1, "profiles": 1, "models": {"lenet5_half": 1, "mlp": 1}}
+    # the validation built the parts once, and its server check and the run got those very parts
+    assert len(built) == 1 and handed == [built[0], built[0]]
 
     warm = engine.simulate({"output": {"dir": str(tmp_path)}}, TINY, run_dir=tmp_path / "warm")
-    assert counted == {"data": 1, "profiles": 1, "models": {"lenet5_half": 1, "mlp": 1}}  # nothing again
+    # the same config again: its fleet is built again (milliseconds), data and models are kept
+    assert counted == {"data": 1, "profiles": 2, "models": {"lenet5_half": 1, "mlp": 1}}
     for a, b in zip(_results(cold), _results(warm)):
         pd.testing.assert_frame_equal(a, b)
 
     # as a sweep's warm trial worker: another trial (a learning rate) takes the same data and
     # initial models, builds its fleet (milliseconds), and gives other results
     other = engine.simulate({"output": {"dir": str(tmp_path)}}, {**TINY, "train.lr": 0.5}, run_dir=tmp_path / "lr")
-    assert counted == {"data": 1, "profiles": 2, "models": {"lenet5_half": 1, "mlp": 1}}
+    assert counted == {"data": 1, "profiles": 3, "models": {"lenet5_half": 1, "mlp": 1}}
     assert not _results(other)[0]["global_loss"].equals(_results(cold)[0]["global_loss"])
 
     # another seed: other data, fleet and models, built once each
     engine.simulate({"output": {"dir": str(tmp_path)}}, {**TINY, "seed": 1}, run_dir=tmp_path / "seed")
-    assert counted == {"data": 2, "profiles": 3, "models": {"lenet5_half": 2, "mlp": 2}}
+    assert counted == {"data": 2, "profiles": 4, "models": {"lenet5_half": 2, "mlp": 2}}
 
 
 def test_a_warm_run_equals_a_cold_one_after_another_config_ran_between(counted, tmp_path):
@@ -86,7 +99,6 @@ def test_a_warm_run_equals_a_cold_one_after_another_config_ran_between(counted, 
 def test_parts_hand_out_copies_of_what_a_run_changes(counted):
     cfg = engine.load_config({}, {**TINY, "clients.profiles": {"devices": {"phone_mid": 1.0}, "battery": {}}})
     built = parts.build_parts(cfg)
-    assert parts.build_parts(cfg) is built  # kept for the run that follows its validation
     a, b = built.take_models(), built.take_models()
     assert counted["models"] == {"lenet5_half": 1, "mlp": 1}  # copies, not builds
     for arch_name in built.arch_names:

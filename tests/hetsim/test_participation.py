@@ -155,7 +155,9 @@ def test_the_run_itself_warns_in_the_terminal_and_the_manifest(tmp_path, caplog,
     assert any("never aggregated" in r.getMessage() for r in caplog.records)
     # a run where every client is late (validation would refuse it: skip it, as a fleet whose
     # links fade can get there): no update ever arrived, accuracy at chance
-    monkeypatch.setattr("engine.run.api.validate_experiment", lambda cfg, run_dir=None, **kw: [])
+    from engine.run.validate import Validated
+
+    monkeypatch.setattr("engine.run.api.validate_for_run", lambda cfg, run_dir=None, **kw: Validated([], None))
     run = load_run(run_experiment(load_config(None, [*base, "clock.deadline_s=0.041",
                                                      "clients.profiles.network={5mbps: 1.0}"]), tmp_path / "b"))
     assert (run.rounds["num_arrived"] == 0).all() and run.manifest["num_arrived"] == 0

@@ -19,7 +19,8 @@ from helpers import REPO
 from engine.results import load_run
 from studies import ascend_regimes
 
-STUDIES = sorted(p.stem for p in REPO.glob("studies/*.py"))
+# the scripts (a study's helper module, e.g. its report, is run through its script)
+STUDIES = sorted(p.stem for p in REPO.glob("studies/*.py") if 'if __name__ == "__main__"' in p.read_text())
 IN_THIS_PROCESS = {"whatif_bandwidth"}  # a Ray Tune sweep: on the shared Ray (module docstring)
 # each study's smallest setting, output paths relative to the working folder
 SMOKE_ARGS = {

@@ -102,12 +102,18 @@ def test_a_sessions_own_method_runs_in_a_sweeps_trials(tmp_path, local_ray):
 @pytest.mark.ray
 def test_a_notebooks_own_classes_run_on_ray_by_value(tmp_path):
     """examples/notebook.py defines its method and model in __main__ and runs them in-process and
-    on Ray (its own local Ray), asserting equal tables."""
+    on Ray (its own local Ray), asserting equal tables. Each run builds its parts once: the caller
+    once per run (its validation hands them to the in-process run), the driver actor once, and the
+    client actors never (the start-up trace counts them per process)."""
+    trace = tmp_path / "trace.txt"
     out = subprocess.run([sys.executable, str(EXAMPLES / "notebook.py"), "--ray", f"--out={tmp_path}"],
                          capture_output=True, text=True, cwd=tmp_path,
-                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=600)
+                         env={**os.environ, "PYTHONPATH": str(REPO), "HETSIM_TRACE": str(trace)}, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "Ray: the same tables" in out.stdout
+    built = [line.split()[1] for line in trace.read_text().splitlines() if "parts: built" in line]
+    by_process = sorted(built.count(pid) for pid in set(built))
+    assert by_process == [1, 2], by_process  # the driver actor's one; the caller's in-process and Ray runs
     run = engine.load_run(tmp_path / "notebook-ray")
     assert run.manifest["algorithm"] == "server_momentum" and run.config["model"]["name"] == "TinyNet"
     assert {e["session"] for e in run.manifest["plugins"]} >= {"algorithm 'server_momentum'", "model 'TinyNet'"}

@@ -148,7 +148,8 @@ def test_ctrl_c_on_ray_lets_a_long_round_finish_and_checkpoints_it(tmp_path, loc
         flag.touch()
         raise KeyboardInterrupt
 
-    path, warnings = prepare_run(cfg, tmp_path / "r")
+    prepared = prepare_run(cfg, tmp_path / "r")
+    path, warnings = prepared.path, prepared.warnings
     with interrupt_signals(None), pytest.raises(KeyboardInterrupt):
         run_on_driver_actor(body, cfg, path, [ctrl_c], ["test"], warnings=warnings)
     run = load_run(path)
