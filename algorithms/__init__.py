@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from algorithms.base import AlgorithmSpec
+from algorithms.baseline_params import FedNTDParams, FedSPUParams, HeteroFLParams, MoonParams
 from algorithms.params import (
     BUILTIN_COMPRESSOR_COSTS,
     AscendParams,
@@ -27,6 +28,11 @@ register_method("fedprox", "algorithms.fedavg:FEDPROX_SPEC", params=FedProxParam
 register_method("fedavg_compressed", "algorithms.compressed_fedavg:SPEC", params=CompressedFedAvgParams)
 register_method("fedcspack", "algorithms.fedcspack:SPEC", params=FedCSPACKParams)
 register_method("ascend", "algorithms.ascend:SPEC", params=AscendParams)
+# the baselines of FedCSPACK's paper (docs/baselines.md)
+register_method("moon", "algorithms.moon:SPEC", params=MoonParams)
+register_method("fedntd", "algorithms.fedntd:SPEC", params=FedNTDParams)
+register_method("fedspu", "algorithms.fedspu:SPEC", params=FedSPUParams)
+register_method("heterofl", "algorithms.heterofl:SPEC", params=HeteroFLParams)
 
 for _name, _cls in (("topk", "TopK"), ("randomk", "RandomK"), ("periodick", "PeriodicK"), ("qsgd8", "QSGD8")):
     register_compressor(_name, f"algorithms.compressors:{_cls}", costs=BUILTIN_COMPRESSOR_COSTS[_name])

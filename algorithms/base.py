@@ -97,6 +97,9 @@ class ClientResult:
     train_flops: float  # FLOPs actually spent training this round
     compress_ops: float = 0.0  # operation count of compression / selection work
     metrics: dict[str, Any] = field(default_factory=dict)  # per-client trace columns
+    # bytes this client downloaded when it reads only part of its architecture's broadcast (FedSPU's
+    # sub-model: the values it loads, and nothing else of the payload); None: the whole payload
+    download_nbytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,13 @@ class TimingPayload:
         ``local_samples(rows)`` is the engine's count for rows trained on whole (epochs or
         steps). A method that holds rows out of training overrides this."""
         return local_samples(n_train)
+
+    def train_flops(self, per_sample: np.ndarray, samples: np.ndarray) -> np.ndarray:
+        """Training FLOPs of clients that train ``samples`` samples with ``per_sample`` FLOPs each
+        (their architecture's forward and backward pass). A method whose clients do more per
+        sample (forwards of frozen models: MOON, FedNTD) overrides this with the rule its clients
+        report, so that a timing-only run charges what a full run does."""
+        return per_sample * samples
 
     def stepped(self, updated: set[str], synchronous: bool) -> None:
         """A server step ran: a round (``synchronous``), or an asynchronous step; ``updated``:
@@ -228,6 +238,16 @@ class Client:
         """Whether this client class overrides :meth:`batch_loss`."""
         return cls.batch_loss is not Client.batch_loss
 
+    @classmethod
+    def unbatched_reason(cls) -> str | None:
+        """Why ``executor.batch_clients`` cannot train this method's clients together (they then
+        train one by one, and the run says why once), or None. Batched training minimises
+        cross-entropy with a plain SGD step: a method that overrides :meth:`batch_loss`, or whose
+        local training differs otherwise (FedSPU's frozen neurons), says so here."""
+        if cls.custom_loss():
+            return "defines its own batch_loss, which batched training (cross-entropy) cannot apply"
+        return None
+
     def loss_of(self, ctx: ClientContext):
         """What ``fit`` hands :func:`~algorithms.training.local_sgd` as ``loss``: :meth:`batch_loss`
         bound to ``ctx`` where overridden, else None (cross-entropy, batched training allowed)."""
@@ -274,6 +294,7 @@ class ServerContext:
     num_clients: int = 0
     client_arch: np.ndarray | None = None  # architecture name per client
     eval_batch_size: int = 1024
+    clients_per_round: int = 0  # how many uploads a synchronous round aims to aggregate
 
 
 class Server:
@@ -317,6 +338,12 @@ class Server:
 
     def global_models(self) -> dict[str, torch.nn.Module]:
         return self.models
+
+    def excluded_clients(self, round: int) -> np.ndarray | None:
+        """Clients this method does not train in synchronous round ``round`` (FedSPU's
+        early-stopped clients): the selection policy chooses among the others. None (this
+        default): any client. Asynchronous runs do not ask."""
+        return None
 
     def checkpoint_state(self) -> dict[str, Any]:
         """The global models' state dicts and the ``checkpoint_fields`` (references, not copies)."""

@@ -9,7 +9,8 @@ measured of each client's past rounds (:class:`ClientHistory`). A policy draws r
 from ``view.rng`` (seeded by the run's seed and the round), so a run selects the same clients on
 every executor.
 
-The synchronous loop asks once per round, from the whole fleet (``view.candidates`` is None); the
+The synchronous loop asks once per round, from the whole fleet (``view.candidates`` is None), or
+from the clients the method still trains when it excludes some (``Server.excluded_clients``); the
 asynchronous loop asks each time slots free up, from the idle clients that are online now
 (``view.candidates``). Numpy only: no torch, no Ray, no I/O.
 """
@@ -175,7 +176,7 @@ def checked_selection(name: str, chosen: Any, view: SelectionView) -> Selection:
     pool = view.candidates
     outside = ids[(ids < 0) | (ids >= view.num_clients)] if pool is None else ids[~np.isin(ids, pool)]
     if len(outside):
-        allowed = f"0..{view.num_clients - 1}" if pool is None else "view.candidates (idle clients online now)"
+        allowed = f"0..{view.num_clients - 1}" if pool is None else "view.candidates"
         raise ValueError(f"{where} chose client(s) {outside[:5].tolist()} outside {allowed}")
     order = np.argsort(ids, kind="stable")
     score = None if sel.score is None else np.asarray(sel.score, dtype=np.float64).reshape(-1)

@@ -87,10 +87,16 @@ class SGD:
     importing torch, in every process that trains) and every step pays its hooks and profiler
     bookkeeping, a few percent of a small model's step."""
 
-    def __init__(self, params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
+    def __init__(self, params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
+                 masks: list[torch.Tensor | None] | None = None):
+        """``masks``: per parameter, None or a 0/1 tensor of its shape that multiplies its step, so
+        the entries it zeroes never change (frozen, whatever the momentum and weight decay)."""
         self.params = list(params)
         self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
         self.momentum_buffers: list[torch.Tensor | None] = [None] * len(self.params)
+        self.masks = masks if masks is not None else [None] * len(self.params)
+        if len(self.masks) != len(self.params):
+            raise ValueError(f"{len(self.masks)} update masks for {len(self.params)} parameters")
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -111,7 +117,8 @@ class SGD:
                 else:
                     buf.mul_(self.momentum).add_(grad, alpha=1)
                 grad = buf
-            p.add_(grad, alpha=-self.lr)
+            mask = self.masks[i]
+            p.add_(grad if mask is None else grad * mask, alpha=-self.lr)
 
 
 class Adam:
@@ -187,6 +194,7 @@ def local_sgd(
     prox_center: torch.Tensor | None = None,
     prox_mu: float = 0.0,
     loss: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    update_mask: list[torch.Tensor | None] | None = None,
 ) -> tuple[float, int]:
     """Run ``local_epochs`` (or ``local_steps`` steps) of mini-batch SGD on the client's data,
     in place on ``ctx.model`` (batches: :func:`batch_schedule`).
@@ -195,6 +203,8 @@ def local_sgd(
     With ``prox_center`` the FedProx term ``mu/2 ||w - center||^2`` is added.
     ``loss(model, x, y)``: the objective of one batch (default: cross-entropy of ``model(x)``), e.g.
     a method's :meth:`~algorithms.base.Client.batch_loss` bound to ``ctx``.
+    ``update_mask``: per parameter (``model.parameters()`` order) None or a 0/1 tensor of its shape;
+    the entries it zeroes are frozen (FedSPU; :class:`SGD`'s ``masks``).
     Returns (mean training loss, samples processed).
     With ``ctx.pretrained`` (``executor.batch_clients``) the training was already done for many
     clients at once (:mod:`algorithms.batched_training`): its result is loaded instead.
@@ -202,10 +212,14 @@ def local_sgd(
     if ctx.pretrained is not None:
         if loss is not None:
             raise RuntimeError("batch_clients trained this client with cross-entropy, but fit asks for its own loss")
+        if update_mask is not None:
+            raise RuntimeError("batch_clients trained every parameter of this client, but fit asks for an update "
+                               "mask (Client.unbatched_reason must say why it cannot be batched)")
         return ctx.pretrained.apply(ctx, prox_center, prox_mu)
     model, s = ctx.model, ctx.train
     model.train()
-    opt = SGD(model.parameters(), lr=round_lr(ctx), momentum=s.momentum, weight_decay=s.weight_decay)
+    opt = SGD(model.parameters(), lr=round_lr(ctx), momentum=s.momentum, weight_decay=s.weight_decay,
+              masks=update_mask)
     n = len(ctx.train_y)
     params = list(model.parameters())
     device = ctx.train_x.device

@@ -132,6 +132,7 @@ for _name, _ref, _shape in (
     ("cifar_cnn", "engine.models.zoo:CifarCNN", (3, 32, 32)),
     ("resnet18", "engine.models.zoo:cifar_resnet18", (3, 32, 32)),
     ("mlp", "engine.models.zoo:MLP", (60,)),
+    ("fmnist_cnn", "engine.models.zoo:FashionCNN", (1, 28, 28)),
 ):
     register_model(_name, _ref, input_shape=_shape)
 

@@ -306,7 +306,7 @@ class ClientHost:
         s = self.train_settings
         for arch, members in by_arch.items():
             model = self.workspace[arch]
-            if len(members) < 2 or has_randomness(model) or self.client.custom_loss():
+            if len(members) < 2 or has_randomness(model) or self.client.unbatched_reason() is not None:
                 continue
             try:
                 t0 = time.perf_counter()

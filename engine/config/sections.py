@@ -112,23 +112,40 @@ def named_params(v: Any, registry: Registry, params_of, base: type[BaseModel], f
     return params_of(name).model_validate(v)
 
 
-def _blame(loc: str | int, value: Any, message: str) -> ValidationError:
+def _blame(loc: str | int | tuple, value: Any, message: str) -> ValidationError:
     """An error of a validator blamed on one part of its field (``algorithm.name``, ``metrics[1]``)."""
     return ValidationError.from_exception_data("config", [{
-        "type": "value_error", "loc": (loc,), "input": value, "ctx": {"error": ValueError(message)}}])
+        "type": "value_error", "loc": loc if isinstance(loc, tuple) else (loc,), "input": value,
+        "ctx": {"error": ValueError(message)}}])
 
 
 class ArchRule(Section):
     """Clients whose profile satisfies every bound given here get ``arch``."""
 
-    arch: str
+    arch: str = Field(description="the architecture's name: a registered model, or a name of your own with "
+                      "model: (its options in model.arch_params under this name)")
+    model: str | None = Field(None, description="the registered model the architecture builds (default: arch "
+                              "itself); one model at several sizes is several archs of one model (HeteroFL's "
+                              "widths: model.arch_params.<arch>.width)")
     max_gflops: float | None = Field(None, gt=0)
     max_memory_gb: float | None = Field(None, gt=0)
 
-    @field_validator("arch")
-    @classmethod
-    def _known_arch(cls, v: str) -> str:
-        return _check_model_name(v)
+    @model_validator(mode="after")
+    def _known_model(self) -> "ArchRule":
+        if self.model is not None:
+            if self.model not in MODELS:
+                raise _blame("model", self.model, MODELS.unknown(self.model))
+            if self.arch != self.model and self.arch in MODELS:
+                raise _blame("arch", self.arch, f"{self.arch!r} is a registered model, which this rule's "
+                             f"architecture (model {self.model!r}) is not; give it a name of its own")
+        elif self.arch not in MODELS:
+            raise _blame("arch", self.arch, MODELS.unknown(self.arch) + "; or give the model it builds in model:")
+        return self
+
+    @property
+    def model_name(self) -> str:
+        """The registered model this architecture builds."""
+        return self.arch if self.model is None else self.model
 
 
 class ModelConfig(Section):
@@ -145,16 +162,30 @@ class ModelConfig(Section):
     def _known_model(cls, v: str) -> str:
         return _check_model_name(v)
 
-    @field_validator("per_client")
-    @classmethod
-    def _known_per_client(cls, v: dict[int, str]) -> dict[int, str]:
-        for arch in v.values():
-            _check_model_name(arch)
-        return v
+    @model_validator(mode="after")
+    def _known_per_client(self) -> "ModelConfig":
+        named = {r.arch for r in self.zoo if r.model is not None}
+        for cid, arch in self.per_client.items():
+            if arch not in named and arch not in MODELS:
+                also = f"; or one of the archs model.zoo names: {', '.join(sorted(named))}" if named else ""
+                raise _blame(("per_client", cid), arch, MODELS.unknown(arch) + also)
+        twice = {}
+        for r in self.zoo:
+            if twice.setdefault(r.arch, r.model_name) != r.model_name:
+                raise _blame("zoo", r.arch, f"model.zoo names arch {r.arch!r} twice with other models "
+                             f"({twice[r.arch]!r}, {r.model_name!r}); give each its own arch name")
+        return self
 
     @property
     def heterogeneous(self) -> bool:
         return bool(self.zoo or self.per_client)
+
+    def model_of(self, arch: str) -> str:
+        """The registered model an architecture builds: its zoo rule's ``model``, else the arch's own name."""
+        for r in self.zoo:
+            if r.arch == arch:
+                return r.model_name
+        return arch
 
 
 def absolute_trace_files(conditions: Any) -> Any:

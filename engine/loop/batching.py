@@ -28,8 +28,9 @@ class UnbatchedNotice:
 
     def __init__(self, batch_clients: bool, arch_names, client_arch: np.ndarray,
                  models: dict[str, torch.nn.Module], own_loss: str | None = None):
-        """``own_loss``: the method whose client defines its own ``batch_loss`` (batched training
-        minimises cross-entropy: every client trains one by one), None if it does not."""
+        """``own_loss``: the method and why batched training cannot train its clients
+        (``Client.unbatched_reason``, e.g. its own ``batch_loss``: every client trains one by one),
+        None if it can."""
         self.on = batch_clients
         self.own_loss = own_loss
         self.arch_of = np.asarray(arch_names, dtype=object)[np.asarray(client_arch)]
@@ -47,8 +48,7 @@ class UnbatchedNotice:
             return
         if self.own_loss is not None:
             self.said.add("loss")
-            self._say(f"executor.batch_clients: method {self.own_loss!r} defines its own batch_loss, which batched "
-                      "training (cross-entropy) cannot apply: its clients train one by one")
+            self._say(f"executor.batch_clients: method {self.own_loss}: its clients train one by one")
             return
         ids = np.asarray(client_ids, dtype=np.int64)
         archs = self.arch_of[ids]

@@ -17,9 +17,11 @@ PERSONALIZED_COLUMNS = ("pers_acc", "pers_acc_weighted", "pers_acc_worst", "pers
 
 
 def payloads(broadcast: Broadcast, results: list[ClientResult]) -> dict[str, np.ndarray]:
-    """Per result: bytes down and up, training FLOPs and compression ops (float64)."""
+    """Per result: bytes down (its architecture's broadcast, or the part it read:
+    ``ClientResult.download_nbytes``) and up, training FLOPs and compression ops (float64)."""
     return {
-        "bytes_down": np.array([broadcast[res.arch].nbytes for res in results], dtype=np.float64),
+        "bytes_down": np.array([broadcast[res.arch].nbytes if res.download_nbytes is None else res.download_nbytes
+                                for res in results], dtype=np.float64),
         "bytes_up": np.array([res.upload.nbytes for res in results], dtype=np.float64),
         "train_flops": np.array([res.train_flops for res in results], dtype=np.float64),
         "compress_ops": np.array([res.compress_ops for res in results], dtype=np.float64),

@@ -43,12 +43,18 @@ class ClientSelector:
         self.policy = policy_cls(spec, num_clients, cfg.seed)
         self.history = ClientHistory(num_clients) if policy_cls.uses_history else None
 
-    def select(self, r: int) -> tuple[Selection, int]:
+    def select(self, r: int, exclude: np.ndarray | None = None) -> tuple[Selection, int]:
         """Round ``r``'s selection (ids sorted) and how many uploads it aims to aggregate. With
-        over-selection more clients are selected than needed; the first ``target`` to finish are kept."""
+        over-selection more clients are selected than needed; the first ``target`` to finish are kept.
+        ``exclude``: clients the method does not train this round (``Server.excluded_clients``);
+        the policy chooses among the others (``view.candidates``), at most as many as there are."""
         target = target_arrivals(self.cfg, self.num_clients)
         count = self.cfg.clock.num_to_select(target, self.num_clients)
-        return self.choose(r, count, None, SELECT_SALT), target
+        candidates = None
+        if exclude is not None and len(exclude):
+            candidates = np.setdiff1d(np.arange(self.num_clients), np.asarray(exclude, dtype=np.int64))
+            count = min(count, len(candidates))
+        return self.choose(r, count, candidates, SELECT_SALT), target
 
     def choose(self, r: int, count: int, candidates: np.ndarray | None, salt: int,
                start_s: float | None = None) -> Selection:

@@ -29,7 +29,7 @@ from engine.loop.batching import UnbatchedNotice
 from engine.loop.callbacks import CallbackLike, CallbackList, RoundRecord, RunContext, Stop
 from engine.loop.evaluation import GlobalEvaluation, global_columns, is_evaluation_round
 from engine.loop.parts import Parts, build_parts
-from engine.loop.selection import ClientSelector
+from engine.loop.selection import ClientSelector, target_arrivals
 from engine.trace import mark
 from hardware_profiles.errors import user_frames
 from hardware_profiles.event_clock import EventClock
@@ -77,6 +77,7 @@ class Simulation:
             num_clients=n,
             client_arch=np.asarray(self.arch_names, dtype=object)[self.client_arch],
             eval_batch_size=cfg.evaluation.batch_size,
+            clients_per_round=target_arrivals(cfg, n),
         )
         self.server = spec.server(cfg.algorithm, self.models, cfg.seed, context=context)
         self.reads_profile = spec.client.needs_profile  # (e.g. ASCEND's time term)
@@ -84,8 +85,9 @@ class Simulation:
         # (ctx.last_times, e.g. ASCEND's time_model: measured); checkpointed; None: not kept
         self.last_times: dict[int, dict[str, float]] | None = (
             {} if spec.client.reads_phase_times(cfg.algorithm) else None)
+        unbatched = spec.client.unbatched_reason()
         self.unbatched = UnbatchedNotice(cfg.executor.batch_clients, self.arch_names, self.client_arch, self.models,
-                                         own_loss=cfg.algorithm.name if spec.client.custom_loss() else None)
+                                         own_loss=f"{cfg.algorithm.name!r} {unbatched}" if unbatched else None)
         # The server aggregates on the CPU, where the uploads arrive (numpy) and a weighted sum
         # of a few vectors costs less than moving them; only global evaluation uses a GPU, when
         # this process holds one (in-process executor, or a driver actor with driver_gpus).
@@ -218,7 +220,7 @@ class Simulation:
         if self.asynchronous is not None:
             return self.asynchronous.step(r)
         cfg, wall0 = self.cfg, time.perf_counter()
-        selection, target = self.selector.select(r)
+        selection, target = self.selector.select(r, exclude=self.server.excluded_clients(r))
         start = self.clock.begin(r, selection.ids)
         runnable, evaluating = start.runnable, is_evaluation_round(cfg, r)
         broadcast = self.server.broadcast(r)

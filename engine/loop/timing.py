@@ -161,7 +161,8 @@ class TimingSimulation(Simulation):
         up, ops = (np.array(x, dtype=np.float64) for x in zip(*(self.payload.upload_bytes(a) for a in names)))
         rows_ = self.n_train[ids]
         samples = np.asarray(self.payload.train_samples(rows_, self.local_samples), dtype=np.int64)
-        sent = {"bytes_down": down[code], "bytes_up": up[code], "train_flops": self.arch_flops[code] * samples,
+        sent = {"bytes_down": down[code], "bytes_up": up[code],
+                "train_flops": self.payload.train_flops(self.arch_flops[code], samples),
                 "compress_ops": ops[code]}
         return sent, [names[c] for c in code.tolist()] if len(names) > 1 else [names[0]] * len(ids), rows_
 

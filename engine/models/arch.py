@@ -91,8 +91,9 @@ def arch_flops(cfg: ExperimentConfig, arch: str, input_shape, num_classes) -> fl
 
 
 def arch_spec(cfg: ExperimentConfig, arch: str) -> tuple[str, dict]:
-    """Model name and params of an architecture ("" = the one shared ``model.name``)."""
+    """Model name and params of an architecture ("" = the one shared ``model.name``; a zoo rule's
+    arch of its own name builds the rule's ``model``)."""
     if arch == "":
         return cfg.model.name, cfg.model.params
     default = cfg.model.params if arch == cfg.model.name else {}
-    return arch, cfg.model.arch_params.get(arch, default)
+    return cfg.model.model_of(arch), cfg.model.arch_params.get(arch, default)

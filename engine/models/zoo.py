@@ -10,10 +10,14 @@ Public API
 ``count_parameters(model)``     number of trainable parameters
 ``get_flat_params(model)`` / ``set_flat_params(model, flat)`` / ``num_flat_params(model)``
 
-All models are deterministic given ``torch.manual_seed`` (no dropout, no other
-randomness in the forward pass), so training is reproducible across processes.
-Every model stores the (validated) per-sample ``input_shape`` it was built for
-and ``num_classes`` as attributes.
+All models are deterministic given ``torch.manual_seed``, so training is reproducible across
+processes: ``fmnist_cnn`` has dropout, whose draws come from torch's generator, which the engine
+seeds per client and round (the others have no randomness in the forward pass). Every model
+stores the (validated) per-sample ``input_shape`` it was built for and ``num_classes`` as
+attributes, and names its output layer ``head`` (the layer whose input is its representation:
+:mod:`algorithms.frozen_models`). ``mlp`` and ``fmnist_cnn`` take a ``width`` in (0, 1]
+(HeteroFL's sub-models: every hidden layer keeps ``ceil(width n)`` of its ``n`` units and divides
+its output by the width while training).
 
 Over 400 lines because the built-in models and the rule that counts their training FLOPs share
 this file on purpose: its source digest keys the FLOP counts in the disk cache, so a changed
@@ -47,6 +51,7 @@ __all__ = [
     "CifarCNN",
     "CifarResNet18",  # noqa: F822 - built on first use (module __getattr__: torchvision is slow to import)
     "MLP",
+    "FashionCNN",
 ]
 
 
@@ -80,6 +85,43 @@ def _require_chw(model_name: str, shape: tuple[int, ...], accepted: str) -> tupl
     return shape  # type: ignore[return-value]
 
 
+def _check_width(model_name: str, width: Any) -> float:
+    if isinstance(width, bool) or not isinstance(width, (int, float)) or not (0 < width <= 1):
+        raise ValueError(f"model '{model_name}': width={width!r} is not allowed: a fraction in (0, 1] of each hidden "
+                         "layer's units")
+    return float(width)
+
+
+def _narrow(units: int, width: float) -> int:
+    """A hidden layer's units at ``width`` (HeteroFL's ``ceil(width n)``)."""
+    return max(1, math.ceil(width * units))
+
+
+class Scaler(nn.Module):
+    """HeteroFL's scaler: a narrow model's hidden output divided by its width while training (as
+    inverted dropout), so that the full model's activations keep their scale; identity in evaluation."""
+
+    def __init__(self, width: float):
+        super().__init__()
+        self.width = width
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x / self.width if self.training else x
+
+
+def _scaled(width: float) -> list[nn.Module]:
+    """A :class:`Scaler` for a narrow model, nothing at full width (whose modules stay the reference's)."""
+    return [Scaler(width)] if width < 1 else []
+
+
+class ScaledReLU(Scaler):
+    """``relu(x)`` after :class:`Scaler`'s division: a narrow MLP's activation, in the place of the
+    full one's ``nn.ReLU`` (so that both have the same parameter names)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(super().forward(x))
+
+
 # --------------------------------------------------------------------------- #
 # models
 # --------------------------------------------------------------------------- #
@@ -102,7 +144,8 @@ class MaxPool2d(nn.MaxPool2d):
 
 
 class CNN(nn.Module):
-    """Reference LeNet-style CNN of FedCSPACK's reference code (28x28 grey images).
+    """LeNet-style CNN of FedCSPACK's reference code for MNIST (its ``CNNMNIST_LIT``; 44,426
+    parameters for 1x28x28 and 10 classes). Its Fashion-MNIST model is :class:`FashionCNN`.
 
     Expected input: ``(B, 1, 28, 28)`` (the design point). Any ``(B, C, H, W)``
     with ``H, W >= 16`` is also accepted; the flatten size is computed with a
@@ -143,6 +186,10 @@ class CNN(nn.Module):
             nn.ReLU(),
             nn.Linear(84, self.num_classes),
         )
+
+    @property
+    def head(self) -> nn.Module:
+        return self.classifier[-1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x))
@@ -185,6 +232,10 @@ class _LeNetBase(nn.Module):
             nn.ReLU(),
             nn.Linear(f1, self.num_classes),
         )
+
+    @property
+    def head(self) -> nn.Module:
+        return self.classifier[-1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x))
@@ -258,6 +309,10 @@ class CifarCNN(nn.Module):
             nn.Linear(512, self.num_classes),
         )
 
+    @property
+    def head(self) -> nn.Module:
+        return self.classifier[-1]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x))
 
@@ -297,6 +352,10 @@ def _cifar_resnet18_class() -> type:
             nn.init.kaiming_normal_(self.conv1.weight, mode="fan_out", nonlinearity="relu")  # as torchvision
             self.maxpool = nn.Identity()
 
+        @property
+        def head(self) -> nn.Module:
+            return self.fc
+
     CifarResNet18.__module__, CifarResNet18.__qualname__ = __name__, "CifarResNet18"  # picklable
     return CifarResNet18
 
@@ -324,7 +383,9 @@ class MLP(nn.Module):
 
     ``hidden`` lists the hidden widths (ReLU between layers). ``hidden=[]``
     is multinomial logistic regression (a single Linear), as used by FedProx
-    on the synthetic data sets.
+    on the synthetic data sets. ``width`` < 1: each hidden layer keeps
+    ``ceil(width h)`` units, its output divided by the width while training
+    (HeteroFL's sub-model of the ``width: 1`` MLP).
     """
 
     NAME = "mlp"
@@ -335,6 +396,7 @@ class MLP(nn.Module):
         input_shape: Sequence[int] = (60,),
         num_classes: int = 10,
         hidden: Iterable[int] = (64,),
+        width: float = 1.0,
     ):
         super().__init__()
         shape = _as_shape(input_shape)
@@ -345,17 +407,77 @@ class MLP(nn.Module):
         widths = [int(h) for h in hidden]
         if any(h < 1 for h in widths):
             raise ValueError(f"model 'mlp': hidden widths must be positive ints, got {list(hidden)!r}")
-        self.hidden = tuple(widths)
+        self.width = _check_width(self.NAME, width)
+        self.hidden = tuple(_narrow(h, self.width) for h in widths)
         layers: list[nn.Module] = [nn.Flatten()]
         prev = math.prod(shape)
-        for width in widths:
-            layers += [nn.Linear(prev, width), nn.ReLU()]
-            prev = width
+        for units in self.hidden:
+            layers += [nn.Linear(prev, units), nn.ReLU() if self.width == 1 else ScaledReLU(self.width)]
+            prev = units
         layers.append(nn.Linear(prev, self.num_classes))
         self.net = nn.Sequential(*layers)
 
+    @property
+    def head(self) -> nn.Module:
+        return self.net[-1]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
+
+
+class FashionCNN(nn.Module):
+    """The Fashion-MNIST CNN of FedCSPACK's reference code (its ``CNNMNIST_BIG``), layer for layer:
+    conv(C->10, 5x5) -> maxpool2 -> relu -> conv(10->20, 5x5) -> dropout2d(0.5) -> maxpool2 -> relu ->
+    flatten (20*4*4 = 320 for 28x28) -> fc(320->256) -> relu -> dropout(0.5) -> fc(256->50) ->
+    fc(50->num_classes) (no activation between the last two, as there). 100,816 parameters for
+    1x28x28 and 10 classes.
+
+    Expected input: ``(B, C, 28, 28)`` (the design point); any ``(B, C, H, W)`` with ``H, W >= 14``.
+
+    The reference calls ``F.dropout`` after fc1; here it is an ``nn.Dropout`` module (no parameters,
+    the same draws), so that batched training sees the model's randomness and trains its clients one
+    by one. ``width`` < 1: HeteroFL's sub-model (``ceil(width n)`` units of each hidden layer, its
+    output divided by the width while training).
+    """
+
+    NAME = "fmnist_cnn"
+    ACCEPTS = "(C, H, W) with H, W >= 14, e.g. (1, 28, 28)"
+
+    def __init__(self, input_shape: Sequence[int] = (1, 28, 28), num_classes: int = 10, width: float = 1.0):
+        super().__init__()
+        shape = _as_shape(input_shape)
+        c, h, w = _require_chw(self.NAME, shape, self.ACCEPTS)
+        if min(h, w) < 14:
+            raise _shape_error(self.NAME, shape, self.ACCEPTS)
+        self.input_shape = shape
+        self.num_classes = _check_num_classes(self.NAME, num_classes)
+        self.width = _check_width(self.NAME, width)
+        c1, c2, f1, f2 = (_narrow(n, self.width) for n in (10, 20, 256, 50))
+        self.conv1 = nn.Conv2d(c, c1, kernel_size=5)
+        self.conv2 = nn.Conv2d(c1, c2, kernel_size=5)
+        self.conv2_drop = nn.Dropout2d()
+        flat = c2 * (((h - 4) // 2 - 4) // 2) * (((w - 4) // 2 - 4) // 2)  # two (5x5 conv, 2x2 pool) blocks
+        self.fc1 = nn.Linear(flat, f1)
+        self.fc1_drop = nn.Dropout()
+        self.fc2 = nn.Linear(f1, f2)
+        self.fc = nn.Linear(f2, self.num_classes)
+        self.pool = MaxPool2d()
+        # after conv1, conv2, fc1 and fc2 (a narrow model only)
+        self.scale = nn.ModuleList([m for _ in range(4) for m in _scaled(self.width)])
+
+    @property
+    def head(self) -> nn.Module:
+        return self.fc
+
+    def _s(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        return self.scale[i](x) if len(self.scale) else x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.pool(self._s(0, self.conv1(x))))
+        x = torch.relu(self.pool(self.conv2_drop(self._s(1, self.conv2(x)))))
+        x = torch.relu(self._s(2, self.fc1(x.flatten(1))))
+        x = self._s(3, self.fc2(self.fc1_drop(x)))
+        return self.fc(x)
 
 
 # --------------------------------------------------------------------------- #

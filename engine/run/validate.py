@@ -192,9 +192,9 @@ def _params_problems(cfg: ExperimentConfig) -> list[str]:
         if arch not in used:
             problems.append(f"  model.arch_params.{arch} = {params!r}: {arch!r} is not an architecture "
                             f"of this run; used: {', '.join(sorted(used))}")
-        elif arch in MODELS:
-            problems += _unknown_keys(params, _signature_params(MODELS[arch], model_args),
-                                      f"model.arch_params.{arch}", f"model {arch!r}")
+        elif m.model_of(arch) in MODELS:
+            problems += _unknown_keys(params, _signature_params(MODELS[m.model_of(arch)], model_args),
+                                      f"model.arch_params.{arch}", f"model {m.model_of(arch)!r}")
     return problems
 
 

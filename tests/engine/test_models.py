@@ -55,7 +55,7 @@ REJECTED = [
 
 
 def test_registry_complete():
-    assert set(MODELS) == {"cnn", "lenet5", "lenet5_half", "cifar_cnn", "resnet18", "mlp"}
+    assert set(MODELS) == {"cnn", "lenet5", "lenet5_half", "cifar_cnn", "resnet18", "mlp", "fmnist_cnn"}
     assert set(DEFAULT_INPUT_SHAPES) == set(MODELS)
     for name, builder in MODELS.items():
         assert builder.__doc__ and "input" in builder.__doc__.lower(), name

@@ -142,10 +142,10 @@ def test_unknown_names_still_list_the_allowed_ones():
     from engine.config.schema import load_config
     from engine.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="unknown model 'nope'; allowed: cifar_cnn, cnn, lenet5"):
+    with pytest.raises(ConfigError, match="unknown model 'nope'; allowed: cifar_cnn, cnn, fmnist_cnn, lenet5"):
         load_config(None, {"model.name": "nope"})
     with pytest.raises(ConfigError, match="unknown algorithm 'nope'; allowed: ascend, fedavg, "
-                                          "fedavg_compressed, fedcspack, fedprox"):
+                                          "fedavg_compressed, fedcspack, fedntd, fedprox"):
         load_config(None, {"algorithm": {"name": "nope"}})
 
 

@@ -45,6 +45,13 @@ METHODS = {
                      "arms: [topk, randomk, periodick, qsgd8]}"],
     "ascend-v1": ["algorithm={name: ascend, k: 0.1, warmup: 1, distill_steps: 3, reward: v1, gamma: 0.0, "
                   "distill_lr: 0.05}", "train.lr=1.0"],
+    # the baselines: MOON's previous models, FedSPU's own models, losses and retired clients
+    "moon": ["algorithm={name: moon}"],
+    "fedntd": ["algorithm={name: fedntd}"],
+    # rpi4 updates 40 % of the neurons; at this rate losses rise, and clients retire from round 1 on
+    "fedspu": ["algorithm={name: fedspu, val_fraction: 0.5}", "train.lr=3.0"],
+    "heterofl": ["algorithm={name: heterofl}", "model.zoo=[{arch: mlp_half, model: mlp, max_gflops: 5}]",
+                 "model.arch_params={mlp_half: {width: 0.5}}"],  # rpi4 trains the half-width MLP
 }
 
 

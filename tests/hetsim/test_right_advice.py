@@ -104,7 +104,7 @@ def test_a_client_bandwidth_in_bit_per_second_is_not_told_to_allow_out_of_range(
 def test_an_option_of_another_method_names_its_owner():
     msg = _error(["algorithm.mu=0.1"])
     assert ("algorithm.mu = 0.1: unknown key; allowed keys of algorithm 'fedavg': name; mu is an option of fedprox "
-            "(algorithm.name: fedprox), not of fedavg") in msg
+            "and moon (algorithm.name: fedprox), not of fedavg") in msg
     msg = _error(["algorithm={name: fedprox, mu: 0.1, k: 0.1}"])
     assert ("algorithm.k = 0.1: unknown key; allowed keys of algorithm 'fedprox': name, mu; k is an option of "
             "ascend and fedavg_compressed and fedcspack") in msg
@@ -120,7 +120,7 @@ def test_an_unknown_algorithm_key_lists_the_methods_keys_with_the_closest():
 
 def test_algorithm_without_a_name_lists_the_methods():
     msg = _error(["algorithm={lr: 1}"])
-    assert "algorithm needs a name: the method, one of ascend, fedavg, fedavg_compressed, fedcspack, fedprox" in msg
+    assert "algorithm needs a name: the method, one of ascend, fedavg, fedavg_compressed, fedcspack, fedntd" in msg
 
 
 def test_a_compressor_name_gets_did_you_mean():
