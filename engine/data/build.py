@@ -42,7 +42,15 @@ def build_data(cfg: ExperimentConfig) -> FederatedData | OnDemandFederatedData |
         test_fraction=p.test_fraction,
         global_test_fraction=p.global_test_fraction,
         public_fraction=p.public_fraction,
+        **pfllib_settings(cfg),
     )
+
+
+def pfllib_settings(cfg: ExperimentConfig) -> dict:
+    """``{"pfllib": partition.pfllib's fields}`` for ``scheme: pfllib``, else nothing (the other schemes'
+    metadata and on-disk index keys stay as they were)."""
+    p = cfg.partition
+    return {"pfllib": p.pfllib.model_dump(mode="json")} if p.scheme == "pfllib" else {}
 
 
 def _build_on_demand(cfg: ExperimentConfig, params: dict) -> OnDemandFederatedData | PartitionedTableData:
@@ -67,7 +75,8 @@ def _build_on_demand(cfg: ExperimentConfig, params: dict) -> OnDemandFederatedDa
             return PartitionedTableData(
                 source, num_clients=cfg.clients.num_clients, scheme=p.scheme, seed=cfg.seed, alpha=p.alpha,
                 shards_per_client=p.shards_per_client, min_samples=p.min_samples, test_fraction=p.test_fraction,
-                global_test_fraction=p.global_test_fraction, public_fraction=p.public_fraction)
+                global_test_fraction=p.global_test_fraction, public_fraction=p.public_fraction,
+                **pfllib_settings(cfg))
         if params.get("client_column") is None:
             raise ValueError("parquet: on_disk: true with partition.scheme = 'natural' needs "
                              "dataset.params.client_column (the natural clients whose rows are read when they "
