@@ -191,7 +191,7 @@ def _dir(y, num_clients, num_classes, alpha, least, rng) -> list[np.ndarray]:
             rng.shuffle(members)
             p = rng.dirichlet(np.repeat(alpha, num_clients))
             cuts = _cuts(p * (counts < n / num_clients), len(members))
-            # all 0: on x86-64 NaN casts to INT64_MIN, which sends the whole class to the last client
+            # all 0: PFLlib's 0/0 casts to INT64_MIN (x86-64) or 0 (ARM): the whole class to the last client
             sizes = _sizes(cuts, len(members)) if cuts is not None else _all_to(num_clients - 1, num_clients,
                                                                                 len(members))
             streams.append(members)
@@ -254,7 +254,7 @@ def _exdir(y, num_clients, num_classes, cpc, alpha, balance, rng) -> list[np.nda
             allowed = holders[k] & (counts < n / num_clients) if balance else holders[k]
             last = int(np.flatnonzero(holders[k])[-1])
             cuts = _cuts(p * allowed, len(members))
-            if cuts is None:  # NaN cuts (x86-64: INT64_MIN), then the remainder rule: all to `last`
+            if cuts is None:  # NaN cuts (INT64_MIN or 0), then the remainder rule: all to `last`
                 sizes = _all_to(last, num_clients, len(members))
             else:
                 if cuts[-1] != len(members):  # PFLlib's remainder rule: the rest to the last holder

@@ -102,7 +102,8 @@ class MaxPool2d(nn.MaxPool2d):
 
 
 class CNN(nn.Module):
-    """Reference LeNet-style CNN of FedCSPACK's reference code (28x28 grey images).
+    """LeNet-style CNN: FedCSPACK's reference code trains it on MNIST (``CNNMNIST_LIT``, 44,426
+    parameters); on Fashion-MNIST the reference trains a larger CNN (docs/fedcspack.md).
 
     Expected input: ``(B, 1, 28, 28)`` (the design point). Any ``(B, C, H, W)``
     with ``H, W >= 16`` is also accepted; the flatten size is computed with a
