@@ -245,15 +245,14 @@ def main(argv: list[str] | None = None) -> None:
     args.fleets = [f for f in args.fleets.split(",") if f]
     args.pack_sizes = [int(v) for v in args.pack_sizes.split(",")]
     args.targets = [float(v) for v in args.targets.split(",")]
-    args.dataset_note = next((o.split("=", 1)[1] for o in args.overrides if o.startswith("dataset.name=")),
-                             "the config's dataset")
     unknown = sorted(set(args.parts) - set(PARTS)) + sorted(set(args.fleets) - set(FLEETS))
     if unknown:
         raise SystemExit(f"unknown part or fleet {unknown}; parts: {list(PARTS)}, fleets: {list(FLEETS)}")
-    check_methods(sorted({*args.methods, *args.resource_methods}))
     from engine.config.schema import load_config  # pydantic and the registries: after the arguments are checked
 
-    args.base_method = load_config(args.config, args.overrides).algorithm.name
+    base = load_config(args.config, [*args.overrides, *([f"model.name={args.model}"] if args.model else [])])
+    args.base_method, args.dataset_note = base.algorithm.name, f"{base.dataset.name}, {base.model.name}"
+    check_methods(sorted({*args.methods, *args.resource_methods}))  # after the config's plugins are loaded
     seeds = [int(v) for v in args.seeds.split(",")]
     shared = [f"rounds={args.rounds}", *([f"model.name={args.model}"] if args.model else []), *args.overrides]
     runs = plan(args)
