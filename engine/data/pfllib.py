@@ -113,10 +113,10 @@ def _check_labels(y: np.ndarray) -> int:
     return k
 
 
-def _pat(y, num_clients, num_classes, cpc, balance, least, rng, shuffle_clients) -> np.ndarray:
+def _pat(y, num_clients, num_classes, cpc, balance, least, rng, shuffle_clients) -> tuple[np.ndarray, np.ndarray]:
     """Class by class, the first clients with a class slot left (the fedcspack variant: shuffled
     first) take it; ``ceil(num_clients / K * cpc)`` clients a class, equal shares or random ones.
-    Returns each position's client (-1: none), in the order clients took them."""
+    Returns each position's client (-1: none) and its rank in the order the clients took them."""
     if isinstance(cpc, bool) or not isinstance(cpc, (int, np.integer)) or cpc < 1:
         raise ValueError(f"partition.pfllib.class_per_client = {cpc!r} is invalid; allowed: an integer >= 1")
     owner = np.full(len(y), -1, dtype=np.int64)
