@@ -25,8 +25,7 @@ PFLLIB_FIELDS = ("split", "balance", "class_per_client", "batch_size", "seed", "
 
 
 def _overrides(case: dict) -> list[str]:
-    pf = {k: case[k if k != "split" else "split"] for k in PFLLIB_FIELDS if k != "variant"}
-    pf["variant"] = case["variant"]
+    pf = {k: case[k] for k in PFLLIB_FIELDS}
     return [f"dataset.name={case['dataset']}", "partition.scheme=pfllib", f"partition.alpha={case['alpha']}",
             f"partition.test_fraction={1 - case['train_ratio']}", f"clients.num_clients={case['num_clients']}",
             *(f"partition.pfllib.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in pf.items())]
