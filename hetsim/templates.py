@@ -20,7 +20,7 @@ rounds: 20
 dataset:
   name: mnist5k              # 5,000 real MNIST images, offline (hetsim list datasets)
 partition:
-  scheme: dirichlet          # iid | dirichlet | shards | natural
+  scheme: dirichlet          # iid | dirichlet | shards | natural | pfllib (docs/datasets.md)
   alpha: 0.5                 # smaller: more label skew between clients
 model:
   name: cnn                  # hetsim list models

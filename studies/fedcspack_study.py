@@ -8,7 +8,8 @@ pack-size sweep, in the reference setting of the paper's code.
     .venv/bin/python studies/fedcspack_study.py --smoke            # seconds: the pipeline only
 
 Setting (the paper's; docs/fedcspack.md): Dirichlet(0.3), 20 clients, participation 0.3, 3 local epochs,
-batch 16, lr 0.05, pack size 1024, reference CNN. Personalized accuracy is each selected
+batch 16, lr 0.05, pack size 1024, ``cnn`` (the reference's MNIST CNN; on Fashion-MNIST the
+reference trains a larger one: docs/fedcspack.md). Personalized accuracy is each selected
 client's model (after its personalization rule) on its own test split, as in the paper; the
 global accuracy is the global model on the held-out test set. Accuracies are averaged over the
 last `--last` evaluated rounds to smooth round-to-round noise.

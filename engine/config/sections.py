@@ -72,14 +72,66 @@ class DatasetConfig(Section):
         return v
 
 
+class PfllibConfig(Section):
+    """PFLlib's data protocol (``partition.scheme: pfllib``; docs/datasets.md): which of its splits,
+    with its settings; ``partition.alpha`` is its Dirichlet alpha and ``partition.test_fraction`` its
+    ``1 - train_ratio``."""
+
+    split: Literal["iid", "pat", "dir", "exdir"] = Field(
+        "dir", description="PFLlib's split: iid (its niid=False: pat over every class), pat (pathological: "
+        "class_per_client classes per client), dir (Dirichlet(partition.alpha), balanced), exdir (each client "
+        "draws class_per_client classes, then Dirichlet over the clients holding each class)")
+    balance: bool = Field(
+        True, description="iid/pat: equal shares of a class per client (false: PFLlib's random shares); "
+        "exdir: clients over N / num_clients rows take no more classes (false only with variant fedcspack); "
+        "dir: always balanced (false is refused)")
+    class_per_client: int = Field(2, ge=1, description="pat and exdir: classes per client (PFLlib's "
+                                  "generate scripts: 2; FedCSPACK's data_gene.sh: 3)")
+    batch_size: int = Field(
+        10, ge=1, description="PFLlib's batch_size (10; FedCSPACK's scripts: 16): dir redraws until every "
+        "client holds min(batch_size / test_fraction, N / num_clients / 2) rows, unbalanced pat draws shares "
+        "from that; it is not the training batch (train.batch_size)")
+    seed: int | None = Field(
+        1, ge=0, lt=2**32, description="the seed of numpy's legacy generator that draws the split, as "
+        "PFLlib's generate scripts seed it (np.random.seed(1)); null: the experiment's seed")
+    variant: Literal["pfllib", "fedcspack"] = Field(
+        "pfllib", description="whose split code: PFLlib's (TsingZ0/PFLlib), or the FedCSPACK reference's copy "
+        "of it (pat shuffles the clients that may take each class; exdir takes balance: false)")
+    global_test: Literal["clients", "official"] = Field(
+        "clients", description="the global model's test set: clients (every client's local test rows, as "
+        "PFLlib's evaluation counts them), or official (the dataset's test split, as FedCSPACK's reference "
+        "measures generalization; the clients hold those rows too)")
+
+    @model_validator(mode="after")
+    def _balance_exists(self) -> "PfllibConfig":
+        if not self.balance and self.split == "dir":
+            raise ValueError("partition.pfllib.balance = false with split 'dir': PFLlib's dir split has no "
+                             "unbalanced form (a client holding N / num_clients rows always stops taking classes); "
+                             "remove balance, or use split pat or exdir")
+        if not self.balance and self.split == "exdir" and self.variant == "pfllib":
+            raise ValueError("partition.pfllib.balance = false with split 'exdir': PFLlib's own exdir always "
+                             "balances; the unbalanced exdir is the FedCSPACK reference's (variant: fedcspack)")
+        return self
+
+
 class PartitionConfig(Section):
-    scheme: Literal["iid", "dirichlet", "shards", "natural"] = "dirichlet"
+    scheme: Literal["iid", "dirichlet", "shards", "natural", "pfllib"] = "dirichlet"
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration")
     shards_per_client: int = Field(2, ge=1)
     min_samples: int = Field(10, ge=1, description="Dirichlet retry until every client has this many")
     test_fraction: float = Field(0.25, gt=0, lt=1, description="local test share of each client")
     global_test_fraction: float = Field(0.2, gt=0, lt=1, description="held out when no official test split")
     public_fraction: float = Field(0.0, ge=0, lt=1, description="server-side public split")
+    pfllib: PfllibConfig = Field(default_factory=PfllibConfig, description="scheme pfllib: PFLlib's "
+                                 "split and its settings (docs/datasets.md)")
+
+    @model_validator(mode="after")
+    def _pfllib_has_no_public_split(self) -> "PartitionConfig":
+        if self.scheme == "pfllib" and self.public_fraction:
+            raise ValueError(f"partition.public_fraction = {self.public_fraction!r} with scheme 'pfllib': PFLlib's "
+                             "protocol gives every row to a client, so there is no server-side public split; "
+                             "set public_fraction: 0 or use another scheme")
+        return self
 
 
 def _registered(registry: Registry, name: str) -> str:

@@ -16,6 +16,7 @@ ON_DEMAND_PARAMS = {"synthetic": "lazy", "parquet": "on_disk"}
 # dataset -> the partition schemes its on-demand rows take (lazy synthetic: a client's rows come from
 # (seed, client id), so only its natural clients; an on-disk table: every scheme, by a row index)
 ON_DEMAND_SCHEMES = {"synthetic": ("natural",), "parquet": PARTITION_SCHEMES}
+LABEL_SCHEMES = [s for s in PARTITION_SCHEMES if s != "natural"]  # split a table's rows by their labels
 
 
 def on_demand_requested(cfg: ExperimentConfig) -> bool:
@@ -42,7 +43,15 @@ def build_data(cfg: ExperimentConfig) -> FederatedData | OnDemandFederatedData |
         test_fraction=p.test_fraction,
         global_test_fraction=p.global_test_fraction,
         public_fraction=p.public_fraction,
+        **pfllib_settings(cfg),
     )
+
+
+def pfllib_settings(cfg: ExperimentConfig) -> dict:
+    """``{"pfllib": partition.pfllib's fields}`` for ``scheme: pfllib``, else nothing (the other schemes'
+    metadata and on-disk index keys stay as they were)."""
+    p = cfg.partition
+    return {"pfllib": p.pfllib.model_dump(mode="json")} if p.scheme == "pfllib" else {}
 
 
 def _build_on_demand(cfg: ExperimentConfig, params: dict) -> OnDemandFederatedData | PartitionedTableData:
@@ -67,11 +76,12 @@ def _build_on_demand(cfg: ExperimentConfig, params: dict) -> OnDemandFederatedDa
             return PartitionedTableData(
                 source, num_clients=cfg.clients.num_clients, scheme=p.scheme, seed=cfg.seed, alpha=p.alpha,
                 shards_per_client=p.shards_per_client, min_samples=p.min_samples, test_fraction=p.test_fraction,
-                global_test_fraction=p.global_test_fraction, public_fraction=p.public_fraction)
+                global_test_fraction=p.global_test_fraction, public_fraction=p.public_fraction,
+                **pfllib_settings(cfg))
         if params.get("client_column") is None:
             raise ValueError("parquet: on_disk: true with partition.scheme = 'natural' needs "
                              "dataset.params.client_column (the natural clients whose rows are read when they "
-                             f"take part); without one, use a label scheme: {list(PARTITION_SCHEMES[:-1])}")
+                             f"take part); without one, use a label scheme: {LABEL_SCHEMES}")
         source = DiskTableSource.open(**params)
     if cfg.clients.num_clients is not None and cfg.clients.num_clients != len(source.sizes):
         raise ValueError(f"clients.num_clients = {cfg.clients.num_clients} does not match the {len(source.sizes)} "

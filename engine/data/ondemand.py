@@ -302,7 +302,7 @@ class PartitionedTableData:
         (self.tr_idx, self.tr_ptr, self.te_idx, self.te_ptr, self.global_test_idx, self.public_idx) = index
         has_test = len(self._labels) > n_train
         self.meta = dict(scheme=scheme, seed=self.seed, num_clients=int(num_clients), on_demand=True, **split)
-        if has_test:
+        if has_test or scheme == "pfllib":  # the official test split or PFLlib's: no fraction held out
             self.meta["global_test_fraction"] = None
         self.meta["official_test"] = has_test
         self._held: tuple[np.ndarray, ...] | None = None

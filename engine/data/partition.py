@@ -21,6 +21,7 @@ from typing import Sequence
 import numpy as np
 
 from engine.data.datasets import ArrayDataset
+from engine.data.pfllib import pfllib_pool
 
 __all__ = [
     "FederatedData",
@@ -31,7 +32,7 @@ __all__ = [
     "label_skew",
 ]
 
-PARTITION_SCHEMES = ("iid", "dirichlet", "shards", "natural")
+PARTITION_SCHEMES = ("iid", "dirichlet", "shards", "natural", "pfllib")
 
 # sub-streams of the seed, so e.g. changing public_fraction does not reshuffle the partition
 _STREAM_GLOBAL_TEST, _STREAM_PUBLIC, _STREAM_PARTITION, _STREAM_LOCAL_SPLIT = range(4)
@@ -198,7 +199,8 @@ def partition_labels(
                    random shards per client => at most that many labels each.
                    If there are fewer shards than labels, shards are contiguous
                    cuts of the label-sorted order instead (several labels each).
-    ``natural`` is not a label partition: use :func:`build_federated_data`.
+    ``natural`` is not a label partition: use :func:`build_federated_data`; nor is ``pfllib``,
+    whose local splits are part of its draws: use :func:`partition_pool`.
     """
     y = np.asarray(y)
     n = len(y)
@@ -213,10 +215,10 @@ def partition_labels(
         return _partition_dirichlet(y, num_clients, rng, alpha, min_samples, max_retries)
     if scheme == "shards":
         return _partition_shards(y, num_clients, rng, shards_per_client)
-    if scheme == "natural":
+    if scheme in ("natural", "pfllib"):
         raise ValueError(
-            "scheme='natural' uses the dataset's own clients and is handled by build_federated_data, "
-            "not partition_labels"
+            f"scheme={scheme!r} is handled by build_federated_data (natural: the dataset's own clients; "
+            "pfllib: with its local splits, partition_pool), not partition_labels"
         )
     raise ValueError(f"scheme={scheme!r} is invalid; allowed: {list(PARTITION_SCHEMES)}")
 
@@ -330,6 +332,7 @@ def build_federated_data(
     global_test_fraction: float = 0.2,
     public_fraction: float = 0.0,
     max_retries: int = 100,
+    pfllib: dict | None = None,
 ) -> FederatedData:
     """Split ``ds`` into clients.  Deterministic given ``seed``.
 
@@ -348,6 +351,12 @@ def build_federated_data(
     with ``natural_test_clients`` (LEAF, a table with a split column) keeps its own local
     test sets: its test rows are the clients' local tests, and the global test set is held
     out from the training rows.
+
+    ``scheme="pfllib"`` is PFLlib's protocol (:mod:`engine.data.pfllib`, settings ``pfllib``: the
+    fields of ``partition.pfllib``): the whole pool, official test split included, goes to the
+    clients, and each client's rows are split ``1 - test_fraction`` / ``test_fraction`` as PFLlib
+    splits them; the global test set is the clients' local test rows together, or the official
+    test split (``global_test: official``, which the clients also hold, as in the reference).
     """
     if scheme not in PARTITION_SCHEMES:
         raise ValueError(f"scheme={scheme!r} is invalid; allowed: {list(PARTITION_SCHEMES)}")
@@ -385,7 +394,9 @@ def build_federated_data(
         tr_idx, tr_ptr, te_idx, te_ptr, global_test, public = partition_pool(
             y, n_train, num_clients=num_clients, scheme=scheme, seed=seed, alpha=alpha,
             shards_per_client=shards_per_client, min_samples=min_samples, test_fraction=test_fraction,
-            global_test_fraction=global_test_fraction, public_fraction=public_fraction, max_retries=max_retries)
+            global_test_fraction=global_test_fraction, public_fraction=public_fraction, max_retries=max_retries,
+            pfllib=pfllib)
+    extra = {"pfllib": dict(pfllib or {})} if scheme == "pfllib" else {}
     return FederatedData(
         name=ds.name,
         x=x,
@@ -405,9 +416,10 @@ def build_federated_data(
             shards_per_client=shards_per_client,
             min_samples=min_samples,
             test_fraction=test_fraction,
-            global_test_fraction=None if has_test else global_test_fraction,
+            global_test_fraction=None if has_test or scheme == "pfllib" else global_test_fraction,
             public_fraction=public_fraction,
             official_test=has_test,
+            **extra,
         ),
     )
 
@@ -426,14 +438,19 @@ def partition_pool(
     global_test_fraction: float = 0.2,
     public_fraction: float = 0.0,
     max_retries: int = 100,
+    pfllib: dict | None = None,
 ) -> tuple[np.ndarray, ...]:
     """Steps 2-5 of :func:`build_federated_data` for a label scheme (``iid``, ``dirichlet``,
     ``shards``), from the labels alone: ``y`` is the pool's labels (its first ``n_train`` the
     training rows, the rest the official test split). Returns (train idx, train ptr, test idx,
     test ptr, global test, public), positions into the pool; an on-disk table
-    (:mod:`engine.data.ondemand`) indexes its row cache with the same arrays."""
+    (:mod:`engine.data.ondemand`) indexes its row cache with the same arrays. ``scheme="pfllib"``
+    (``pfllib``: its settings) is :func:`engine.data.pfllib.pfllib_pool`."""
     if num_clients is None:
         raise ValueError(f"num_clients is required for scheme={scheme!r}")
+    if scheme == "pfllib":
+        return pfllib_pool(y, n_train, num_clients=num_clients, alpha=alpha, test_fraction=test_fraction,
+                           public_fraction=public_fraction, seed=seed, pfllib=pfllib or {})
 
     def stream(i: int) -> np.random.Generator:
         return np.random.default_rng([int(seed), i])

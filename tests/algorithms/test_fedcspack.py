@@ -647,7 +647,7 @@ def test_beta_is_exactly_zero_for_packs_of_one_value():
 
 
 def test_kd_weights_of_a_real_cnn_update_match_float64():
-    """The reference CNN (44,426 parameters, 44 packs of 1024) after a few SGD steps: kd
+    """The `cnn` (the reference's MNIST CNN: 44,426 parameters, 44 packs of 1024) after a few SGD steps: kd
     weights ``|beta|`` are 1e-7 .. 1e-4 here; each within 1e-5 relative of float64."""
     from engine.models.zoo import build_model
 

@@ -435,7 +435,8 @@ def data_overrides(dataset: str, on_demand: bool, scheme: str, table: Path, cach
         params = f"dataset.params={{{'lazy: true, ' if on_demand else ''}{SYNTH}}}"
     else:
         params = f"dataset.params={{path: {table}, client_column: who, on_disk: {on_demand}, cache_dir: {cache}}}"
-    return [*BASE, f"dataset.name={dataset}", params, f"partition.scheme={scheme}"]
+    no_public = ["partition.public_fraction=0"] if scheme == "pfllib" else []  # PFLlib gives every row to a client
+    return [*BASE, f"dataset.name={dataset}", params, f"partition.scheme={scheme}", *no_public]
 
 
 @pytest.mark.parametrize(("source", "scheme"), DATA_CELLS,

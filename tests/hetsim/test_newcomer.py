@@ -30,7 +30,7 @@ def test_the_closest_name_is_suggested_case_first():
     ("dataset.name=mnist5", ["unknown dataset 'mnist5'; did you mean 'mnist5k'? allowed: cifar10"]),
     ("model.name=cn", ["unknown model 'cn'; did you mean 'cnn'? allowed:"]),
     ("algorithm.name=fedavgg", ["unknown algorithm 'fedavgg'; did you mean 'fedavg'? allowed: ascend"]),
-    ("partition.scheme=dirichelt", ["Input should be 'iid', 'dirichlet', 'shards' or 'natural'; did you mean "
+    ("partition.scheme=dirichelt", ["Input should be 'iid', 'dirichlet', 'shards', 'natural' or 'pfllib'; did you mean "
                                     "'dirichlet'?"]),
     ("clients.profiles.conditions={sets: {a: {down: gilbert_eliot}}}",
      ["unknown preset 'gilbert_eliot'; did you mean 'gilbert_elliott'? presets:"]),

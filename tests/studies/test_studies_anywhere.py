@@ -31,6 +31,7 @@ SMOKE_ARGS = {
     "async_vs_sync": ["--smoke", "--png", "async.png"],
     "energy_methods": ["--smoke"],
     "fedcspack_study": ["--smoke"],
+    "fedcspack_table1": ["--smoke"],
 }
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -135,6 +136,28 @@ def test_fedcspack_study_smoke_compares_each_method_with_fedavg(smoke_runs):
         run = _finished(base / "seed0" / f"main-{config}")
         assert len(run.profiles) == 4 and len(run.rounds) == 2
     assert (base / "summary.md").read_text().strip() in out
+
+
+def test_fedcspack_table1_smoke_pairs_every_part_over_two_seeds(smoke_runs):
+    folder, out = _ok(smoke_runs, "fedcspack_table1")
+    base = folder / "runs" / "fedcspack_table1"
+    summary = pd.read_parquet(base / "summary.parquet")
+    assert sorted(set(summary["cell"])) == ["ablation", "fleet=slow_links", "packsize", "personalization", "table1"]
+    assert (summary.groupby(["cell", "config"])["seed"].count() == 2).all() and (summary["rounds_run"] == 2).all()
+    t1 = summary[summary["cell"] == "table1"].set_index(["config", "seed"])
+    assert (t1.loc["fedcspack", "upload_MB"] < t1.loc["fedavg", "upload_MB"]).all()  # packs: fewer bytes up
+    # the fleet moves FedAvg's clock, not its training: the same accuracies as on the paper's fleet
+    fleet = summary[summary["cell"] == "fleet=slow_links"].set_index(["config", "seed"])
+    assert (fleet.loc["fedavg", "pers_acc"] == t1.loc["fedavg", "pers_acc"]).all()
+    assert (fleet.loc["fedavg", "sim_s"] != t1.loc["fedavg", "sim_s"]).all()
+    paired = pd.read_parquet(base / "paired.parquet")
+    assert {"table1", "ablation", "personalization", "packsize", "fleet=slow_links"} == set(paired["cell"])
+    assert (paired["seeds"] == 2).all() and (paired["ci95_lo"] <= paired["mean"]).all()
+    ratio = paired[paired["cell"] == "fleet=slow_links"]
+    assert set(ratio["form"]) == {"fedavg/fedcspack"} and (ratio["mean"] > 0).all()
+    for case in ("s0.table1.fedavg", "s1.fleets.slow_links.fedcspack", "s1.packsize.P-512"):
+        _finished(base / f"seed{case[1]}" / case)
+    assert (base / "results.md").read_text().strip() in out
 
 
 @pytest.mark.ray
