@@ -9,8 +9,8 @@ Base: ``configs/fedcspack_paper.yaml`` (Fashion-MNIST Dir(0.3) under PFLlib's pr
 of FedCSPACK's reference; 20 clients, participation 0.3, 3 local epochs, batch 16, lr 0.05, P = 1024,
 cskd, ``own_mask``). Fashion-MNIST comes from Debian's ``dataset-fashion-mnist`` package
 (``apt-get install dataset-fashion-mnist``: the four idx files in /usr/share/datasets/fashion-mnist).
-The model is the config's unless ``--model`` names another (the reference's 100,816-parameter
-Fashion-MNIST CNN, once the zoo has it). Every (seed, part, configuration) is a case of one sweep
+The model is the config's (``fmnist_cnn``, the reference's 100,816-parameter Fashion-MNIST CNN)
+unless ``--model`` names another. Every (seed, part, configuration) is a case of one sweep
 (``sweeps.cases.run_cases``: warm trial processes, resumable: a later call runs what is missing);
 ``--runner loop`` runs them one after another in this process. The seed varies the model's
 initialisation, the client draws and training; the partition is PFLlib's, fixed by
@@ -20,8 +20,8 @@ Parts and the hypotheses they test, each stated before running (the paper's clai
 
 * ``table1`` (Table 1, FMNIST Dir(0.3)): H1 FedCSPACK's personalised accuracy is above every other
   method's (paper: 88.13 against 84.39 FedAvg, 84.39 FedProx, 85.44 MOON, 84.35 FedNTD, 85.29 FedSPU).
-  ``--methods`` lists the methods (registered ones only; the baselines MOON, FedNTD, FedSPU and a
-  sub-model method come with their own branch); ``--method-set NAME:KEY=VALUE`` sets an option.
+  ``--methods`` lists the methods (registered ones, built-in or plugins: docs/baselines.md has
+  MOON, FedNTD, FedSPU and HeteroFL); ``--method-set NAME:KEY=VALUE`` sets an option.
 * ``ablation`` (Table 3): H2 cskd is above cs and above kd.
 * ``personalization``: H3 ``own_mask`` (the paper) and ``none`` (the reference code) give the same
   personalised accuracy; H4 ``none`` gives the better global model.
@@ -29,8 +29,8 @@ Parts and the hypotheses they test, each stated before running (the paper's clai
   ``catalog`` a mix of every phone class, laptops and Raspberry Pis on 5 Mbps / 4G / Wi-Fi / 50 Mbps,
   ``slow_links`` laptops on 5 Mbps and 4G, ``slow_devices`` low-end phones and Pis on Wi-Fi):
   H5 FedCSPACK needs fewer bytes (up + down) to reach each ``--targets`` accuracy than
-  ``--resource-methods`` (FedAvg; FedSPU once registered); H6 it reaches them in less simulated time,
-  by 2-5x.
+  ``--resource-methods`` (FedAvg and FedSPU, the resource-constrained baseline); H6 it reaches
+  them in less simulated time, by 2-5x.
 * ``packsize`` (Table 3, "insensitive to PACK"): H7 accuracy within a point of P = 1024 at every P;
   H8 simulated time per round falls as P grows.
 
@@ -60,7 +60,8 @@ FLEETS = {
     "slow_devices": "{devices: {phone_low: 0.5, rpi4: 0.5}, network: {wifi: 1.0}, availability: 1.0, "
                     "dropout: 0.0}",
 }
-SMOKE = ["dataset.name=mnist5k", "clients.num_clients=4", "clients.participation=0.5", "train.local_epochs=1"]
+SMOKE = ["dataset.name=mnist5k", "model.name=cnn", "clients.num_clients=4", "clients.participation=0.5",
+         "train.local_epochs=1"]
 METRICS = ("pers_acc", "pers_acc_weighted", "pers_acc_worst", "global_acc")
 
 
@@ -96,8 +97,7 @@ def check_methods(methods: list[str]) -> None:
     missing = [m for m in methods if m not in METHODS]
     if missing:
         raise SystemExit(f"--methods: {missing} not registered here (registered: {sorted(METHODS.names())}); "
-                         "the baselines MOON, FedNTD, FedSPU and a sub-model method come with their own branch, "
-                         "or load them as plugins with --set plugins=[...]")
+                         "load your own as plugins with --set plugins=[...]")
 
 
 def case_name(seed: int, part: str, name: str) -> str:
@@ -217,10 +217,10 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=str(CONFIG), help="the base experiment (default: the paper's)")
     p.add_argument("--parts", default=",".join(PARTS), help=f"any of {', '.join(PARTS)}")
-    p.add_argument("--methods", default="fedavg,fedprox,fedcspack", help="table1's methods")
+    p.add_argument("--methods", default="fedavg,fedprox,moon,fedntd,fedspu,fedcspack", help="table1's methods")
     p.add_argument("--method-set", action="append", default=[], metavar="NAME:KEY=VALUE",
                    help="an option of one method, e.g. fedspu:algorithm.p=0.5 (repeatable)")
-    p.add_argument("--resource-methods", default="fedavg,fedcspack", help="the fleets part's methods")
+    p.add_argument("--resource-methods", default="fedavg,fedspu,fedcspack", help="the fleets part's methods")
     p.add_argument("--fleets", default=",".join(FLEETS), help=f"any of {', '.join(FLEETS)}")
     p.add_argument("--pack-sizes", default="256,512,1024,2048,4096")
     p.add_argument("--seeds", default="0,1,2,3,4")
@@ -239,6 +239,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.smoke:
         args.rounds, args.seeds, args.runner, args.fleets = 2, "0,1", "loop", "slow_links"
         args.methods, args.pack_sizes, args.targets = "fedavg,fedcspack", "512,1024", "0.1"
+        args.resource_methods = "fedavg,fedcspack"
         args.overrides = [*SMOKE, *args.overrides]
     args.parts = args.parts.split(",")
     args.methods, args.resource_methods = args.methods.split(","), args.resource_methods.split(",")
