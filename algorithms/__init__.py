@@ -1,6 +1,6 @@
 """Federated-learning methods as plain PyTorch/numpy code: no Ray, no file I/O.
 
-The built-in methods, compressors, selection policy and metrics are registered here through the
+The built-in methods, compressors, selection and work policies and metrics are registered here through the
 public API (:mod:`algorithms.plugins`, re-exported by :mod:`engine.plugins`), as a user's plugin
 registers its own. Each is a lazy ``"module:attribute"`` reference with what validation needs
 given now (a method's params class, a compressor's op-count constants), so validating a config
@@ -20,7 +20,15 @@ from algorithms.params import (
     FedCSPACKParams,
     FedProxParams,
 )
-from algorithms.plugins import METHODS, register_compressor, register_method, register_metric, register_selector
+from algorithms.plugins import (
+    METHODS,
+    register_compressor,
+    register_method,
+    register_metric,
+    register_selector,
+    register_work_policy,
+)
+from algorithms.work import DeadlineWorkParams, PerTierWorkParams
 
 register_method("fedavg", "algorithms.fedavg:FEDAVG_SPEC", params=FedAvgParams)
 register_method("fedprox", "algorithms.fedavg:FEDPROX_SPEC", params=FedProxParams)
@@ -32,6 +40,10 @@ for _name, _cls in (("topk", "TopK"), ("randomk", "RandomK"), ("periodick", "Per
     register_compressor(_name, f"algorithms.compressors:{_cls}", costs=BUILTIN_COMPRESSOR_COSTS[_name])
 
 register_selector("uniform", "algorithms.selection:Uniform")
+
+register_work_policy("fixed", "algorithms.work:fixed")
+register_work_policy("deadline", "algorithms.work:deadline", params=DeadlineWorkParams)
+register_work_policy("per_tier", "algorithms.work:per_tier", params=PerTierWorkParams)
 
 for _name in ("macro_f1", "balanced_accuracy", "top5_accuracy"):
     register_metric(_name, f"algorithms.metrics:{_name}")

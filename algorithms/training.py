@@ -195,7 +195,7 @@ def local_sgd(
     With ``prox_center`` the FedProx term ``mu/2 ||w - center||^2`` is added.
     ``loss(model, x, y)``: the objective of one batch (default: cross-entropy of ``model(x)``), e.g.
     a method's :meth:`~algorithms.base.Client.batch_loss` bound to ``ctx``.
-    Returns (mean training loss, samples processed).
+    Returns (mean training loss, samples processed); the steps taken are added to ``ctx.steps_done``.
     With ``ctx.pretrained`` (``executor.batch_clients``) the training was already done for many
     clients at once (:mod:`algorithms.batched_training`): its result is loaded instead.
     """
@@ -214,6 +214,7 @@ def local_sgd(
     total_loss = torch.zeros((), dtype=torch.float64, device=device)
     seen = 0
     for batch in batch_schedule(ctx.rng, n, s.batch_size, s.local_epochs, s.local_steps):
+        ctx.steps_done += 1
         idx = torch.from_numpy(batch).to(device)
         xb, yb = ctx.train_x[idx], ctx.train_y[idx]
         opt.zero_grad()

@@ -108,7 +108,9 @@ class AsyncLoop:
             self.bases[self.version] = {arch: flat_state(m).cpu().numpy().astype(np.float64)
                                         for arch, m in sim.server.models.items()}
         sim.unbatched.check(sim.executor, ids, f"wave {wave}")
-        reply = sim.executor.run_round(wave, ids.tolist(), broadcast, False, sim.clients_now(ids, self.now))
+        steps = sim.work.steps(wave, ids, self.now, {a: p.nbytes for a, p in broadcast.items()},
+                               cfg.clock.fixed_deadline_s)
+        reply = sim.executor.run_round(wave, ids.tolist(), broadcast, False, sim.clients_now(ids, self.now, steps))
         self.faults.extend(reply.faults)
         results = reply.results
         sent = rows.payloads(broadcast, results)

@@ -17,7 +17,7 @@ import torch
 from algorithms import ALGORITHMS
 from algorithms.base import ServerContext
 from engine.clients.device import prepare_device, resolve_device
-from engine.clients.host import LAST_TIMES, HostSetup
+from engine.clients.host import LAST_TIMES, LOCAL_STEPS, HostSetup
 from engine.config.schema import ExperimentConfig
 from engine.data.partition import FederatedData
 from engine.errors import PluginError, UserError
@@ -30,6 +30,7 @@ from engine.loop.callbacks import CallbackLike, CallbackList, RoundRecord, RunCo
 from engine.loop.evaluation import GlobalEvaluation, global_columns, is_evaluation_round
 from engine.loop.parts import build_parts
 from engine.loop.selection import ClientSelector
+from engine.loop.work import LocalWork, with_steps
 from engine.trace import mark
 from hardware_profiles.errors import user_frames
 from hardware_profiles.round_clock import RoundClock
@@ -92,6 +93,9 @@ class Simulation:
         self.clock = RoundClock(self.profiles, cfg.clock, cfg.seed, self.conditions, self.batteries)
         # which clients run: the configured policy (clients.selection), its view of the fleet and clock
         self.selector = ClientSelector(cfg, n, self.data.client_num_train(), self.clock)
+        # how many local steps each does: the configured policy (train.work)
+        self.work = LocalWork.build(cfg, self.clock, self.data, self.arch_names, self.client_arch, self.models,
+                                    spec.server)
         self.next_round = 0  # the first round run() will run (a resumed run starts later)
         self.stop: Stop | None = None  # why the last run() ended early, if it did
         self.in_round = False  # True while a round runs (its state is then incomplete)
@@ -203,7 +207,9 @@ class Simulation:
         runnable, evaluating = start.runnable, is_evaluation_round(cfg, r)
         broadcast = self.server.broadcast(r)
         self.unbatched.check(self.executor, runnable, f"round {r}")
-        now = self.clients_now(runnable, start.start_s)
+        steps = self.work.steps(r, runnable, start.start_s, {a: p.nbytes for a, p in broadcast.items()},
+                                self.clock.deadlines.before_round(start.start_s))
+        now = self.clients_now(runnable, start.start_s, steps)
         reply = self.executor.run_round(r, runnable.tolist(), broadcast, evaluating, now)
         results = reply.results
         sent = rows.payloads(broadcast, results)
@@ -239,11 +245,11 @@ class Simulation:
     def sim_time_s(self, value: float) -> None:
         self.clock.sim_time_s = value
 
-    def clients_now(self, runnable, start_s: float) -> dict | None:
+    def clients_now(self, runnable, start_s: float, steps: np.ndarray | None = None) -> dict | None:
         """What the clients may read of their conditions and last phase times when they start
-        at ``start_s`` (a round, or an asynchronous wave)."""
+        at ``start_s`` (a round, or an asynchronous wave), and the steps their work policy gives them."""
         now = self.conditions.now(runnable, start_s) if self.conditions is not None and self.reads_profile else None
-        return self.with_last_times(runnable, now)
+        return with_steps(self.with_last_times(runnable, now), runnable, steps, LOCAL_STEPS)
 
     def _rows(self, start, timing, results, arrived, nonfinite, sent, round_s, server_metrics, evaluating):
         """The round's rounds.parquet row (without wall_s) and clients.parquet rows."""
