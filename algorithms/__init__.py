@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from algorithms.base import AlgorithmSpec
+from algorithms.heterogeneity_params import FedNovaParams, FedOptParams, ScaffoldParams
 from algorithms.params import (
     BUILTIN_COMPRESSOR_COSTS,
     AscendParams,
@@ -35,6 +36,9 @@ register_method("fedprox", "algorithms.fedavg:FEDPROX_SPEC", params=FedProxParam
 register_method("fedavg_compressed", "algorithms.compressed_fedavg:SPEC", params=CompressedFedAvgParams)
 register_method("fedcspack", "algorithms.fedcspack:SPEC", params=FedCSPACKParams)
 register_method("ascend", "algorithms.ascend:SPEC", params=AscendParams)
+register_method("fednova", "algorithms.fednova:SPEC", params=FedNovaParams)
+register_method("scaffold", "algorithms.scaffold:SPEC", params=ScaffoldParams)
+register_method("fedopt", "algorithms.fedopt:SPEC", params=FedOptParams)
 
 for _name, _cls in (("topk", "TopK"), ("randomk", "RandomK"), ("periodick", "PeriodicK"), ("qsgd8", "QSGD8")):
     register_compressor(_name, f"algorithms.compressors:{_cls}", costs=BUILTIN_COMPRESSOR_COSTS[_name])
