@@ -29,6 +29,7 @@ from algorithms.plugins import (
     register_selector,
     register_work_policy,
 )
+from algorithms.selectors import AvailableFirstParams, OortParams, PowDParams
 from algorithms.work import DeadlineWorkParams, PerTierWorkParams
 
 register_method("fedavg", "algorithms.fedavg:FEDAVG_SPEC", params=FedAvgParams)
@@ -44,6 +45,9 @@ for _name, _cls in (("topk", "TopK"), ("randomk", "RandomK"), ("periodick", "Per
     register_compressor(_name, f"algorithms.compressors:{_cls}", costs=BUILTIN_COMPRESSOR_COSTS[_name])
 
 register_selector("uniform", "algorithms.selection:Uniform")
+register_selector("pow_d", "algorithms.selectors:PowD", params=PowDParams)
+register_selector("oort", "algorithms.selectors:Oort", params=OortParams)
+register_selector("available_first", "algorithms.selectors:AvailableFirst", params=AvailableFirstParams)
 
 register_work_policy("fixed", "algorithms.work:fixed")
 register_work_policy("deadline", "algorithms.work:deadline", params=DeadlineWorkParams)

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from algorithms.base import ModelSize
+from algorithms.plugins import SELECTORS
 from engine.config.hints import tier_problems
 from engine.config.schema import ExperimentConfig
 from engine.data.datasets import _COMMON_ARGS, DATASETS, DatasetNotFoundError
@@ -122,7 +123,14 @@ def static_problems(cfg: ExperimentConfig, run_dir) -> list[str]:
         problem = folder_problem(cfg.output.dir, "output.dir")
         if problem:
             problems.append(problem)
-    return problems + work_problems(cfg) + tier_problems(cfg.clients.profiles)
+    return problems + work_problems(cfg) + timing_selection_problems(cfg) + tier_problems(cfg.clients.profiles)
+
+
+def timing_selection_problems(cfg: ExperimentConfig) -> list[str]:
+    """A selection policy that needs what only training reports, in a run that trains nothing."""
+    name = cfg.clients.selection.name
+    why = getattr(SELECTORS.get(name), "reads_training", None) if cfg.clock.mode == "timing_only" else None
+    return [f"  clients.selection.name = {name!r} cannot choose in clock.mode = 'timing_only': {why}"] if why else []
 
 
 def work_problems(cfg: ExperimentConfig) -> list[str]:
