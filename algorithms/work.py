@@ -140,6 +140,6 @@ def checked_steps(name: str, steps: Any, view: WorkView) -> np.ndarray:
     bad = ~np.isfinite(arr.astype(np.float64)) | (arr != np.round(arr)) | (arr < 1)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{where} gave client {int(view.ids[i])} {arr[i]!r} steps; each client does an integer "
+        raise ValueError(f"{where} gave client {int(view.ids[i])} {arr[i].item()!r} steps; each client does an integer "
                          "number of steps >= 1")
     return arr.astype(np.int64)
