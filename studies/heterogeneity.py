@@ -2,6 +2,7 @@
 
     nice -n 10 hetsim sweep studies/heterogeneity.yaml -q --storage runs/heterogeneity
     python studies/heterogeneity.py runs/heterogeneity [--target 0.85] [--figure heterogeneity.png]
+    python studies/heterogeneity.py --smoke       # every cell on both fleets once, 2 rounds of 6 clients
 
 For every run (a fleet, a cell, a seed): the final global accuracy (mean of the last 3 rounds), the
 best accuracy reached by 10 s and by 20 s of simulated time, the simulated time until the global
@@ -26,6 +27,7 @@ from engine.results import load_run
 from sweeps.results import load_sweep
 from sweeps.stats import t_half_width
 
+SPEC = Path(__file__).resolve().parent / "heterogeneity.yaml"
 CELLS = ("fedavg_drop", "partial", "fednova", "scaffold", "fedprox", "pow_d", "oort", "available_first")
 FLEETS = ("phones_fading", "diurnal")
 BASELINE = "fedavg_drop"
@@ -69,18 +71,43 @@ def run_measures(path: Path, target: float) -> dict[str, float]:
     }
 
 
-def collect(folder: Path, target: float) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """One row of measures per finished run, with its fleet, cell and seed; and every run's
-    (simulated time, global accuracy) per round, for the figure."""
+def sweep_runs(folder: Path) -> list[tuple[str, str, int, Path]]:
+    """(fleet, cell, seed, run folder) of every finished trial of the sweep in ``folder``."""
     sweep = load_sweep(folder, refresh=True)
     trials = sweep.trials[sweep.trials["status"] == "finished"]
+    return [(t.fleet, t.cell, int(t.seed), Path(sweep.path) / "runs" / t.trial_id) for t in trials.itertuples()]
+
+
+def smoke_runs(out: Path) -> list[tuple[str, str, int, Path]]:
+    """Every cell on both fleets once (seed 0), 2 rounds of 6 clients, in this process: the
+    study's pipeline in seconds (studies/heterogeneity.yaml's base and cases)."""
+    import yaml  # reason: only the smoke setting reads the spec itself
+
+    from engine.config.schema import load_config  # reason: as above
+    from engine.run.api import run_experiment  # reason: as above
+
+    spec = yaml.safe_load(SPEC.read_text())
+    small = {"rounds": 2, "clients.num_clients": 6, "clients.participation": 0.5, "train.local_steps": 5}
+    done = []
+    for fleet, fleet_keys in spec["space"]["fleet"]["cases"].items():
+        for cell, cell_keys in spec["space"]["cell"]["cases"].items():
+            path = out / f"{fleet}-{cell}"
+            if not (path / "manifest.json").exists():
+                cfg = load_config(load_config(spec["base"], {**fleet_keys, **cell_keys}).to_dict(), small)
+                run_experiment(cfg, path, command=[])
+            done.append((fleet, cell, 0, path))
+    return done
+
+
+def collect(runs: list[tuple[str, str, int, Path]], target: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One row of measures per run, with its fleet, cell and seed; and every run's (simulated
+    time, global accuracy) per round, for the figure."""
     rows, curves = [], []
-    for t in trials.itertuples():
-        path = Path(sweep.path) / "runs" / t.trial_id
-        rows.append({"fleet": t.fleet, "cell": t.cell, "seed": int(t.seed), **run_measures(path, target)})
+    for fleet, cell, seed, path in runs:
+        rows.append({"fleet": fleet, "cell": cell, "seed": seed, **run_measures(path, target)})
         r = load_run(path).rounds
-        curves.append(pd.DataFrame({"fleet": t.fleet, "cell": t.cell, "seed": int(t.seed),
-                                    "sim_time_s": r["sim_time_s"], "global_acc": r["global_acc"]}))
+        curves.append(pd.DataFrame({"fleet": fleet, "cell": cell, "seed": seed, "sim_time_s": r["sim_time_s"],
+                                    "global_acc": r["global_acc"]}))
     return pd.DataFrame(rows), pd.concat(curves, ignore_index=True) if curves else pd.DataFrame()
 
 
@@ -122,7 +149,7 @@ def tables(df: pd.DataFrame) -> str:
         if sub.empty:
             continue
         seeds = sub["seed"].nunique()
-        out += [f"### Fleet `{fleet}`: mean ± 95 % interval over {seeds} seeds", "",
+        out += [f"### Fleet `{fleet}`: mean ± 95 % interval over {seeds} seed(s)", "",
                 "| cell | " + " | ".join(m[0] for m in MEASURES.values()) + " |",
                 "|---|" + "---|" * len(MEASURES)]
         for cell in CELLS:
@@ -173,7 +200,11 @@ def figure(curves: pd.DataFrame, path: Path) -> None:
                 best = np.maximum.accumulate(g["global_acc"].to_numpy(dtype=float))
                 idx = np.searchsorted(g["sim_time_s"].to_numpy(), grid, side="right") - 1
                 ys.append(np.where(idx >= 0, best[np.clip(idx, 0, None)], np.nan))
-            ax.plot(grid, np.nanmean(ys, axis=0), label=cell, lw=1.4)
+            ys = np.array(ys)
+            seen = np.isfinite(ys).any(axis=0)  # before a cell's first round ended: no point
+            mean = np.full(len(grid), np.nan)
+            mean[seen] = np.nanmean(ys[:, seen], axis=0)
+            ax.plot(grid, mean, label=cell, lw=1.4)
         ax.set_title(fleet)
         ax.set_xlabel("simulated time (s)")
         ax.grid(alpha=0.3)
@@ -185,12 +216,17 @@ def figure(curves: pd.DataFrame, path: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("sweep", help="the sweep folder (hetsim sweep studies/heterogeneity.yaml --storage ...)")
+    p.add_argument("sweep", nargs="?", help="the sweep folder (hetsim sweep studies/heterogeneity.yaml --storage ...)")
+    p.add_argument("--smoke", action="store_true", help="every cell on both fleets once, 2 rounds of 6 clients, in "
+                   "this process (under runs/heterogeneity_smoke), instead of a sweep's runs")
     p.add_argument("--target", type=float, default=0.85, help="global accuracy of the time to target")
     p.add_argument("--figure", default=None, help="also draw accuracy against simulated time into this PNG")
     p.add_argument("--csv", default=None, help="also write every run's measures to this CSV")
     args = p.parse_args()
-    df, curves = collect(Path(args.sweep), args.target)
+    if not args.smoke and args.sweep is None:
+        p.error("give the sweep folder, or --smoke")
+    runs = smoke_runs(Path("runs/heterogeneity_smoke")) if args.smoke else sweep_runs(Path(args.sweep))
+    df, curves = collect(runs, args.target)
     if df.empty:
         raise SystemExit(f"{args.sweep}: no finished runs yet")
     if args.csv:
