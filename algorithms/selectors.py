@@ -28,6 +28,8 @@ class PowDParams(SelectionParams):
     sampling: Literal["data_size", "uniform"] = Field(
         "data_size", description="how the d candidates are drawn: by their share of the training data (the paper), "
         "or uniformly")
+    online_only: bool = Field(False, description="draw the candidates among the clients online at the round's start "
+                              "only (the paper does not model availability: false)")
 
 
 class PowD(SelectionPolicy):
@@ -39,6 +41,9 @@ class PowD(SelectionPolicy):
 
     def select(self, view: SelectionView) -> Selection:
         pool, m = view.pool(), view.count
+        if self.params.online_only:
+            pool = pool[view.online(pool)]
+        m = min(m, len(pool))
         d = min(len(pool), max(m, self.params.d or 2 * m))
         size = view.train_samples[pool].astype(np.float64)
         p = size / size.sum() if self.params.sampling == "data_size" and size.sum() > 0 else None
@@ -67,6 +72,8 @@ class OortParams(SelectionParams):
                              "ln(r) / r_i) of a client last heard from in round r_i")
     cutoff: float = Field(0.95, ge=0, le=1, description="exploitation samples, by utility, among the clients whose "
                           "utility is at least cutoff x the utility of the count-th best")
+    online_only: bool = Field(True, description="choose among the clients online at the round's start only, as "
+                              "Oort's coordinator chooses among the clients that check in (false: the whole fleet)")
 
 
 class Oort(SelectionPolicy):
@@ -92,6 +99,8 @@ class Oort(SelectionPolicy):
 
     def select(self, view: SelectionView) -> Selection:
         p, pool, m = self.params, view.pool(), view.count
+        if p.online_only:
+            pool = pool[view.online(pool)]
         h = view.history
         explored = pool[~np.isnan(h.last_train_loss[pool])]
         fresh = pool[np.isnan(h.last_train_loss[pool])]

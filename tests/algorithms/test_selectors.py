@@ -97,6 +97,20 @@ def test_oort_gives_epsilon_of_the_count_to_exploration_while_there_are_clients_
         assert (sel.ids[np.array(sel.reason) == "explore: never heard from"] >= 6).all()
 
 
+def test_oort_chooses_among_the_clients_online_now_unless_told_the_whole_fleet():
+    """Oort's coordinator chooses among the clients that check in; pow_d (the paper does not model
+    availability) only with online_only."""
+    online = np.arange(N) >= 4
+    for seed in range(10):
+        v = view(round=seed, count=3, seed=seed, online=online, history=heard(np.where(online, 1.0, 5.0)))
+        assert online[checked_selection("oort", Oort(OortParams(name="oort"), N, 0).select(v), v).ids].all()
+        pow_d = PowD(PowDParams(name="pow_d", online_only=True), N, 0)
+        assert online[checked_selection("pow_d", pow_d.select(v), v).ids].all()
+    everyone = Oort(OortParams(name="oort", online_only=False, exploration_min=0.0), N, 0)
+    v = view(round=200, count=3, online=online, history=heard(np.where(online, 1.0, 5.0)))
+    assert not online[checked_selection("oort", everyone.select(v), v).ids].any()  # offline: higher losses
+
+
 # ---------------------------------------------------------------- available_first
 def test_available_first_picks_only_clients_online_now_and_prefers_full_batteries():
     online = np.arange(N) % 3 != 0  # 0, 3, 6, 9 offline
