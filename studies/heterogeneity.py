@@ -201,7 +201,7 @@ def figure(curves: pd.DataFrame, path: Path) -> None:
                 idx = np.searchsorted(g["sim_time_s"].to_numpy(), grid, side="right") - 1
                 ys.append(np.where(idx >= 0, best[np.clip(idx, 0, None)], np.nan))
             ys = np.array(ys)
-            seen = np.isfinite(ys).any(axis=0)  # before a cell's first round ended: no point
+            seen = np.isfinite(ys).all(axis=0)  # from when every seed has finished a round
             mean = np.full(len(grid), np.nan)
             mean[seen] = np.nanmean(ys[:, seen], axis=0)
             ax.plot(grid, mean, label=cell, lw=1.4)
@@ -216,16 +216,23 @@ def figure(curves: pd.DataFrame, path: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("sweep", nargs="?", help="the sweep folder (hetsim sweep studies/heterogeneity.yaml --storage ...)")
+    p.add_argument("sweep", nargs="*", help="the sweep folder (hetsim sweep studies/heterogeneity.yaml --storage ...); "
+                   "several: a later one's runs replace an earlier one's of the same fleet, cell and seed (a cell "
+                   "run again with --grid cell=...)")
     p.add_argument("--smoke", action="store_true", help="every cell on both fleets once, 2 rounds of 6 clients, in "
                    "this process (under runs/heterogeneity_smoke), instead of a sweep's runs")
     p.add_argument("--target", type=float, default=0.85, help="global accuracy of the time to target")
     p.add_argument("--figure", default=None, help="also draw accuracy against simulated time into this PNG")
     p.add_argument("--csv", default=None, help="also write every run's measures to this CSV")
     args = p.parse_args()
-    if not args.smoke and args.sweep is None:
+    if not args.smoke and not args.sweep:
         p.error("give the sweep folder, or --smoke")
-    runs = smoke_runs(Path("runs/heterogeneity_smoke")) if args.smoke else sweep_runs(Path(args.sweep))
+    if args.smoke:
+        runs = smoke_runs(Path("runs/heterogeneity_smoke"))
+    else:
+        latest = {(fleet, cell, seed): path for folder in args.sweep
+                  for fleet, cell, seed, path in sweep_runs(Path(folder))}
+        runs = [(*key, path) for key, path in latest.items()]
     df, curves = collect(runs, args.target)
     if df.empty:
         raise SystemExit(f"{args.sweep}: no finished runs yet")
