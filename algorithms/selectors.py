@@ -33,7 +33,7 @@ class PowDParams(SelectionParams):
 
 
 class PowD(SelectionPolicy):
-    """Power-of-choice (Cho, Wang and Joshi, 2020): of d candidates, the clients with the highest local loss."""
+    """Of d candidates, the clients with the highest local loss (power of choice, Cho, Wang and Joshi, 2020)."""
 
     Params = PowDParams
     uses_history = True
@@ -77,7 +77,7 @@ class OortParams(SelectionParams):
 
 
 class Oort(SelectionPolicy):
-    """Oort (Lai et al., 2021): statistical utility x a penalty for slow clients, with exploration."""
+    """Statistical utility times a penalty for slow clients, with exploration (Oort, Lai et al., 2021)."""
 
     Params = OortParams
     uses_history = True
