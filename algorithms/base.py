@@ -84,6 +84,8 @@ class ClientContext:
     # ``compress_s``, ``upload_s``: clients.parquet's sim_*, conditions over time included), filled
     # only for methods whose Client says :meth:`Client.reads_phase_times`; None before its first
     last_times: dict[str, float] | None = None
+    # the SGD steps local_sgd took for this client this round (its batches; FedNova's tau, SCAFFOLD's K)
+    steps_done: int = 0
 
 
 @dataclass

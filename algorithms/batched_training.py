@@ -57,6 +57,7 @@ class TrainedUpdate:
     prox_mu: float  # the FedProx coefficient it was trained with
     rng_state: dict[str, Any] | None = None  # the client's generator right after its batches were drawn
     rows: int | None = None  # the rows its batches were drawn over (Client.train_rows)
+    steps: int = 0  # its batches (local_sgd adds them to ctx.steps_done)
     used: bool = field(default=False)
 
     @torch.no_grad()
@@ -83,6 +84,7 @@ class TrainedUpdate:
                                "local_sgd(); the batched data order would differ from the sequential one")
         model = ctx.model
         model.train()
+        ctx.steps_done += self.steps
         for name, p in model.named_parameters():
             p.copy_(self.params[name])
         for name, b in model.named_buffers():
@@ -202,6 +204,7 @@ def train_batched(
             seen=seen[b],
             prox_mu=prox_mu,
             rows=jobs[b].rows,
+            steps=len(jobs[b].batches),
         )
         for b in range(nclients)
     ]

@@ -1,9 +1,9 @@
 """The registries of the algorithms layer and the functions that register into them.
 
-``register_method``, ``register_compressor``, ``register_selector`` and ``register_metric`` are the
-public API (re-exported by :mod:`engine.plugins`, with the engine's ``register_model`` and
-``register_dataset``); the built-in methods, compressors, selection policy and metrics are
-registered through them too (:mod:`algorithms`, with lazy ``"module:attribute"`` references so
+``register_method``, ``register_compressor``, ``register_selector``, ``register_work_policy`` and
+``register_metric`` are the public API (re-exported by :mod:`engine.plugins`, with the engine's
+``register_model`` and ``register_dataset``); the built-in methods, compressors, selection and work
+policies and metrics are registered through them too (:mod:`algorithms`, with lazy ``"module:attribute"`` references so
 that validating a config imports no torch). Each function works as a plain call and as a
 decorator, and checks what it is given when it is registered (a lazy reference: when it is first
 used), raising :class:`~hardware_profiles.errors.PluginError` that names the hook or the field.
@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from algorithms.base import AlgorithmParams, AlgorithmSpec, Client, Server
 from algorithms.registry import Registry, describe, import_reference
 from algorithms.selection import SelectionParams, SelectionPolicy
+from algorithms.work import WorkParams
 from hardware_profiles.errors import PluginError
 
 C = TypeVar("C", bound=type)
@@ -250,6 +251,46 @@ def selector_params(name: str) -> type[SelectionParams]:
     """The options class of selection policy ``name`` (without importing a lazy policy)."""
     entry = SELECTORS.entry(name)
     return entry.meta.get("params") or SELECTORS.get(name).Params
+
+
+# ---------------------------------------------------------------- local-work policies
+def _check_work_policy(name: str, fn: Any, meta: dict) -> Any:
+    if not callable(fn):
+        raise PluginError(f"work policy {name!r}: {describe(fn)} is not callable; give fn(view) -> steps")
+    try:
+        inspect.signature(fn).bind(None)
+    except TypeError:
+        raise PluginError(f"work policy {name!r}: {describe(fn)} must take (view): an algorithms.work.WorkView, "
+                          "and return the steps of each of view.ids") from None
+    except ValueError:  # a builtin without a signature: trust it
+        pass
+    check_params_class(name, meta.get("params") or WorkParams, "work policy", WorkParams)
+    return fn
+
+
+WORK_POLICIES: Registry[Callable] = Registry("work policy", check=_check_work_policy, plural="work policies")
+
+
+def register_work_policy(name: str, fn: F | str | None = None, *, params: type[WorkParams] | None = None):
+    """Register a local-work policy ``fn(view) -> steps`` under ``name``, what ``train.work.policy``
+    selects: given a :class:`~algorithms.work.WorkView` of the clients about to train, one integer
+    >= 1 per client of ``view.ids``, the local SGD steps it does this round (the clock charges
+    them). Its options are ``params`` (a :class:`~algorithms.work.WorkParams` subclass; they reach
+    it as ``view.params``). It must be a pure function of the view. Plain call, or decorator
+    ``@register_work_policy("half")``."""
+    meta = {"params": params} if params is not None else {}
+    if fn is None:
+        def decorate(f: F) -> F:
+            WORK_POLICIES.add(name, f, **meta)
+            return f
+        return decorate
+    WORK_POLICIES.add(name, fn, **meta)
+    return fn
+
+
+def work_params(name: str) -> type[WorkParams]:
+    """The options class of work policy ``name`` (without importing a lazy policy)."""
+    return WORK_POLICIES.entry(name).meta.get("params") or WorkParams
 
 
 # ---------------------------------------------------------------- metrics

@@ -132,6 +132,8 @@ class SelectionPolicy:
 
     Params: ClassVar[type[SelectionParams]] = SelectionParams
     uses_history: ClassVar[bool] = False  # True: the engine keeps view.history for it
+    # why it needs what only training reports (e.g. the clients' losses): clock.mode: timing_only refuses it
+    reads_training: ClassVar[str | None] = None
     checkpoint_fields: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, params: SelectionParams, num_clients: int, seed: int):

@@ -49,8 +49,10 @@ def sample_weights(results: Sequence[ClientResult]) -> torch.Tensor:
 WEIGHTED_MEAN_BLOCK_BYTES = 256 * 2**20
 
 
-def weighted_mean(weights: torch.Tensor, vectors: Sequence[torch.Tensor | np.ndarray]) -> torch.Tensor:
-    """``sum_n weights_n x_n`` of equal-length vectors, accumulated in float64, as float32.
+def weighted_mean(weights: torch.Tensor, vectors: Sequence[torch.Tensor | np.ndarray],
+                  float64: bool = False) -> torch.Tensor:
+    """``sum_n weights_n x_n`` of equal-length vectors, accumulated in float64, as float32 (as
+    float64 with ``float64``: a server rule that goes on computing with it).
 
     The vectors are converted to float64 a block of rows at a time (one copy each, into a
     reused buffer) and each block is one matrix-vector product added to the sum."""
@@ -71,7 +73,7 @@ def weighted_mean(weights: torch.Tensor, vectors: Sequence[torch.Tensor | np.nda
                 block[i].numpy()[:] = np.asarray(v).reshape(-1)
         partial = w[start:start + len(part)] @ block[:len(part)]
         total = partial if total is None else total.add_(partial)
-    return total.float()
+    return total if float64 else total.float()
 
 
 def sample_weighted_mean(results: Sequence[ClientResult], key: str) -> torch.Tensor:

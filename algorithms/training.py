@@ -205,7 +205,7 @@ def local_sgd(
     a method's :meth:`~algorithms.base.Client.batch_loss` bound to ``ctx``.
     ``update_mask``: per parameter (``model.parameters()`` order) None or a 0/1 tensor of its shape;
     the entries it zeroes are frozen (FedSPU; :class:`SGD`'s ``masks``).
-    Returns (mean training loss, samples processed).
+    Returns (mean training loss, samples processed); the steps taken are added to ``ctx.steps_done``.
     With ``ctx.pretrained`` (``executor.batch_clients``) the training was already done for many
     clients at once (:mod:`algorithms.batched_training`): its result is loaded instead.
     """
@@ -228,6 +228,7 @@ def local_sgd(
     total_loss = torch.zeros((), dtype=torch.float64, device=device)
     seen = 0
     for batch in batch_schedule(ctx.rng, n, s.batch_size, s.local_epochs, s.local_steps):
+        ctx.steps_done += 1
         idx = torch.from_numpy(batch).to(device)
         xb, yb = ctx.train_x[idx], ctx.train_y[idx]
         opt.zero_grad()

@@ -1,4 +1,4 @@
-"""Bring your own method, model, dataset, compressor, client-selection policy or metric.
+"""Bring your own method, model, dataset, compressor, client-selection policy, local-work policy or metric.
 
 The extension API of hetsim, in one import (``from engine import plugins``): the ``register_*``
 functions, the contracts your code implements, the helpers it may use, and :func:`load_plugins`.
@@ -19,6 +19,7 @@ register ...           what it is                                  the config na
 ``register_dataset``   loader returning an ``ArrayDataset``        ``dataset.name``
 ``register_compressor``  ``Compressor`` subclass                   ``algorithm.compressor``, ASCEND's arms
 ``register_selector``  ``SelectionPolicy`` subclass                ``clients.selection.name``
+``register_work_policy``  ``fn(view) -> steps`` per client          ``train.work.policy``
 ``register_metric``    ``fn(outputs, targets) -> float``           ``evaluation.metrics``
 =====================  ==========================================  ==================================
 
@@ -35,6 +36,7 @@ from algorithms.plugins import register_compressor as register_compressor
 from algorithms.plugins import register_method as register_method
 from algorithms.plugins import register_metric as register_metric
 from algorithms.plugins import register_selector as register_selector
+from algorithms.plugins import register_work_policy as register_work_policy
 from algorithms.registry import REGISTRIES, Origin
 from engine.plugin_sources import load_plugins as _load_sources
 from engine.plugin_sources import resolve_entries
@@ -74,6 +76,7 @@ if TYPE_CHECKING:  # the lazy names, for IDEs and type checkers
         load_flat_state,
         local_sgd,
     )
+    from algorithms.work import WorkParams, WorkView  # noqa: F401
     from engine.data.datasets import ArrayDataset  # noqa: F401
 
 _EXPORTS = {
@@ -87,6 +90,8 @@ _EXPORTS = {
     "SelectionPolicy": "algorithms.selection", "SelectionParams": "algorithms.selection",
     "SelectionView": "algorithms.selection", "Selection": "algorithms.selection",
     "ClientHistory": "algorithms.selection",
+    # a local-work policy's contract
+    "WorkParams": "algorithms.work", "WorkView": "algorithms.work",
     # a dataset's container
     "ArrayDataset": "engine.data.datasets",
     # with torch: a compressor's contract, and the training and aggregation helpers the built-ins use
@@ -98,11 +103,11 @@ _EXPORTS = {
 
 KINDS = {"method": "algorithm", "algorithm": "algorithm", "model": "model", "dataset": "dataset",
          "compressor": "compressor", "selector": "selection policy", "selection policy": "selection policy",
-         "metric": "metric"}
+         "work policy": "work policy", "work": "work policy", "metric": "metric"}
 
 __all__ = sorted([*_EXPORTS, "register_method", "register_model", "register_dataset", "register_compressor",
-                  "register_selector", "register_metric", "unregister", "load_plugins", "registered",
-                  "PluginError"])
+                  "register_selector", "register_work_policy", "register_metric", "unregister", "load_plugins",
+                  "registered", "PluginError"])
 
 
 def load_plugins(*entries: str | Path) -> None:
@@ -115,7 +120,7 @@ def load_plugins(*entries: str | Path) -> None:
 
 def unregister(kind: str, name: str) -> None:
     """Forget ``name`` of ``kind`` (``"method"``, ``"model"``, ``"dataset"``, ``"compressor"``,
-    ``"selector"``, ``"metric"``), e.g. to register another object under it in a notebook;
+    ``"selector"``, ``"work policy"``, ``"metric"``), e.g. to register another object under it in a notebook;
     built-ins stay."""
     _registry(kind).remove(name)
 

@@ -97,11 +97,11 @@ def register_dataset(name: str, loader: F | str | None = None):
 # ---------------------------------------------------------------- objects given in Python
 def name_for(kind: str, obj: Any) -> str:
     """The config name of ``obj`` for ``kind`` ("algorithm", "model", "dataset", "selection policy",
-    "metric"): a name as it is; an object already registered (a spec, a decorated half, a model
+    "work policy", "metric"): a name as it is; an object already registered (a spec, a decorated half, a model
     class, ...) by its name; any other object registered now under its ``__name__`` (a notebook's
     class), as :func:`engine.plugins.register_model` and its siblings would."""
     from algorithms.base import AlgorithmSpec  # the contract: imported with the method registry
-    from algorithms.plugins import register_method, register_metric, register_selector
+    from algorithms.plugins import register_method, register_metric, register_selector, register_work_policy
     from algorithms.registry import REGISTRIES
 
     if isinstance(obj, str):
@@ -119,7 +119,7 @@ def name_for(kind: str, obj: Any) -> str:
     if not isinstance(name, str):
         raise PluginError(f"{kind} {describe(obj)}: give a name, or an object with a __name__ to register it under")
     add = {"model": register_model, "dataset": register_dataset, "selection policy": register_selector,
-           "metric": register_metric}[kind]
+           "work policy": register_work_policy, "metric": register_metric}[kind]
     add(name, obj)
     return name
 

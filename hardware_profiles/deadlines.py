@@ -138,6 +138,18 @@ class DeadlineTracker:
                 cut = max(cut, wait)
         return cut
 
+    def before_round(self, start_s: float) -> float | None:
+        """The deadline of a round starting at ``start_s`` as far as it is known before its clients
+        run (a work policy plans by it): fixed and adaptive exactly, a cutoff without the wait for
+        ``min_reporting`` (which only moves it later), a percentile not at all (None: it follows
+        from the arrivals)."""
+        spec = self.spec
+        if isinstance(spec, PercentileDeadline):
+            return None
+        if isinstance(spec, CutoffDeadline):
+            return next_cutoff(start_s, spec.every_s, spec.offset_s) - start_s
+        return self.deadline(start_s, np.zeros(0), None)
+
     def observe(self, kept_s: np.ndarray) -> None:
         """The arrival times (after the round's start) of the uploads a round kept."""
         if isinstance(self.spec, AdaptiveDeadline):

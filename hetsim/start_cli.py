@@ -7,7 +7,7 @@ from pathlib import Path
 from engine import UserError  # light: the error classes
 from hetsim.templates import TEMPLATES, render
 
-TOPICS = ("datasets", "models", "algorithms", "compressors", "selectors", "metrics", "tiers", "presets")
+TOPICS = ("datasets", "models", "algorithms", "compressors", "selectors", "work", "metrics", "tiers", "presets")
 EPILOG_LINES = """  hetsim list tiers                            # device and network tiers with their figures
   hetsim init async -o exp.yaml                # a commented starter config (sync, async, energy, conditions)
 """

@@ -273,7 +273,35 @@ def page() -> str:
     for method, params in ALGORITHM_PARAMS.items():
         doc = _cell((params.__doc__ or "").strip().split("\n\n")[0])
         out += [f"### `{method}`", "", doc, "", *table(rows(params, "algorithm.")), ""]
+    out += policy_sections()
     return "\n".join(out).rstrip() + "\n"
+
+
+def policy_sections() -> list[str]:
+    """The options of each selection policy (``clients.selection``) and work policy (``train.work``),
+    named like a method's: the section's name key picks the policy, the other keys are its own."""
+    from algorithms.plugins import SELECTORS, WORK_POLICIES, selector_params, work_params
+
+    out = []
+    for section, key, registry, params_of, about in (
+            ("clients.selection", "name", SELECTORS, selector_params,
+             "The selection policy and its options: `clients.selection.name` picks the policy, the other keys are "
+             "its own ([the toolbox](../toolbox.md), [plugins](../plugins.md))."),
+            ("train.work", "policy", WORK_POLICIES, work_params,
+             "The local-work policy and its options: `train.work.policy` picks the policy, the other keys are its "
+             "own ([the toolbox](../toolbox.md)).")):
+        out += [f"## `{section}` policies", "", about, ""]
+        for name in registry.names(scan=False):
+            params = params_of(name)
+            own = [(k, f, t) for k, f, t in rows(params, f"{section}.") if k != f"{section}.{key}"]
+            doc = _cell(first_line(registry.get(name)))
+            out += [f"### `{name}`", "", doc, "", *(table(own) if own else ["No options."]), ""]
+    return out
+
+
+def first_line(obj) -> str:
+    """The first paragraph of a policy's docstring (a class or a function)."""
+    return (getattr(obj, "__doc__", None) or "").strip().split("\n\n")[0]
 
 
 def on_files(files, config):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -36,6 +36,8 @@ from engine.models.arch import arch_flops, build_arch_model, copy_models
 from hardware_profiles.errors import PluginError, user_frames
 
 LAST_TIMES = "last_times"  # the key of ``now[cid]`` that carries ctx.last_times (the rest: profile fields)
+LOCAL_STEPS = "local_steps"  # the key of ``now[cid]`` that carries its work policy's steps (train.work)
+NOT_PROFILE = (LAST_TIMES, LOCAL_STEPS)
 
 
 @dataclass
@@ -221,6 +223,7 @@ class ClientHost:
                 tensor.copy_(initial)
         train_idx = torch.from_numpy(self._indices(cid, test=False)).to(self.device)
         state = self.states.get(cid, {})
+        steps = getattr(self, "_now", {}).get(cid, {}).get(LOCAL_STEPS)
         ctx = ClientContext(
             client_id=cid,
             round=round,
@@ -230,7 +233,8 @@ class ClientHost:
             train_x=self.x[train_idx],
             train_y=self.y[train_idx],
             rng=client_rng(self.cfg.seed, round, cid),
-            train=self.train_settings,
+            train=self.train_settings if steps is None else replace(self.train_settings, local_epochs=1,
+                                                                     local_steps=int(steps)),
             flops_per_sample=self.flops_per_sample[arch],
             profile=self._profile(cid) if self.client.needs_profile and setup.profiles is not None else None,
             last_times=getattr(self, "_now", {}).get(cid, {}).get(LAST_TIMES),
@@ -257,7 +261,7 @@ class ClientHost:
 
     def _profile(self, cid: int):
         profile = self.setup.profiles.profile(cid)
-        now = {k: v for k, v in getattr(self, "_now", {}).get(cid, {}).items() if k != LAST_TIMES}
+        now = {k: v for k, v in getattr(self, "_now", {}).get(cid, {}).items() if k not in NOT_PROFILE}
         return profile.model_copy(update=now) if now else profile
 
     def _finish_client(self, started: _Started, extra_wall_s: float = 0.0) -> ClientResult:
@@ -266,6 +270,8 @@ class ClientHost:
         t0 = time.perf_counter()
         result = self.client.fit(ctx, started.payload)
         result.metrics["wall_fit_s"] = time.perf_counter() - t0 + extra_wall_s
+        if LOCAL_STEPS in getattr(self, "_now", {}).get(ctx.client_id, {}):  # a work policy: what it did
+            result.metrics[LOCAL_STEPS] = ctx.steps_done
         result.metrics.update(started.eval_metrics)
         if ctx.pretrained is not None and not ctx.pretrained.used:
             raise RuntimeError("batch_clients: fit did not call local_sgd, so the batched training "
@@ -315,7 +321,8 @@ class ClientHost:
                     ctx = started[c].ctx
                     rows = self.client.train_rows(ctx)  # the method's training rows (ASCEND v3: no probe)
                     ids = started[c].train_ids if rows is None else started[c].train_ids[rows]
-                    batches = draw_batches(ctx.rng, ids, s.batch_size, s.local_epochs, s.local_steps)
+                    t = ctx.train  # a work policy's steps for this client
+                    batches = draw_batches(ctx.rng, ids, t.batch_size, t.local_epochs, t.local_steps)
                     jobs.append(BatchJob(snapshots[c][0], snapshots[c][1], batches, rows=len(ids)))
                 updates = train_batched(
                     model, jobs, self.x, self.y, lr=round_lr(started[members[0]].ctx),

@@ -16,8 +16,9 @@ from pydantic import BaseModel, ValidationError
 
 from algorithms.base import AlgorithmParams
 from algorithms.params import ALGORITHM_PARAMS
-from algorithms.plugins import METHODS, SELECTORS, method_params, selector_params
+from algorithms.plugins import METHODS, SELECTORS, WORK_POLICIES, method_params, selector_params, work_params
 from algorithms.selection import SelectionParams
+from algorithms.work import WorkParams
 from engine.config.hints import TYPE_KINDS, algorithm_key_problem, friendly, input_loc, value_at, yaml_kind
 from hardware_profiles.suggest import unknown_key
 
@@ -168,10 +169,12 @@ def registered_params(annotation: Any, value: Any) -> Any:
     """The params class a ``{name: ...}`` section validates with (a method's, a selection
     policy's), from its name; other annotations unchanged."""
     models = [t for t in _flatten(annotation) if _is_model(t)]
-    name = value.get("name") if isinstance(value, dict) else value if isinstance(value, str) else None
-    for base, registry, params_of, default in ((AlgorithmParams, METHODS, method_params, "fedavg"),
-                                               (SelectionParams, SELECTORS, selector_params, "uniform")):
+    for base, registry, params_of, default, key in (
+            (AlgorithmParams, METHODS, method_params, "fedavg", "name"),
+            (SelectionParams, SELECTORS, selector_params, "uniform", "name"),
+            (WorkParams, WORK_POLICIES, work_params, "fixed", "policy")):
         if models == [base]:
+            name = value.get(key) if isinstance(value, dict) else value if isinstance(value, str) else None
             name = default if name is None else name
             return params_of(name) if isinstance(name, str) and name in registry else base
     return annotation

@@ -26,9 +26,10 @@ from pydantic import (
 )
 
 from algorithms.asynchronous import async_methods, async_option_problems, synchronous_only
-from algorithms.plugins import METRICS, SELECTORS, selector_params
+from algorithms.plugins import METRICS, SELECTORS, WORK_POLICIES, selector_params, work_params
 from algorithms.registry import Registry
 from algorithms.selection import SelectionParams
+from algorithms.work import WorkParams
 from engine.config.hints import yaml_kind
 from engine.config.paths import expand_path
 from engine.registry import DATASETS, MODELS
@@ -145,22 +146,23 @@ def _check_model_name(v: str) -> str:
     return _registered(MODELS, v)
 
 
-def named_params(v: Any, registry: Registry, params_of, base: type[BaseModel], field: str, what: str):
+def named_params(v: Any, registry: Registry, params_of, base: type[BaseModel], field: str, what: str,
+                 key: str = "name"):
     """The options of the registered ``what`` a section names, validated by that name's own params
     class: a mapping ``{name: ..., <options>}`` (a bare string is the name alone). ``field``: the
-    section's dotted key, for messages."""
+    section's dotted key, for messages; ``key``: the key that names it (``train.work``: ``policy``)."""
     if isinstance(v, base):
         return v
     if isinstance(v, str):
-        v = {"name": v}
+        v = {key: v}
     if not isinstance(v, dict):
-        raise ValueError(f"{field} is a section: a mapping of keys (name: the {what}, and its options), "
+        raise ValueError(f"{field} is a section: a mapping of keys ({key}: the {what}, and its options), "
                          f"not {yaml_kind(v)}")
-    if "name" not in v:
-        raise ValueError(f"{field} needs a name: the {what}, one of {', '.join(sorted(registry.names()))}")
-    name = v["name"]
+    if key not in v:
+        raise ValueError(f"{field} needs a {key}: the {what}, one of {', '.join(sorted(registry.names()))}")
+    name = v[key]
     if not isinstance(name, str) or name not in registry:
-        raise _blame("name", name, registry.unknown(name))
+        raise _blame(key, name, registry.unknown(name))
     return params_of(name).model_validate(v)
 
 
@@ -296,6 +298,14 @@ class TrainConfig(Section):
     on_nonfinite: Literal["stop", "skip_client", "ignore"] = Field(
         "stop", description="an upload or global model with NaN/inf: end the run as 'diverged', "
         "drop that client's upload (drop reason 'nonfinite'), or keep it")
+    work: SerializeAsAny[WorkParams] = Field(
+        default_factory=WorkParams, description="how many local steps each client does: a registered work policy "
+        "and its options (default fixed: local_steps or local_epochs for everyone; docs/toolbox.md)")
+
+    @field_validator("work", mode="wrap")
+    @classmethod
+    def _work_policy(cls, v: Any, handler) -> WorkParams:
+        return named_params(v, WORK_POLICIES, work_params, WorkParams, "train.work", "work policy", key="policy")
 
     @model_validator(mode="after")
     def _epochs_or_steps(self) -> "TrainConfig":

@@ -33,7 +33,8 @@ MAX_IDLE_RETRIES = 100_000  # nobody online for this many retries: the fleet can
 class Hosts(Protocol):
     """What the loop asks of the client hosts (the :class:`~engine.loop.simulation.Simulation`)."""
 
-    def train(self, r: int, ids: np.ndarray, broadcast, evaluating: bool, start_s: float): ...
+    def train(self, r: int, ids: np.ndarray, broadcast, evaluating: bool, start_s: float,
+              deadline_s: float | None): ...
 
     def keep_last_times(self, r: int, ids: np.ndarray, times: dict[str, np.ndarray]) -> None: ...
 
@@ -78,7 +79,7 @@ class AsyncLoop:
         if self.version not in self.bases:  # the state the broadcast stands for (full: parameters, buffers)
             self.bases[self.version] = {arch: flat_state(m).cpu().numpy().astype(np.float64)
                                         for arch, m in self.server.models.items()}
-        reply = self.hosts.train(wave, ids, broadcast, False, clock.now)
+        reply = self.hosts.train(wave, ids, broadcast, False, clock.now, self.cfg.clock.fixed_deadline_s)
         self.faults.extend(reply.faults)
         results = reply.results
         sent = rows.payloads(broadcast, results)

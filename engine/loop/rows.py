@@ -167,12 +167,14 @@ def add_selection_columns(client_rows: list[dict[str, Any]], selection) -> None:
 
 def client_columns(r: int, profiles, selected, not_run, run_mask, arch, sent: dict[str, np.ndarray],
                    num_samples, times, outcome, timeline: dict[str, np.ndarray], start_s: float,
-                   energy: dict[str, np.ndarray], battery: dict[str, np.ndarray] | None = None, selection=None):
+                   energy: dict[str, np.ndarray], battery: dict[str, np.ndarray] | None = None, selection=None,
+                   extra: dict[str, np.ndarray] | None = None):
     """The clients.parquet rows of a round as one Arrow table, without a Python loop over the
     clients (``clock.mode: timing_only``): the columns :func:`client_rows` writes, with the same
     values and types, but no training metrics. Arrays over the runnable clients (``sent``,
-    ``num_samples``, ``times``, ``outcome``, ``timeline``, ``energy``, ``arch``) are placed at
-    ``run_mask`` among the selected ones; elsewhere they are null, as a row without the key."""
+    ``num_samples``, ``times``, ``outcome``, ``timeline``, ``energy``, ``arch``, and the integer
+    columns ``extra``, e.g. a work policy's ``local_steps``) are placed at ``run_mask`` among the
+    selected ones; elsewhere they are null, as a row without the key."""
     import pyarrow as pa  # the round loop of a full run never needs it here (its rows are dicts)
 
     n, ran = len(selected), np.asarray(run_mask, dtype=bool)
@@ -215,6 +217,8 @@ def client_columns(r: int, profiles, selected, not_run, run_mask, arch, sent: di
         if name in timeline:
             value = np.asarray(timeline[name])
             cols[name] = spread_text(value) if value.dtype.kind in "OU" else spread(value, np.float64)
+    for name, value in (extra or {}).items():
+        cols[name] = spread(value, np.int64)
     for name, value in (battery or {}).items():
         cols[name] = pa.array(value)
     if selection is not None and selection.score is not None:  # the selection policy's, as add_selection_columns

@@ -17,7 +17,7 @@ import torch
 from algorithms import ALGORITHMS
 from algorithms.base import ServerContext
 from engine.clients.device import prepare_device, resolve_device
-from engine.clients.host import LAST_TIMES, HostSetup
+from engine.clients.host import LAST_TIMES, LOCAL_STEPS, HostSetup
 from engine.config.schema import ExperimentConfig
 from engine.data.partition import FederatedData
 from engine.errors import PluginError, UserError
@@ -30,6 +30,7 @@ from engine.loop.callbacks import CallbackLike, CallbackList, RoundRecord, RunCo
 from engine.loop.evaluation import GlobalEvaluation, global_columns, is_evaluation_round
 from engine.loop.parts import Parts, build_parts
 from engine.loop.selection import ClientSelector, target_arrivals
+from engine.loop.work import LocalWork, with_steps
 from engine.trace import mark
 from hardware_profiles.errors import user_frames
 from hardware_profiles.event_clock import EventClock
@@ -98,6 +99,9 @@ class Simulation:
         self.clock = RoundClock(self.profiles, cfg.clock, cfg.seed, self.conditions, self.batteries)
         # which clients run: the configured policy (clients.selection), its view of the fleet and clock
         self.selector = ClientSelector(cfg, n, self.data.client_num_train(), self.clock)
+        # how many local steps each does: the configured policy (train.work)
+        self.work = LocalWork.build(cfg, self.clock, self.data, self.arch_names, self.client_arch, self.models,
+                                    spec.server)
         self.next_round = 0  # the first round run() will run (a resumed run starts later)
         self.stop: Stop | None = None  # why the last run() ended early, if it did
         self.in_round = False  # True while a round runs (its state is then incomplete)
@@ -183,11 +187,13 @@ class Simulation:
                 self.executor.close()
         return status
 
-    def train(self, r: int, ids: np.ndarray, broadcast, evaluating: bool, start_s: float):
+    def train(self, r: int, ids: np.ndarray, broadcast, evaluating: bool, start_s: float, deadline_s: float | None):
         """Round (asynchronous: wave) ``r``'s clients ``ids`` train on ``broadcast`` from virtual
-        time ``start_s`` on the executor's hosts; returns the executor's reply."""
+        time ``start_s``, each for the steps its work policy (``train.work``) gives it under
+        ``deadline_s``, on the executor's hosts; returns the executor's reply."""
         self.unbatched.check(self.executor, ids, f"{'wave' if self.asynchronous else 'round'} {r}")
-        return self.executor.run_round(r, ids.tolist(), broadcast, evaluating, self.clients_now(ids, start_s))
+        steps = self.work.steps(r, ids, start_s, {a: p.nbytes for a, p in broadcast.items()}, deadline_s)
+        return self.executor.run_round(r, ids.tolist(), broadcast, evaluating, self.clients_now(ids, start_s, steps))
 
     def notify_dropped(self, r: int, ids: list[int]) -> None:
         """The uploads of ``ids`` in round (wave) ``r`` were not aggregated (error feedback keeps them)."""
@@ -224,7 +230,8 @@ class Simulation:
         start = self.clock.begin(r, selection.ids)
         runnable, evaluating = start.runnable, is_evaluation_round(cfg, r)
         broadcast = self.server.broadcast(r)
-        reply = self.train(r, runnable, broadcast, evaluating, start.start_s)
+        reply = self.train(r, runnable, broadcast, evaluating, start.start_s,
+                           self.clock.deadlines.before_round(start.start_s))
         results = reply.results
         sent = rows.payloads(broadcast, results)
         timing = self.clock.time(start, sent, [res.metrics["wall_fit_s"] for res in results], target)
@@ -259,11 +266,11 @@ class Simulation:
     def sim_time_s(self, value: float) -> None:
         self.clock.sim_time_s = value
 
-    def clients_now(self, runnable, start_s: float) -> dict | None:
+    def clients_now(self, runnable, start_s: float, steps: np.ndarray | None = None) -> dict | None:
         """What the clients may read of their conditions and last phase times when they start
-        at ``start_s`` (a round, or an asynchronous wave)."""
+        at ``start_s`` (a round, or an asynchronous wave), and the steps their work policy gives them."""
         now = self.conditions.now(runnable, start_s) if self.conditions is not None and self.reads_profile else None
-        return self.with_last_times(runnable, now)
+        return with_steps(self.with_last_times(runnable, now), runnable, steps, LOCAL_STEPS)
 
     def _rows(self, start, timing, results, arrived, nonfinite, sent, round_s, server_metrics, evaluating):
         """The round's rounds.parquet row (without wall_s) and clients.parquet rows."""

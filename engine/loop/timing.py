@@ -32,6 +32,7 @@ import torch
 from algorithms import ALGORITHMS
 from algorithms.base import ArchShape, Broadcast, ClientResult, Payload, TimingPayload
 from algorithms.training import flat_buffers, local_samples, num_params
+from engine.clients.host import LOCAL_STEPS
 from engine.config.schema import ExperimentConfig
 from engine.execution.base import Executor, RoundReply
 from engine.loop import rows
@@ -39,6 +40,7 @@ from engine.loop.callbacks import RoundRecord, RunCallback
 from engine.loop.parts import build_parts
 from engine.loop.selection import ClientSelector
 from engine.loop.simulation import Simulation
+from engine.loop.work import LocalWork
 from engine.models.arch import arch_flops
 from hardware_profiles.round_clock import RoundClock
 
@@ -87,12 +89,16 @@ class TimingExecutor(Executor):
 
     def run_round(self, round, client_ids, broadcast, evaluate, now=None) -> RoundReply:
         ids = np.asarray(client_ids, dtype=np.int64)
-        sent, arch, samples = self.sim.sent(ids)
+        steps = None
+        if now and ids.size and LOCAL_STEPS in now.get(int(ids[0]), {}):  # a work policy's steps
+            steps = np.array([now[c][LOCAL_STEPS] for c in ids.tolist()], dtype=np.int64)
+        sent, arch, samples = self.sim.sent(ids, steps)
+        done = self.sim.work.done(ids, steps).tolist() if steps is not None else [None] * len(ids)
         return RoundReply([
             ClientResult(client_id=c, arch=a, upload=Payload({}, int(up)), num_samples=int(k), train_flops=float(f),
-                         compress_ops=float(ops))
-            for c, a, up, k, f, ops in zip(ids.tolist(), arch, sent["bytes_up"], samples, sent["train_flops"],
-                                           sent["compress_ops"])])
+                         compress_ops=float(ops), metrics={} if d is None else {LOCAL_STEPS: int(d)})
+            for c, a, up, k, f, ops, d in zip(ids.tolist(), arch, sent["bytes_up"], samples, sent["train_flops"],
+                                              sent["compress_ops"], done)])
 
     def notify_dropped(self, round, client_ids) -> None:
         pass
@@ -145,6 +151,8 @@ class TimingSimulation(Simulation):
         self.unbatched = _NoNotice()
         self.clock = RoundClock(self.profiles, cfg.clock, cfg.seed, self.conditions, self.batteries)
         self.selector = ClientSelector(cfg, self.data.num_clients, self.n_train, self.clock)
+        self.work = LocalWork(cfg, self.clock, self.n_train, self.arch_names, self.client_arch, self.arch_flops,
+                              self.payload)
         self.next_round, self.stop, self.in_round = 0, None, False
         self._warned_sleep = self._started = False
         self.asynchronous = self._async_loop()
@@ -152,15 +160,17 @@ class TimingSimulation(Simulation):
     def start(self) -> None:
         self._started = True
 
-    def sent(self, ids: np.ndarray) -> tuple[dict[str, np.ndarray], list[str], np.ndarray]:
-        """What ``ids`` send and spend (``rows.payloads``' arrays), their architectures and their
-        training rows (``num_samples``, the aggregation weight)."""
+    def sent(self, ids: np.ndarray, steps: np.ndarray | None = None) -> tuple[dict[str, np.ndarray], list[str],
+                                                                             np.ndarray]:
+        """What ``ids`` send and spend (``rows.payloads``' arrays) when they do ``steps`` (None: the
+        configured work), their architectures and their training rows (``num_samples``, the
+        aggregation weight)."""
         code = self.client_arch[ids]
         names = self.arch_names
         down = np.array([self.payload.download_bytes(a) for a in names], dtype=np.float64)
         up, ops = (np.array(x, dtype=np.float64) for x in zip(*(self.payload.upload_bytes(a) for a in names)))
         rows_ = self.n_train[ids]
-        samples = np.asarray(self.payload.train_samples(rows_, self.local_samples), dtype=np.int64)
+        samples = np.asarray(self.work.samples(ids, steps, self.local_samples), dtype=np.int64)
         sent = {"bytes_down": down[code], "bytes_up": up[code],
                 "train_flops": self.payload.train_flops(self.arch_flops[code], samples),
                 "compress_ops": ops[code]}
@@ -176,7 +186,9 @@ class TimingSimulation(Simulation):
         selected = selection.ids
         start = self.clock.begin(r, selected)
         runnable = start.runnable
-        sent, arch, num_samples = self.sent(runnable)
+        download = {a: self.payload.download_bytes(a) for a in self.arch_names}
+        steps = self.work.steps(r, runnable, start.start_s, download, self.clock.deadlines.before_round(start.start_s))
+        sent, arch, num_samples = self.sent(runnable, steps)
         timing = self.clock.time(start, sent, None, target)
         made = timing.outcome.made_deadline
         self.selector.record(r, runnable, made, timing.times, None)
@@ -195,7 +207,8 @@ class TimingSimulation(Simulation):
                        "on_charger": start.charging[selected]}
         clients = rows.client_columns(r, self.profiles, selected, start.not_run, start.run_mask, arch, sent,
                                       num_samples, timing.times, timing.outcome, timing.timeline, start.start_s,
-                                      timing.energy, battery, selection)
+                                      timing.energy, battery, selection,
+                                      None if steps is None else {LOCAL_STEPS: self.work.done(runnable, steps)})
         row["wall_s"] = time.perf_counter() - wall0
         return RoundRecord(r, row, clients)
 

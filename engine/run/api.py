@@ -237,6 +237,7 @@ def simulate(
     dataset: Any = None,
     selection: Any = None,
     metrics: list[Any] | None = None,
+    work: Any = None,
 ) -> Run:
     """Run an experiment and return it loaded into pandas: the one call a notebook needs.
 
@@ -254,6 +255,8 @@ def simulate(
             a loader; a ``SelectionPolicy`` class), registered under its ``__name__`` if it is not yet.
             Objects defined in a notebook travel to Ray by value.
         metrics: names or functions ``fn(outputs, targets) -> float``, added to ``evaluation.metrics``.
+        work: a local-work policy (``train.work.policy``): a registered name, or a function
+            ``fn(view) -> steps`` registered under its ``__name__`` if it is not yet.
 
     Returns:
         The run, loaded: ``rounds``, ``clients`` and ``profiles`` as DataFrames, ``path``, ``manifest``.
@@ -265,7 +268,7 @@ def simulate(
     entries = resolve_entries([str(p) for p in plugins or ()], None)
     load_plugins(entries)  # first: the config may name what they register
     cfg = config if isinstance(config, ExperimentConfig) else load_config(config)
-    objects = _object_overrides(cfg, entries, algorithm, model, dataset, selection, metrics)
+    objects = _object_overrides(cfg, entries, algorithm, model, dataset, selection, metrics, work)
     if objects:  # the objects first, then the overrides (which may set the options they bring)
         cfg = load_config(cfg.to_dict(), objects)
     if overrides:
@@ -275,7 +278,7 @@ def simulate(
 
 
 def _object_overrides(cfg: ExperimentConfig, entries: list[str], algorithm, model, dataset, selection,
-                      metrics) -> dict[str, Any]:
+                      metrics, work=None) -> dict[str, Any]:
     """The overrides the objects given to :func:`simulate` stand for (registering them if need be);
     a method or policy other than the config's replaces its section (the old options are its own)."""
     out: dict[str, Any] = {}
@@ -287,6 +290,10 @@ def _object_overrides(cfg: ExperimentConfig, entries: list[str], algorithm, mode
             name = name_for(kind, obj)
             out[key] = {**(cfg.algorithm if key == "algorithm" else cfg.clients.selection).model_dump(),
                         "name": name} if name == current else {"name": name}
+    if work is not None:
+        name = name_for("work policy", work)
+        out["train.work"] = {**cfg.train.work.model_dump(), "policy": name} if name == cfg.train.work.policy \
+            else {"policy": name}
     if model is not None:
         out["model.name"] = name_for("model", model)
     if dataset is not None:

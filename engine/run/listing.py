@@ -1,8 +1,8 @@
 """What a config may name, one line each: ``hetsim list datasets|models|algorithms|compressors|
-selectors|metrics|tiers|presets``.
+selectors|work|metrics|tiers|presets``.
 
 Each topic reads its registry (nothing is copied here), so a newly registered dataset, model,
-method, compressor, selection policy, metric, tier or preset is listed without a change to this
+method, compressor, selection policy, work policy, metric, tier or preset is listed without a change to this
 file; an entry that is not built in says where it came from (its plugin, package or module).
 """
 from __future__ import annotations
@@ -66,6 +66,12 @@ def _selectors() -> list[tuple[str, str]]:
     return _registered(SELECTORS, lambda cls: first_sentence(cls.__doc__))
 
 
+def _work() -> list[tuple[str, str]]:
+    from algorithms.plugins import WORK_POLICIES  # numpy: only this topic needs it
+
+    return _registered(WORK_POLICIES, lambda fn: first_sentence(fn.__doc__))
+
+
 def _metrics() -> list[tuple[str, str]]:
     from algorithms.plugins import METRICS  # the built-ins import torch
 
@@ -98,7 +104,7 @@ def _presets() -> list[tuple[str, str]]:
 
 TOPICS: dict[str, Callable[[], list[tuple[str, str]]]] = {
     "datasets": _datasets, "models": _models, "algorithms": _algorithms, "compressors": _compressors,
-    "selectors": _selectors, "metrics": _metrics, "tiers": _tiers, "presets": _presets}
+    "selectors": _selectors, "work": _work, "metrics": _metrics, "tiers": _tiers, "presets": _presets}
 
 
 def load_listed_plugins(config: str | None, plugins: list[str]) -> None:

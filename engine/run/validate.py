@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from algorithms.base import ModelSize
+from algorithms.plugins import SELECTORS
 from engine.config.hints import tier_problems
 from engine.config.schema import ExperimentConfig
 from engine.data.datasets import _COMMON_ARGS, DATASETS, DatasetNotFoundError
@@ -137,7 +138,34 @@ def static_problems(cfg: ExperimentConfig, run_dir) -> list[str]:
         problem = folder_problem(cfg.output.dir, "output.dir")
         if problem:
             problems.append(problem)
-    return problems + tier_problems(cfg.clients.profiles)
+    return problems + work_problems(cfg) + timing_selection_problems(cfg) + tier_problems(cfg.clients.profiles)
+
+
+def timing_selection_problems(cfg: ExperimentConfig) -> list[str]:
+    """A selection policy that needs what only training reports, in a run that trains nothing."""
+    name = cfg.clients.selection.name
+    why = getattr(SELECTORS.get(name), "reads_training", None) if cfg.clock.mode == "timing_only" else None
+    return [f"  clients.selection.name = {name!r} cannot choose in clock.mode = 'timing_only': {why}"] if why else []
+
+
+def work_problems(cfg: ExperimentConfig) -> list[str]:
+    """What a work policy cannot do with the clock (field, value, why, what is allowed)."""
+    work, clock = cfg.train.work, cfg.clock
+    if work.policy != "deadline":
+        return []
+    out = []
+    if clock.mode == "measured":
+        out.append("  train.work.policy = 'deadline' plans each client's steps on the virtual clock, and clock.mode "
+                   "= 'measured' times training by the host's wall clock; allowed: clock.mode virtual, realtime or "
+                   "timing_only")
+    if clock.deadline_s is None and clock.deadline is None:
+        out.append("  train.work.policy = 'deadline' fits each client's steps before the round's deadline, and the "
+                   "run has none; give clock.deadline_s (or clock.deadline: fixed, adaptive or cutoff)")
+    elif clock.deadline is not None and clock.deadline.policy == "percentile":
+        out.append("  train.work.policy = 'deadline' needs the deadline before the clients train, and "
+                   "clock.deadline.policy = 'percentile' sets it from their arrivals; allowed: fixed, adaptive, "
+                   "cutoff (or clock.deadline_s)")
+    return out
 
 
 def folder_problem(path: str | Path, field: str) -> str | None:

@@ -8,6 +8,7 @@ import signal
 import pytest
 from helpers.checkpoint import (
     KILL_AFTER,
+    KILL_IN_PROCESS,
     KILL_METHODS,
     KILL_ROUNDS,
     METHODS,
@@ -239,13 +240,13 @@ def test_a_resumed_writer_adds_to_the_fault_log_of_earlier_attempts(tmp_path):
 
 
 # ------------------------------------------------------------------------------ real processes
-@pytest.mark.parametrize("method", sorted(KILL_METHODS))
+@pytest.mark.parametrize("method", sorted({**KILL_METHODS, **KILL_IN_PROCESS}))
 def test_sigkill_of_hetsim_run_then_resume_equals_an_uninterrupted_run(tmp_path, method):
     seed = int.from_bytes(os.urandom(4), "little")
     rng = random.Random(seed)
     k, delay = rng.choice(KILL_AFTER), rng.uniform(0.0, 0.1)
     why = f"(kill after round {k} + {delay:.3f} s; seed {seed})"
-    overrides = [*KILL_METHODS[method], *KILL_ROUNDS]
+    overrides = [*{**KILL_METHODS, **KILL_IN_PROCESS}[method], *KILL_ROUNDS]
     path = tmp_path / "killed"
     proc = hetsim_process(path, overrides)
     kill_at_round(proc, path, k, delay=delay)

@@ -412,6 +412,108 @@ def test_each_method_times_without_training_or_is_refused_with_its_reason(cell, 
     assert_clock_equal(timing, twin)
 
 
+# ---------------------------------------------------------------- work and selection policies
+# Every local-work policy (train.work) and client-selection policy of the toolbox (docs/toolbox.md)
+# with FedAvg on every executor, synchronous and asynchronous: the 4 clients above, half phones on
+# 5 Mbps and half laptops on 500 Mbps, online 3 rounds in 4, with fading links and throttling;
+# 2 clients a round (asynchronously: 2 in flight), 4 local steps, a 0.15 s deadline. A Ray run
+# equals its in-process run, and a timing-only run equals the full run's clock (or is refused,
+# naming the policy and why).
+POLICY_FLEET = ("clients.profiles={availability: 0.75, dropout: 0.0, devices: {phone_low: 0.5, laptop_cpu: 0.5}, "
+                "network: {5mbps: 0.5, 500mbps: 0.5}}")
+TOOLBOX_POLICIES = {("work", "deadline"): "train.work={policy: deadline}", ("work", "per_tier"): "train.work=per_tier",
+            ("selection", "pow_d"): "clients.selection={name: pow_d, d: 3}",
+            ("selection", "oort"): "clients.selection={name: oort, exploration_min: 0.5}",
+            ("selection", "available_first"): "clients.selection=available_first"}
+POLICY_CELLS = [(*policy, ex, mode) for policy, ex, mode in itertools.product(TOOLBOX_POLICIES, EXECUTORS, MODES)]
+
+
+def _policy_id(cell) -> str:
+    return "-".join(cell)
+
+
+def policy_overrides(kind: str, name: str, executor: str, mode: str, table, cache) -> list[str]:
+    cell = ("fedavg", executor, mode, "memory", "on")
+    return [*overrides(cell, table, cache), POLICY_FLEET, *CONDITIONS_ON, "clients.participation=0.5",
+            "train.local_steps=4", "clock.deadline_s=0.15", TOOLBOX_POLICIES[(kind, name)]]
+
+
+def policy_timing_refusal(kind: str, name: str) -> str | None:
+    """Why a policy cannot run without training, as its own class says (SelectionPolicy.reads_training)."""
+    from algorithms.plugins import SELECTORS
+
+    return SELECTORS.get(name).reads_training if kind == "selection" else None
+
+
+@pytest.fixture(scope="module")
+def policy_runs(table, tmp_path_factory):
+    from engine.config.schema import load_config
+    from engine.results.tables import load_run
+    from engine.run.api import run_experiment
+
+    runs = {}
+
+    def get(cell, *extra):
+        key = (*cell, *extra)
+        if key not in runs:
+            cfg = load_config(None, [*policy_overrides(*cell, *table), *extra])
+            runs[key] = load_run(run_experiment(cfg, tmp_path_factory.mktemp(_policy_id(key)), command=[]))
+        return runs[key]
+    return get
+
+
+def check_policy_cell(run, cell) -> None:
+    kind, name, executor, mode = cell
+    assert run.manifest["status"] == "finished" and run.rounds["round"].tolist() == list(range(ROUNDS))
+    assert (run.config["asynchronous"] is not None) == (mode == "async")
+    ran = run.clients[run.clients["sim_total_s"].notna()]
+    if kind == "work":
+        assert run.config["train"]["work"]["policy"] == name
+        steps = ran["local_steps"].to_numpy()
+        assert ((steps >= 1) & (steps <= 4)).all()
+        if name == "per_tier":  # the laptops do the 4 configured steps, the phones 1
+            assert set(zip(ran["tier"], steps)) <= {("laptop_cpu", 4), ("phone_low", 1)}
+    else:
+        assert run.config["clients"]["selection"]["name"] == name
+        assert run.clients["selection_reason"].notna().all()
+        if name == "available_first" and mode == "sync":  # online at the start: never unavailable
+            assert not (run.clients["drop_reason"] == "unavailable").any()
+    if "global_acc" in run.rounds:
+        assert np.isfinite(run.rounds["global_acc"].to_numpy(dtype=float)).all()
+
+
+@pytest.mark.parametrize("cell", [c for c in POLICY_CELLS if c[2] == "inprocess"], ids=_policy_id)
+def test_each_policy_runs_and_times_without_training_alike_or_is_refused(cell, policy_runs, table, tmp_path):
+    from engine.config.schema import load_config
+    from engine.errors import ConfigError
+    from engine.run.api import run_experiment
+
+    check_policy_cell(policy_runs(cell), cell)
+    why = policy_timing_refusal(*cell[:2])
+    if why is not None:
+        with pytest.raises(ConfigError) as err:
+            run_experiment(load_config(None, [*policy_overrides(*cell, *table), "clock.mode=timing_only"]),
+                           tmp_path / "run")
+        assert f"clients.selection.name = {cell[1]!r} cannot choose in clock.mode = 'timing_only'" in str(err.value)
+        assert why in str(err.value)
+        return
+    timing = policy_runs(cell, "clock.mode=timing_only")
+    check_policy_cell(timing, cell)
+    assert_clock_equal(timing, policy_runs(cell))
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("cell", [c for c in POLICY_CELLS if c[2] == "ray"], ids=_policy_id)
+def test_each_policy_on_ray_equals_the_in_process_run(cell, policy_runs, warm_ray):
+    from engine.results.tables import WALL_COLUMNS
+
+    run, twin = policy_runs(cell), policy_runs((*cell[:2], "inprocess", cell[3]))
+    check_policy_cell(run, cell)
+    for a, b in ((run.rounds, twin.rounds), (run.clients, twin.clients)):
+        keep = [c for c in a.columns if c not in WALL_COLUMNS]
+        pd.testing.assert_frame_equal(a[keep], b[keep])
+
+
 # ---------------------------------------------------------------- data sources x partition schemes
 # (dataset, on demand): the data sources of a run; each with every partition scheme
 DATA = (("synthetic", False), ("synthetic", True), ("parquet", False), ("parquet", True))
@@ -554,6 +656,31 @@ def render() -> str:
     lines.append("")
     for m, why in timing_reasons.items():
         lines.append(f"* {m} (its defaults): \"{why}\".")
+    lines += [
+        "",
+        "## Work and selection policies",
+        "",
+        "Each local-work policy (`train.work`) and client-selection policy of the toolbox",
+        "([toolbox.md](toolbox.md)) with FedAvg, synchronous and asynchronous",
+        "(`test_each_policy_runs_and_times_without_training_alike_or_is_refused`,",
+        "`test_each_policy_on_ray_equals_the_in_process_run`): the clients above, half phones on 5 Mbps and half",
+        "laptops on 500 Mbps, online 3 rounds in 4, fading links and throttling, 2 clients a round, 4 local",
+        "steps, a 0.15 s deadline; each run checked (the steps each client did, each pick's reason), the Ray",
+        "run equal to the in-process run, and a timing-only run equal to the full run's clock, or refused:",
+        "",
+        "| policy | " + " | ".join(f"{mode}: in-process, Ray" for mode in MODES) + " | timing only |",
+        "|" + "---|" * (2 + len(MODES)),
+    ]
+    for kind, name in TOOLBOX_POLICIES:
+        why = policy_timing_refusal(kind, name)
+        lines.append(f"| {kind}: `{TOOLBOX_POLICIES[(kind, name)].split('=', 1)[1]}` | "
+                     + " | ".join("✓, Ray ✓ (equal)" for _ in MODES) + f" | {'refused' if why else '✓, equal'} |")
+    lines.append("")
+    for (kind, name) in TOOLBOX_POLICIES:
+        why = policy_timing_refusal(kind, name)
+        if why:
+            lines.append(f"* {name}, timing only: \"clients.selection.name = {name!r} cannot choose in clock.mode = "
+                         f"'timing_only': {why}\".")
     lines += [
         "",
         "## Data sources and partition schemes",

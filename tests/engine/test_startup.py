@@ -145,7 +145,7 @@ def test_unknown_names_still_list_the_allowed_ones():
     with pytest.raises(ConfigError, match="unknown model 'nope'; allowed: cifar_cnn, cnn, fmnist_cnn, lenet5"):
         load_config(None, {"model.name": "nope"})
     with pytest.raises(ConfigError, match="unknown algorithm 'nope'; allowed: ascend, fedavg, "
-                                          "fedavg_compressed, fedcspack, fedntd, fedprox"):
+                                          "fedavg_compressed, fedcspack, fednova, fedntd, fedopt, fedprox"):
         load_config(None, {"algorithm": {"name": "nope"}})
 
 

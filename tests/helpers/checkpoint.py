@@ -26,6 +26,8 @@ BASE = [
     "partition.public_fraction=0.1",
     "clock.over_selection=1.5",  # over-selected clients are dropped: exercises on_dropped state
 ]
+# a deadline learned from the arrivals (clock state) that the 5 Mbps clients' transfers (0.16 s) nearly fill
+ADAPTIVE = "clock.deadline={policy: adaptive, quantile: 0.9, margin: 1.1, initial_s: 0.17}"
 # every method with the options whose state differs; the ASCEND ones close rewards, roll back
 METHODS = {
     "fedavg": ["algorithm={name: fedavg}"],
@@ -52,6 +54,17 @@ METHODS = {
     "fedspu": ["algorithm={name: fedspu, val_fraction: 0.5}", "train.lr=3.0"],
     "heterofl": ["algorithm={name: heterofl}", "model.zoo=[{arch: mlp_half, model: mlp, max_gflops: 5}]",
                  "model.arch_params={mlp_half: {width: 0.5}}"],  # rpi4 trains the half-width MLP
+    # the heterogeneity toolbox: its methods' state (SCAFFOLD's control variates, FedOpt's moments), and
+    # each work and selection policy with what it reads (the clock's adaptive deadline, the history)
+    "fednova": ["algorithm={name: fednova}", "train.momentum=0.5"],
+    "scaffold": ["algorithm={name: scaffold}"],
+    "fedopt-adam": ["algorithm={name: fedopt}"],
+    "fedopt-momentum": ["algorithm={name: fedopt, server_optimizer: momentum}"],
+    "fedavg-deadline_work": ["train.work=deadline", ADAPTIVE],
+    "fedavg-per_tier": ["train.work={policy: per_tier, min_steps: 2}"],
+    "fedavg-pow_d": ["clients.selection={name: pow_d, d: 6}"],
+    "fedavg-oort": ["clients.selection={name: oort, exploration_decay: 0.5}"],
+    "fedavg-available_first": ["clients.selection=available_first", "clients.profiles.availability=0.6"],
 }
 
 
@@ -170,6 +183,15 @@ KILL_METHODS = {
     "fedavg-conditions": [*METHODS["fedavg"], *CHANGING],
     "fedcspack": METHODS["fedcspack-own_mask"],
     "ascend": METHODS["ascend-egreedy"],
+    # the toolbox's state in one run: SCAFFOLD's control variates (clients and server), Oort's
+    # history, the deadline work policy on a learned deadline
+    "scaffold-oort-deadline_work": [*METHODS["scaffold"], *METHODS["fedavg-oort"], *METHODS["fedavg-deadline_work"]],
+}
+# the toolbox's other methods and policies, killed in-process only (a process is the same on Ray:
+# the case above): FedOpt's moments with power-of-choice's history, FedNova with availability
+KILL_IN_PROCESS = {
+    "fedopt-pow_d-per_tier": [*METHODS["fedopt-adam"], *METHODS["fedavg-pow_d"], *METHODS["fedavg-per_tier"]],
+    "fednova-available_first": [*METHODS["fednova"], *METHODS["fedavg-available_first"]],
 }
 # SIGKILL after round k in KILL_AFTER (+ up to 0.1 s: anywhere in a round; every position relative
 # to the checkpoints of every 3 rounds), so >= 6 rounds of 4 epochs after the kill

@@ -32,6 +32,7 @@ SMOKE_ARGS = {
     "energy_methods": ["--smoke"],
     "fedcspack_study": ["--smoke"],
     "fedcspack_table1": ["--smoke"],
+    "heterogeneity": ["--smoke", "--figure", "heterogeneity.png", "--csv", "heterogeneity.csv"],
 }
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -176,3 +177,14 @@ def test_whatif_study_smoke_from_a_folder_outside_the_repository(ray_session, tm
     assert per_round["half_5mbps"] > per_round["all_500mbps"]
     assert (storage / "compare.html").stat().st_size > 10_000
     assert "half the fleet on 5 Mbps: " in out
+
+
+def test_heterogeneity_study_smoke_measures_every_cell_on_both_fleets(smoke_runs):
+    folder, out = _ok(smoke_runs, "heterogeneity")
+    table = pd.read_csv(folder / "heterogeneity.csv")
+    assert len(table) == 16 and set(table["fleet"]) == {"phones_fading", "diurnal"}
+    assert table["jain"].between(0, 1).all() and (table["energy_kj"] > 0).all()
+    run = _finished(folder / "runs" / "heterogeneity_smoke" / "diurnal-partial")
+    assert run.config["train"]["work"]["policy"] == "deadline" and "local_steps" in run.clients
+    assert "### Fleet `phones_fading`" in out and "| `oort` |" in out
+    assert _is_png(folder / "heterogeneity.png")

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -97,6 +98,27 @@ def test_a_sessions_own_method_runs_in_a_sweeps_trials(tmp_path, local_ray):
     direct = engine.simulate(base, {"algorithm.shrink": 0.5}, run_dir=tmp_path / "direct")
     assert trials.loc[0.5, "final_global_acc"] == direct.rounds["global_acc"].iloc[-1]
     assert sweep.rounds.groupby("shrink")["server_shrink"].first().to_dict() == {0.0: 0.0, 0.5: 0.5}
+
+
+def every_other(view):
+    """Odd clients do one step, even ones their configured work (a session's own work policy, which
+    the Ray driver actor gets by value)."""
+    return np.where(view.ids % 2 == 1, 1, view.configured)
+
+
+@pytest.mark.ray
+def test_a_sessions_own_work_policy_runs_on_the_ray_driver_with_the_in_process_tables(tmp_path, local_ray):
+    base = {"rounds": 2, "dataset": {"name": "digits"}, "model": {"name": "mlp"}, "train": {"local_steps": 6},
+            "clients": {"num_clients": 6, "participation": 1.0, "profiles": {}}, "checkpoint": {"every": 0}}
+    here = engine.simulate(base, work=every_other, run_dir=tmp_path / "here")
+    there = engine.simulate(base, {"executor.kind": "ray", "executor.num_actors": 1}, work=every_other,
+                            run_dir=tmp_path / "ray")
+    assert there.manifest["executor"]["kind"] == "ray"
+    assert {e["session"] for e in there.manifest["plugins"]} >= {"work policy 'every_other'"}
+    steps = there.clients.set_index("client_id")["local_steps"].dropna()  # (unavailable clients: none)
+    assert (steps[steps.index % 2 == 1] == 1).all() and (steps[steps.index % 2 == 0] > 1).all()
+    for name, table in comparable_tables(there).items():
+        pd.testing.assert_frame_equal(table, comparable_tables(here)[name], obj=name)
 
 
 @pytest.mark.ray
