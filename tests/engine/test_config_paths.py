@@ -111,11 +111,13 @@ SHIPPED_CONFIGS = sorted(p for p in [*REPO.glob("studies/*.yaml"), *REPO.glob("c
 @pytest.mark.parametrize("path", SHIPPED_CONFIGS, ids=lambda p: p.name)
 def test_every_shipped_config_validates_from_a_folder_outside_the_repository(path, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    is_whatif = "fleets" in yaml.safe_load(path.read_text())
-    argv = ["whatif", str(path), "--dry-run"] if is_whatif else ["validate", "-c", str(path)]
+    spec = yaml.safe_load(path.read_text())
+    is_sweep = "fleets" in spec or "space" in spec  # a what-if or a sweep spec: its trials, not run
+    argv = (["whatif", str(path), "--dry-run"] if "fleets" in spec else ["sweep", str(path), "--dry-run"]
+            if is_sweep else ["validate", "-c", str(path)])
     assert main(argv) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
-    assert ("trial(s)" in out) if is_whatif else yaml.safe_load(out)["seed"] == 0
+    assert ("trial(s)" in out) if is_sweep else yaml.safe_load(out)["seed"] == 0
     assert list(tmp_path.iterdir()) == []  # validation writes nothing
 
 

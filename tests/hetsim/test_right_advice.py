@@ -120,7 +120,7 @@ def test_an_unknown_algorithm_key_lists_the_methods_keys_with_the_closest():
 
 def test_algorithm_without_a_name_lists_the_methods():
     msg = _error(["algorithm={lr: 1}"])
-    assert "algorithm needs a name: the method, one of ascend, fedavg, fedavg_compressed, fedcspack, fedntd" in msg
+    assert "algorithm needs a name: the method, one of ascend, fedavg, fedavg_compressed, fedcspack, fednova" in msg
 
 
 def test_a_compressor_name_gets_did_you_mean():
