@@ -17,7 +17,7 @@ WIDTH = 110  # a description is cut to fit a terminal line
 def add_commands(sub) -> None:
     p = sub.add_parser("list", help="list what a config may name: " + ", ".join(TOPICS),
                        description="One line per entry, with a short description.")
-    p.add_argument("topic", metavar="TOPIC", help=" | ".join(TOPICS))
+    p.add_argument("topic", nargs="?", metavar="TOPIC", help=" | ".join(TOPICS))
     p.add_argument("-c", "--config", help="also list what this config's plugins: register")
     add_plugin_arg(p)
     p.set_defaults(func=cmd_list)
@@ -39,6 +39,8 @@ def add_plugin_arg(p) -> None:
 
 
 def cmd_list(args) -> int:
+    if args.topic is None:
+        raise UserError("which list? one of: " + ", ".join(TOPICS) + " (e.g. hetsim list algorithms)")
     from engine.run.listing import list_entries, load_listed_plugins  # the registries (torch for some topics)
 
     load_listed_plugins(args.config, args.plugins)

@@ -115,6 +115,9 @@ def test_list_of_an_unknown_topic_suggests_one(capsys):
     assert main(["list", "tier"]) == 2
     err = capsys.readouterr().err
     assert "unknown topic 'tier'; did you mean 'tiers'? allowed: algorithms, compressors, datasets" in err
+    assert main(["list"]) == 2  # no topic: the topics, not argparse's "required"
+    assert capsys.readouterr().err == ("hetsim: which list? one of: datasets, models, algorithms, compressors, "
+                                       "selectors, work, metrics, tiers, presets (e.g. hetsim list algorithms)\n")
 
 
 @pytest.mark.parametrize("template", ["sync", "async", "energy", "conditions"])
