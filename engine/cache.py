@@ -9,7 +9,8 @@ Two things are kept, both cheap to recompute and costly to redo in every process
 * training FLOPs per sample of the built-in models (:func:`cached_number`, used by
   :func:`engine.models.training_flops_per_sample`): counting imports torch's FLOP counter (and
   with it triton, ~70 ms) and runs a forward and backward pass; keyed by the model, its
-  parameters, the input shape, torch's version and the source of ``engine/models/zoo.py``.
+  parameters, the input shape, torch's version and the sources of ``engine/models/zoo.py``
+  and ``flops.py``.
 
 The folder is ``$HETSIM_CACHE_DIR``, else ``$XDG_CACHE_HOME/hetsim``, else ``~/.cache/hetsim``;
 deleting it is always safe. The cache is a convenience only: an entry that cannot be read is

@@ -50,6 +50,7 @@ if TYPE_CHECKING:  # the lazy names, for IDEs and type checkers
         INDEX_BYTES,
         AlgorithmParams,
         AlgorithmSpec,
+        ArchShape,
         Broadcast,
         Client,
         ClientContext,
@@ -58,6 +59,7 @@ if TYPE_CHECKING:  # the lazy names, for IDEs and type checkers
         Payload,
         Server,
         ServerContext,
+        TimingPayload,
         TrainSettings,
     )
     from algorithms.compressors import Compressed, Compressor  # noqa: F401
@@ -86,6 +88,8 @@ _EXPORTS = {
     "ServerContext": "algorithms.base", "Payload": "algorithms.base", "Broadcast": "algorithms.base",
     "TrainSettings": "algorithms.base", "ModelSize": "algorithms.base", "FLOAT32_BYTES": "algorithms.base",
     "INDEX_BYTES": "algorithms.base",
+    # a method's wire-size rule for clock.mode: timing_only (Server.timing_payload)
+    "TimingPayload": "algorithms.base", "ArchShape": "algorithms.base",
     # a selection policy's contract
     "SelectionPolicy": "algorithms.selection", "SelectionParams": "algorithms.selection",
     "SelectionView": "algorithms.selection", "Selection": "algorithms.selection",

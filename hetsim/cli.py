@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="PATH", help="continue the interrupted sweep in folder PATH")
     p.add_argument("--retry-errored", action="store_true", help="with --resume: rerun errored trials")
     p.add_argument("--address", help="existing Ray cluster to run on (overrides ray.address)")
-    p.add_argument("--storage", metavar="DIR", help="sweep folder, a path or a URI such as s3://bucket/sweeps/x "
+    p.add_argument("-o", "--storage", metavar="DIR", help="sweep folder, a path or a URI such as s3://bucket/sweeps/x "
                    "(default: spec storage or sweeps_out/<name>)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",

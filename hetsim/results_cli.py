@@ -57,7 +57,7 @@ def add_commands(sub) -> None:
                    help="a fleet: its name and a YAML file with the clients.profiles mapping (repeatable)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field of the experiment for every fleet (repeatable)")
-    p.add_argument("--storage", metavar="DIR", help="results folder (default: whatif_out/<name>)")
+    p.add_argument("-o", "--storage", metavar="DIR", help="results folder (default: whatif_out/<name>)")
     p.add_argument("--target", type=float, metavar="ACC", help="accuracy for time-to-target (as in compare)")
     p.add_argument("--timing-only", action="store_true",
                    help="time the fleets without training (clock.mode: timing_only): seconds for millions of "

@@ -178,7 +178,7 @@ def test_flops_cache_and_rng_untouched():
 
 
 def test_flops_of_builtin_models_are_kept_on_disk(tmp_path, monkeypatch):
-    import engine.models.zoo as models
+    import engine.models.flops as flops
 
     monkeypatch.setenv("HETSIM_CACHE_DIR", str(tmp_path))
     training_flops_per_sample.cache_clear()
@@ -186,7 +186,7 @@ def test_flops_of_builtin_models_are_kept_on_disk(tmp_path, monkeypatch):
     (stored,) = tmp_path.glob("training_flops-*.json")
     # a new process (per-process memo cleared) reads the count instead of counting
     training_flops_per_sample.cache_clear()
-    monkeypatch.setattr(models, "_count_training_flops", lambda *a: pytest.fail("counted again"))
+    monkeypatch.setattr(flops, "_count_training_flops", lambda *a: pytest.fail("counted again"))
     assert training_flops_per_sample("mlp", (64,), 10, hidden=(32, 16)) == counted
     # another key (params, shape, classes) is counted; so is an unreadable cache
     for call in (lambda: training_flops_per_sample("mlp", (64,), 10, hidden=[8]),

@@ -237,12 +237,13 @@ def test_an_ascend_run_imports_no_dynamo(two_runs):
 # restored: one torch import instead of two
 FLOPS = """
 import json, os, sys
+import engine.models.flops as flops
 import engine.models.zoo as m
 m.torch.set_num_threads(1)  # the counts do not depend on it; 2 threads spin on 2 busy cores
 
 def count(cache):
     os.environ["HETSIM_CACHE_DIR"] = cache
-    m._training_flops_cached.cache_clear()
+    flops._training_flops_cached.cache_clear()
     names = [n for n in m.MODELS if n != "resnet18"]  # torchvision's import brings torch._dynamo
     counts = {n: m.training_flops_per_sample(n, m.DEFAULT_INPUT_SHAPES[n], 10) for n in names}
     dynamo = "torch._dynamo" in sys.modules
@@ -252,7 +253,7 @@ def count(cache):
 without = count(sys.argv[1])
 import torch._dynamo
 from torch.utils.flop_counter import _FlopCounterMode
-m._count_without_dynamo = lambda: None
+flops._count_without_dynamo = lambda: None
 dispatch = _FlopCounterMode.__dict__["__torch_dispatch__"].__wrapped__
 setattr(dispatch, "__dynamo_disable", None)  # the shim's: torch builds dynamo's own wrapper again
 print(json.dumps({"without": without, "with": count(sys.argv[2]), "shim_undone": [

@@ -65,6 +65,9 @@ def test_sweep_set_and_dry_run_validate_and_list_without_writing(tmp_path, monke
     assert main(["sweep", str(spec), "--dry-run", "--set", "train.lr=-1"]) == 2
     assert "train.lr" in capsys.readouterr().err
     assert main(["sweep", "--resume", str(tmp_path), "--dry-run"]) == 2
+    # -o names the results folder, as it does for hetsim run
+    assert main(["sweep", str(spec), "--dry-run", "-o", str(tmp_path / "mine")]) == 0
+    assert f"results in {tmp_path / 'mine'} (nothing written" in capsys.readouterr().out
 
 
 def test_the_documented_join_gives_each_client_row_its_profile(tmp_path):
