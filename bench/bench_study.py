@@ -227,7 +227,7 @@ def bare_limit(rounds: int) -> float:
     from bench_engine import BareLoop
 
     from engine import load_config
-    from engine.models.zoo import training_flops_per_sample
+    from engine.models.flops import training_flops_per_sample
 
     torch.set_num_threads(1)
     cfg = load_config(grid(rounds)[0]["config"])

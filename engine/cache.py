@@ -7,7 +7,7 @@ Two things are kept, both cheap to recompute and costly to redo in every process
   ``digits``' (0.1 MB; reading it through scikit-learn imports scikit-learn, ~1 s), keyed by
   the source file's path, size and modification time;
 * training FLOPs per sample of the built-in models (:func:`cached_number`, used by
-  :func:`engine.models.training_flops_per_sample`): counting imports torch's FLOP counter (and
+  :func:`engine.models.flops.training_flops_per_sample`): counting imports torch's FLOP counter (and
   with it triton, ~70 ms) and runs a forward and backward pass; keyed by the model, its
   parameters, the input shape, torch's version and the sources of ``engine/models/zoo.py``
   and ``flops.py``.

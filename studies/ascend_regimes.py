@@ -36,7 +36,7 @@ from hardware_profiles.catalog import load_catalog  # noqa: E402
 
 ARMS = ("topk", "randomk", "periodick")
 TIERS = ("phone_low", "rpi4", "phone_mid", "phone_high", "laptop_cpu", "edge_gpu")
-# name: (parameters d, training FLOPs per sample: engine.models.zoo.training_flops_per_sample)
+# name: (parameters d, training FLOPs per sample: engine.models.flops.training_flops_per_sample)
 MODELS = {
     "lenet5 (62k)": (61_706, 2_263_920),
     "cifar_cnn (586k)": (586_250, 49_182_720),

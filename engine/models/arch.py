@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from engine.config.schema import ExperimentConfig
-from engine.models.zoo import build_model, training_flops_per_sample
+from engine.models.flops import training_flops_per_sample
+from engine.models.zoo import build_model
 
 
 def assign_architectures(cfg: ExperimentConfig, profiles) -> tuple[list[str], np.ndarray]:

@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from engine.cache import cached_number
+from engine.models.zoo import _as_shape, build_model
 from engine.registry import MODELS as MODEL_REGISTRY
 
 __all__ = ["training_flops_per_sample"]
@@ -83,8 +84,6 @@ def _source_digest() -> str:
 def _count_training_flops(
     name: str, input_shape: tuple[int, ...], num_classes: int, frozen_params: tuple
 ) -> int:
-    from engine.models.zoo import build_model  # here: zoo re-exports this module's function
-
     params = dict(frozen_params)
     # Do not disturb the caller's global RNG stream (model init draws from it).
     with torch.random.fork_rng(devices=[]):
@@ -118,8 +117,6 @@ def training_flops_per_sample(name: str, input_shape: tuple[int, ...], num_class
     batch size. Only matmul/conv FLOPs are counted (see comment in the
     implementation); backward ~= 2x forward. Built-in models' counts are kept on disk too.
     """
-    from engine.models.zoo import _as_shape
-
     return _training_flops_cached(name, _as_shape(input_shape), int(num_classes), _freeze(params))
 
 

@@ -6,7 +6,6 @@ Public API
                                 (a view of the model registry, :mod:`engine.registry`)
 ``DEFAULT_INPUT_SHAPES``        name -> the input shape the model was designed for (where registered)
 ``build_model(name, input_shape, num_classes, **params)``
-``training_flops_per_sample(name, input_shape, num_classes, **params)``  (cached)
 ``count_parameters(model)``     number of trainable parameters
 ``get_flat_params(model)`` / ``set_flat_params(model, flat)`` / ``num_flat_params(model)``
 
@@ -19,8 +18,9 @@ attributes, and names its output layer ``head`` (the layer whose input is its re
 (HeteroFL's sub-models: every hidden layer keeps ``ceil(width n)`` of its ``n`` units and divides
 its output by the width while training).
 
-The rule that counts training FLOPs is :mod:`engine.models.flops`; the digest of both files keys
-the counts in the disk cache, so a changed model or counting rule is a new key.
+Over 400 lines because the built-in models are classes of this one file, each with the checks
+of its input shape: the FLOP counts in the disk cache are keyed by its digest (and that of
+:mod:`engine.models.flops`, which counts them), so a changed model is a new key.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ __all__ = [
     "MODELS",
     "DEFAULT_INPUT_SHAPES",
     "build_model",
-    "training_flops_per_sample",
     "count_parameters",
     "CNN",
     "LeNet5",
@@ -521,7 +520,3 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **par
 def count_parameters(model: nn.Module) -> int:
     """Number of trainable (``requires_grad``) parameter elements."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-# FLOP counting lives in engine.models.flops; re-exported here (part of this module's face).
-from engine.models.flops import training_flops_per_sample  # noqa: E402

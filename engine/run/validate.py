@@ -323,7 +323,7 @@ def _model_figures(cfg: ExperimentConfig, parts) -> tuple[dict[str, float], dict
     # torch: see _params_problems
     from algorithms.training import num_params
     from engine.models.arch import arch_spec
-    from engine.models.zoo import training_flops_per_sample
+    from engine.models.flops import training_flops_per_sample
 
     data, flops, sizes, problems = parts.data, {}, {}, []
     for arch, model in parts.models.items():

@@ -45,7 +45,7 @@ def test_fedspu_charges_its_sub_model_and_never_selects_a_retired_client_before_
 
 
 def test_heterofl_charges_each_tier_its_sub_models_bytes_and_flops(tmp_path):
-    from engine.models.zoo import training_flops_per_sample
+    from engine.models.flops import training_flops_per_sample
 
     zoo = "model.zoo=[{arch: mlp_quarter, model: mlp, max_gflops: 5}]"
     r = run(tmp_path, "algorithm.name=heterofl", "rounds=2", zoo, "model.arch_params={mlp_quarter: {width: 0.25}}")

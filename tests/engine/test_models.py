@@ -10,12 +10,12 @@ from torch.utils.flop_counter import FlopCounterMode
 from algorithms.training import flat_params as get_flat_params
 from algorithms.training import load_flat_params as set_flat_params
 from algorithms.training import num_params as num_flat_params
+from engine.models.flops import training_flops_per_sample
 from engine.models.zoo import (
     DEFAULT_INPUT_SHAPES,
     MODELS,
     build_model,
     count_parameters,
-    training_flops_per_sample,
 )
 
 # (name, input_shape, params) combos every model must accept

@@ -245,9 +245,9 @@ def count(cache):
     os.environ["HETSIM_CACHE_DIR"] = cache
     flops._training_flops_cached.cache_clear()
     names = [n for n in m.MODELS if n != "resnet18"]  # torchvision's import brings torch._dynamo
-    counts = {n: m.training_flops_per_sample(n, m.DEFAULT_INPUT_SHAPES[n], 10) for n in names}
+    counts = {n: flops.training_flops_per_sample(n, m.DEFAULT_INPUT_SHAPES[n], 10) for n in names}
     dynamo = "torch._dynamo" in sys.modules
-    counts["resnet18"] = m.training_flops_per_sample("resnet18", (3, 32, 32), 10)
+    counts["resnet18"] = flops.training_flops_per_sample("resnet18", (3, 32, 32), 10)
     return [counts, dynamo]
 
 without = count(sys.argv[1])

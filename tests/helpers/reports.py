@@ -76,8 +76,11 @@ def assert_figures(page: PageParser, html_path: Path, ids) -> None:
 
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+# the last two: the screenshot waits until the page's images are decoded and drawn (on busy cores
+# it was taken with a figure still blank)
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--run-all-compositor-stages-before-draw", "--virtual-time-budget=10000"]
 
 
 def screenshot(html: Path, png: Path, size=(1400, 2400)) -> None:
